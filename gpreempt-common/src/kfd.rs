@@ -1,0 +1,1038 @@
+//! The KFD (/dev/kfd) ioctl ABI as typed Rust: numbers, layouts, op codes, masks.
+//!
+//! Sources: `include/uapi/linux/kfd_ioctl.h` (upstream, up to KFD 1.18, plus the DKMS-only range) as
+//! summarised in reference/kfd.md. `tests/kfd_header.rs` checks every struct, offset and command
+//! that the installed header (linux-libc-dev, KFD 1.11) has against these definitions.
+//!
+//! Payload packing in [`DbgTrapArgs`] assumes a little-endian target (x86-64, arm64, bpfel).
+
+// ---------------------------------------------------------------------------------------------
+// ioctl encoding (asm-generic/ioctl.h)
+
+pub const IOC_NONE: u32 = 0;
+pub const IOC_WRITE: u32 = 1;
+pub const IOC_READ: u32 = 2;
+const IOC_NRBITS: u32 = 8;
+const IOC_TYPEBITS: u32 = 8;
+const IOC_SIZEBITS: u32 = 14;
+const IOC_TYPESHIFT: u32 = IOC_NRBITS;
+const IOC_SIZESHIFT: u32 = IOC_TYPESHIFT + IOC_TYPEBITS;
+const IOC_DIRSHIFT: u32 = IOC_SIZESHIFT + IOC_SIZEBITS;
+
+pub const fn ioc(dir: u32, ty: u32, nr: u32, size: u32) -> u32 {
+    (dir << IOC_DIRSHIFT) | (size << IOC_SIZESHIFT) | (ty << IOC_TYPESHIFT) | nr
+}
+pub const fn ioc_nr(cmd: u32) -> u32 {
+    cmd & ((1 << IOC_NRBITS) - 1)
+}
+pub const fn ioc_type(cmd: u32) -> u32 {
+    (cmd >> IOC_TYPESHIFT) & ((1 << IOC_TYPEBITS) - 1)
+}
+pub const fn ioc_size(cmd: u32) -> u32 {
+    (cmd >> IOC_SIZESHIFT) & ((1 << IOC_SIZEBITS) - 1)
+}
+pub const fn ioc_dir(cmd: u32) -> u32 {
+    cmd >> IOC_DIRSHIFT
+}
+
+pub const AMDKFD_IOCTL_BASE: u32 = b'K' as u32;
+pub const fn io(nr: u32) -> u32 {
+    ioc(IOC_NONE, AMDKFD_IOCTL_BASE, nr, 0)
+}
+pub const fn ior(nr: u32, size: usize) -> u32 {
+    ioc(IOC_READ, AMDKFD_IOCTL_BASE, nr, size as u32)
+}
+pub const fn iow(nr: u32, size: usize) -> u32 {
+    ioc(IOC_WRITE, AMDKFD_IOCTL_BASE, nr, size as u32)
+}
+pub const fn iowr(nr: u32, size: usize) -> u32 {
+    ioc(IOC_READ | IOC_WRITE, AMDKFD_IOCTL_BASE, nr, size as u32)
+}
+
+/// Upstream nr range `[START, END)`. END covers CREATE_PROCESS (0x27, KFD 1.19) and PROFILER (0x28).
+pub const AMDKFD_COMMAND_START: u32 = 0x01;
+pub const AMDKFD_COMMAND_END: u32 = 0x29;
+/// DKMS-only range `[START_2, END_2)`.
+pub const AMDKFD_COMMAND_START_2: u32 = 0x80;
+pub const AMDKFD_COMMAND_END_2: u32 = 0x87;
+
+/// The kernel dispatches on `_IOC_NR` alone (reference/kfd.md §1.1): this is the whole KFD filter.
+pub const fn is_kfd_nr(nr: u32) -> bool {
+    (nr >= AMDKFD_COMMAND_START && nr < AMDKFD_COMMAND_END)
+        || (nr >= AMDKFD_COMMAND_START_2 && nr < AMDKFD_COMMAND_END_2)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument structs
+
+macro_rules! abi_struct {
+    ($(#[$m:meta])* $name:ident = $cname:literal, $size:literal {
+        $($(#[$fm:meta])* $f:ident : $t:ty),* $(,)?
+    }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name { $($(#[$fm])* pub $f: $t),* }
+        const _: () = assert!(core::mem::size_of::<$name>() == $size);
+        impl $name {
+            /// The C struct's name in kfd_ioctl.h.
+            pub const C_NAME: &'static str = $cname;
+            /// (field, byte offset) in declaration order; `_`-prefixed fields are Rust-only padding.
+            pub const FIELDS: &'static [(&'static str, usize)] =
+                &[$((stringify!($f), core::mem::offset_of!($name, $f))),*];
+        }
+    };
+}
+
+abi_struct!(GetVersionArgs = "kfd_ioctl_get_version_args", 8 {
+    major_version: u32, minor_version: u32,
+});
+abi_struct!(
+    /// The 96-byte form (KFD 1.17+). Before 1.17 the struct ended after `ctl_stack_size` (88 bytes);
+    /// the kernel accepts both and zero-fills the missing tail.
+    CreateQueueArgs = "kfd_ioctl_create_queue_args", 96 {
+    ring_base_address: u64,
+    write_pointer_address: u64,
+    read_pointer_address: u64,
+    /// Output.
+    doorbell_offset: u64,
+    ring_size: u32,
+    gpu_id: u32,
+    queue_type: u32,
+    /// Bits 0-7 percent, bits 8-15 pm4_target_xcc (newer kernels).
+    queue_percentage: u32,
+    queue_priority: u32,
+    /// Output.
+    queue_id: u32,
+    eop_buffer_address: u64,
+    eop_buffer_size: u64,
+    ctx_save_restore_address: u64,
+    ctx_save_restore_size: u32,
+    ctl_stack_size: u32,
+    /// KFD 1.17+.
+    sdma_engine_id: u32,
+    pad: u32,
+});
+/// Size of `kfd_ioctl_create_queue_args` before KFD 1.17.
+pub const CREATE_QUEUE_ARGS_SIZE_V1: usize = 88;
+
+abi_struct!(DestroyQueueArgs = "kfd_ioctl_destroy_queue_args", 8 { queue_id: u32, pad: u32 });
+abi_struct!(UpdateQueueArgs = "kfd_ioctl_update_queue_args", 24 {
+    ring_base_address: u64, queue_id: u32, ring_size: u32, queue_percentage: u32, queue_priority: u32,
+});
+abi_struct!(SetCuMaskArgs = "kfd_ioctl_set_cu_mask_args", 16 {
+    queue_id: u32, num_cu_mask: u32, cu_mask_ptr: u64,
+});
+abi_struct!(GetQueueWaveStateArgs = "kfd_ioctl_get_queue_wave_state_args", 24 {
+    ctl_stack_address: u64, ctl_stack_used_size: u32, save_area_used_size: u32, queue_id: u32, pad: u32,
+});
+abi_struct!(GetAvailableMemoryArgs = "kfd_ioctl_get_available_memory_args", 16 {
+    available: u64, gpu_id: u32, pad: u32,
+});
+abi_struct!(
+    /// `pad` became `misc_process_flag` in KFD 1.18.
+    SetMemoryPolicyArgs = "kfd_ioctl_set_memory_policy_args", 32 {
+    alternate_aperture_base: u64, alternate_aperture_size: u64, gpu_id: u32, default_policy: u32,
+    alternate_policy: u32, pad: u32,
+});
+abi_struct!(GetClockCountersArgs = "kfd_ioctl_get_clock_counters_args", 40 {
+    gpu_clock_counter: u64, cpu_clock_counter: u64, system_clock_counter: u64, system_clock_freq: u64,
+    gpu_id: u32, pad: u32,
+});
+abi_struct!(ProcessDeviceApertures = "kfd_process_device_apertures", 56 {
+    lds_base: u64, lds_limit: u64, scratch_base: u64, scratch_limit: u64, gpuvm_base: u64,
+    gpuvm_limit: u64, gpu_id: u32, pad: u32,
+});
+pub const NUM_OF_SUPPORTED_GPUS: usize = 7;
+abi_struct!(GetProcessAperturesArgs = "kfd_ioctl_get_process_apertures_args", 400 {
+    process_apertures: [ProcessDeviceApertures; NUM_OF_SUPPORTED_GPUS], num_of_nodes: u32, pad: u32,
+});
+abi_struct!(GetProcessAperturesNewArgs = "kfd_ioctl_get_process_apertures_new_args", 16 {
+    kfd_process_device_apertures_ptr: u64, num_of_nodes: u32, pad: u32,
+});
+abi_struct!(DbgRegisterArgs = "kfd_ioctl_dbg_register_args", 8 { gpu_id: u32, pad: u32 });
+abi_struct!(DbgUnregisterArgs = "kfd_ioctl_dbg_unregister_args", 8 { gpu_id: u32, pad: u32 });
+abi_struct!(DbgAddressWatchArgs = "kfd_ioctl_dbg_address_watch_args", 16 {
+    content_ptr: u64, gpu_id: u32, buf_size_in_bytes: u32,
+});
+abi_struct!(DbgWaveControlArgs = "kfd_ioctl_dbg_wave_control_args", 16 {
+    content_ptr: u64, gpu_id: u32, buf_size_in_bytes: u32,
+});
+abi_struct!(CreateEventArgs = "kfd_ioctl_create_event_args", 32 {
+    event_page_offset: u64, event_trigger_data: u32, event_type: u32, auto_reset: u32, node_id: u32,
+    event_id: u32, event_slot_index: u32,
+});
+abi_struct!(DestroyEventArgs = "kfd_ioctl_destroy_event_args", 8 { event_id: u32, pad: u32 });
+abi_struct!(SetEventArgs = "kfd_ioctl_set_event_args", 8 { event_id: u32, pad: u32 });
+abi_struct!(ResetEventArgs = "kfd_ioctl_reset_event_args", 8 { event_id: u32, pad: u32 });
+abi_struct!(
+    #[allow(non_snake_case)]
+    MemoryExceptionFailure = "kfd_memory_exception_failure", 16 {
+    NotPresent: u32, ReadOnly: u32, NoExecute: u32, imprecise: u32,
+});
+abi_struct!(
+    #[allow(non_snake_case)]
+    HsaMemoryExceptionData = "kfd_hsa_memory_exception_data", 32 {
+    failure: MemoryExceptionFailure, va: u64, gpu_id: u32, ErrorType: u32,
+});
+abi_struct!(HsaHwExceptionData = "kfd_hsa_hw_exception_data", 16 {
+    reset_type: u32, reset_cause: u32, memory_lost: u32, gpu_id: u32,
+});
+abi_struct!(
+    /// The C union of memory/hw exception data is represented by its larger member.
+    EventData = "kfd_event_data", 48 {
+    memory_exception_data: HsaMemoryExceptionData, kfd_event_data_ext: u64, event_id: u32, pad: u32,
+});
+abi_struct!(WaitEventsArgs = "kfd_ioctl_wait_events_args", 24 {
+    events_ptr: u64, num_events: u32, wait_for_all: u32, timeout: u32, wait_result: u32,
+});
+abi_struct!(SetScratchBackingVaArgs = "kfd_ioctl_set_scratch_backing_va_args", 16 {
+    va_addr: u64, gpu_id: u32, pad: u32,
+});
+abi_struct!(GetTileConfigArgs = "kfd_ioctl_get_tile_config_args", 40 {
+    tile_config_ptr: u64, macro_tile_config_ptr: u64, num_tile_configs: u32, num_macro_tile_configs: u32,
+    gpu_id: u32, gb_addr_config: u32, num_banks: u32, num_ranks: u32,
+});
+abi_struct!(SetTrapHandlerArgs = "kfd_ioctl_set_trap_handler_args", 24 {
+    tba_addr: u64, tma_addr: u64, gpu_id: u32, pad: u32,
+});
+abi_struct!(AcquireVmArgs = "kfd_ioctl_acquire_vm_args", 8 { drm_fd: u32, gpu_id: u32 });
+abi_struct!(AllocMemoryOfGpuArgs = "kfd_ioctl_alloc_memory_of_gpu_args", 40 {
+    va_addr: u64, size: u64, handle: u64, mmap_offset: u64, gpu_id: u32, flags: u32,
+});
+abi_struct!(FreeMemoryOfGpuArgs = "kfd_ioctl_free_memory_of_gpu_args", 8 { handle: u64 });
+abi_struct!(MapMemoryToGpuArgs = "kfd_ioctl_map_memory_to_gpu_args", 24 {
+    handle: u64, device_ids_array_ptr: u64, n_devices: u32, n_success: u32,
+});
+abi_struct!(UnmapMemoryFromGpuArgs = "kfd_ioctl_unmap_memory_from_gpu_args", 24 {
+    handle: u64, device_ids_array_ptr: u64, n_devices: u32, n_success: u32,
+});
+abi_struct!(AllocQueueGwsArgs = "kfd_ioctl_alloc_queue_gws_args", 16 {
+    queue_id: u32, num_gws: u32, first_gws: u32, pad: u32,
+});
+abi_struct!(GetDmabufInfoArgs = "kfd_ioctl_get_dmabuf_info_args", 32 {
+    size: u64, metadata_ptr: u64, metadata_size: u32, gpu_id: u32, flags: u32, dmabuf_fd: u32,
+});
+abi_struct!(ImportDmabufArgs = "kfd_ioctl_import_dmabuf_args", 24 {
+    va_addr: u64, handle: u64, gpu_id: u32, dmabuf_fd: u32,
+});
+abi_struct!(SmiEventsArgs = "kfd_ioctl_smi_events_args", 8 { gpuid: u32, anon_fd: u32 });
+abi_struct!(CriuArgs = "kfd_ioctl_criu_args", 56 {
+    devices: u64, bos: u64, priv_data: u64, priv_data_size: u64, num_devices: u32, num_bos: u32,
+    num_objects: u32, pid: u32, op: u32, _pad: u32,
+});
+abi_struct!(CriuDeviceBucket = "kfd_criu_device_bucket", 16 {
+    user_gpu_id: u32, actual_gpu_id: u32, drm_fd: u32, pad: u32,
+});
+abi_struct!(CriuBoBucket = "kfd_criu_bo_bucket", 48 {
+    addr: u64, size: u64, offset: u64, restored_offset: u64, gpu_id: u32, alloc_flags: u32,
+    dmabuf_fd: u32, pad: u32,
+});
+abi_struct!(SvmAttribute = "kfd_ioctl_svm_attribute", 8 { r#type: u32, value: u32 });
+abi_struct!(
+    /// Fixed part; `attrs[nattr]` (SvmAttribute) follows in memory.
+    SvmArgs = "kfd_ioctl_svm_args", 24 {
+    start_addr: u64, size: u64, op: u32, nattr: u32,
+});
+abi_struct!(SetXnackModeArgs = "kfd_ioctl_set_xnack_mode_args", 4 { xnack_enabled: i32 });
+abi_struct!(
+    /// KFD 1.12+.
+    ExportDmabufArgs = "kfd_ioctl_export_dmabuf_args", 16 { handle: u64, gpu_id: u32, flags: u32 });
+abi_struct!(
+    /// KFD 1.13+.
+    RuntimeEnableArgs = "kfd_ioctl_runtime_enable_args", 16 {
+    r_debug: u64, mode_mask: u32, capabilities_mask: u32,
+});
+abi_struct!(
+    /// `struct kfd_runtime_info`, returned by DBG_TRAP ENABLE through `rinfo_ptr`.
+    RuntimeInfo = "kfd_runtime_info", 16 { r_debug: u64, runtime_state: u32, ttmp_setup: u32 });
+abi_struct!(
+    /// GET_QUEUE_SNAPSHOT entry.
+    QueueSnapshotEntry = "kfd_queue_snapshot_entry", 64 {
+    exception_status: u64, ring_base_address: u64, write_pointer_address: u64,
+    read_pointer_address: u64, ctx_save_restore_address: u64, queue_id: u32, gpu_id: u32,
+    ring_size: u32, queue_type: u32, ctx_save_restore_area_size: u32, reserved: u32,
+});
+abi_struct!(
+    /// Written by the kernel at the start of a suspended queue's ctx-save area.
+    ContextSaveAreaHeader = "kfd_context_save_area_header", 40 {
+    control_stack_offset: u32, control_stack_size: u32, wave_state_offset: u32, wave_state_size: u32,
+    debug_offset: u32, debug_size: u32, err_payload_addr: u64, err_event_id: u32, reserved1: u32,
+});
+abi_struct!(
+    /// GET_DEVICE_SNAPSHOT entry.
+    DbgDeviceInfoEntry = "kfd_dbg_device_info_entry", 120 {
+    exception_status: u64, lds_base: u64, lds_limit: u64, scratch_base: u64, scratch_limit: u64,
+    gpuvm_base: u64, gpuvm_limit: u64, gpu_id: u32, location_id: u32, vendor_id: u32, device_id: u32,
+    revision_id: u32, subsystem_vendor_id: u32, subsystem_device_id: u32, fw_version: u32,
+    gfx_target_version: u32, simd_count: u32, max_waves_per_simd: u32, array_count: u32,
+    simd_arrays_per_engine: u32, num_xcc: u32, capability: u32, debug_prop: u32,
+});
+
+// ---------------------------------------------------------------------------------------------
+// DBG_TRAP (KFD 1.13+)
+
+abi_struct!(
+    /// `kfd_ioctl_dbg_trap_args`: pid, op, and a 24-byte union of per-op payloads (8-aligned).
+    DbgTrapArgs = "kfd_ioctl_dbg_trap_args", 32 { pid: u32, op: u32, data: [u64; 3] });
+
+/// A DBG_TRAP op's payload: packs into / unpacks from the union, field by field.
+pub trait DbgTrapPayload: Sized {
+    const OP: u32;
+    fn pack(&self) -> [u64; 3];
+    fn unpack(d: &[u64; 3]) -> Self;
+}
+
+const fn lo(v: u64) -> u32 {
+    v as u32
+}
+const fn hi(v: u64) -> u32 {
+    (v >> 32) as u32
+}
+const fn pair(lo: u32, hi: u32) -> u64 {
+    (lo as u64) | ((hi as u64) << 32)
+}
+
+impl DbgTrapArgs {
+    pub fn new<P: DbgTrapPayload>(pid: u32, payload: P) -> Self {
+        Self {
+            pid,
+            op: P::OP,
+            data: payload.pack(),
+        }
+    }
+    /// Payload-less ops (DISABLE).
+    pub fn bare(pid: u32, op: u32) -> Self {
+        Self {
+            pid,
+            op,
+            data: [0; 3],
+        }
+    }
+    /// The union read as `P` (whatever `op` says).
+    pub fn payload<P: DbgTrapPayload>(&self) -> P {
+        P::unpack(&self.data)
+    }
+}
+
+/// Declares a payload struct and its packing: each u64 word is either one u64 field or two u32s.
+macro_rules! dbg_payload {
+    ($(#[$m:meta])* $name:ident = $cname:literal, $op:expr, $size:literal {
+        $($w:tt)*
+    }) => {
+        dbg_payload!(@struct $(#[$m])* $name = $cname, $size, [] $($w)*);
+        impl DbgTrapPayload for $name {
+            const OP: u32 = $op;
+            fn pack(&self) -> [u64; 3] {
+                let mut d = [0u64; 3];
+                dbg_payload!(@pack self d 0usize, $($w)*);
+                d
+            }
+            fn unpack(d: &[u64; 3]) -> Self {
+                let mut s = Self::default();
+                dbg_payload!(@unpack s d 0usize, $($w)*);
+                s
+            }
+        }
+    };
+    (@struct $(#[$m:meta])* $name:ident = $cname:literal, $size:literal, [$($acc:tt)*] ($a:ident : u64) $($rest:tt)*) => {
+        dbg_payload!(@struct $(#[$m])* $name = $cname, $size, [$($acc)* $a: u64,] $($rest)*);
+    };
+    (@struct $(#[$m:meta])* $name:ident = $cname:literal, $size:literal, [$($acc:tt)*] ($a:ident, $b:ident) $($rest:tt)*) => {
+        dbg_payload!(@struct $(#[$m])* $name = $cname, $size, [$($acc)* $a: u32, $b: u32,] $($rest)*);
+    };
+    (@struct $(#[$m:meta])* $name:ident = $cname:literal, $size:literal, [$($acc:tt)*]) => {
+        abi_struct!($(#[$m])* $name = $cname, $size { $($acc)* });
+    };
+    (@pack $s:ident $d:ident $i:expr, ($a:ident : u64) $($rest:tt)*) => {
+        $d[$i] = $s.$a; dbg_payload!(@pack $s $d $i + 1, $($rest)*);
+    };
+    (@pack $s:ident $d:ident $i:expr, ($a:ident, $b:ident) $($rest:tt)*) => {
+        $d[$i] = pair($s.$a, $s.$b); dbg_payload!(@pack $s $d $i + 1, $($rest)*);
+    };
+    (@pack $s:ident $d:ident $i:expr,) => {};
+    (@unpack $s:ident $d:ident $i:expr, ($a:ident : u64) $($rest:tt)*) => {
+        $s.$a = $d[$i]; dbg_payload!(@unpack $s $d $i + 1, $($rest)*);
+    };
+    (@unpack $s:ident $d:ident $i:expr, ($a:ident, $b:ident) $($rest:tt)*) => {
+        $s.$a = lo($d[$i]); $s.$b = hi($d[$i]); dbg_payload!(@unpack $s $d $i + 1, $($rest)*);
+    };
+    (@unpack $s:ident $d:ident $i:expr,) => {};
+}
+
+dbg_payload!(DbgTrapEnableArgs = "kfd_ioctl_dbg_trap_enable_args", dbg_op::ENABLE, 24 {
+    (exception_mask: u64) (rinfo_ptr: u64) (rinfo_size, dbg_fd)
+});
+dbg_payload!(DbgTrapSendRuntimeEventArgs = "kfd_ioctl_dbg_trap_send_runtime_event_args", dbg_op::SEND_RUNTIME_EVENT, 16 {
+    (exception_mask: u64) (gpu_id, queue_id)
+});
+dbg_payload!(DbgTrapSetExceptionsEnabledArgs = "kfd_ioctl_dbg_trap_set_exceptions_enabled_args", dbg_op::SET_EXCEPTIONS_ENABLED, 8 {
+    (exception_mask: u64)
+});
+dbg_payload!(DbgTrapSetWaveLaunchOverrideArgs = "kfd_ioctl_dbg_trap_set_wave_launch_override_args", dbg_op::SET_WAVE_LAUNCH_OVERRIDE, 16 {
+    (override_mode, enable_mask) (support_request_mask, pad)
+});
+dbg_payload!(DbgTrapSetWaveLaunchModeArgs = "kfd_ioctl_dbg_trap_set_wave_launch_mode_args", dbg_op::SET_WAVE_LAUNCH_MODE, 8 {
+    (launch_mode, pad)
+});
+dbg_payload!(DbgTrapSuspendQueuesArgs = "kfd_ioctl_dbg_trap_suspend_queues_args", dbg_op::SUSPEND_QUEUES, 24 {
+    (exception_mask: u64) (queue_array_ptr: u64) (num_queues, grace_period)
+});
+dbg_payload!(DbgTrapResumeQueuesArgs = "kfd_ioctl_dbg_trap_resume_queues_args", dbg_op::RESUME_QUEUES, 16 {
+    (queue_array_ptr: u64) (num_queues, pad)
+});
+dbg_payload!(DbgTrapSetNodeAddressWatchArgs = "kfd_ioctl_dbg_trap_set_node_address_watch_args", dbg_op::SET_NODE_ADDRESS_WATCH, 24 {
+    (address: u64) (mode, mask) (gpu_id, id)
+});
+dbg_payload!(DbgTrapClearNodeAddressWatchArgs = "kfd_ioctl_dbg_trap_clear_node_address_watch_args", dbg_op::CLEAR_NODE_ADDRESS_WATCH, 8 {
+    (gpu_id, id)
+});
+dbg_payload!(DbgTrapSetFlagsArgs = "kfd_ioctl_dbg_trap_set_flags_args", dbg_op::SET_FLAGS, 8 {
+    (flags, pad)
+});
+dbg_payload!(DbgTrapQueryDebugEventArgs = "kfd_ioctl_dbg_trap_query_debug_event_args", dbg_op::QUERY_DEBUG_EVENT, 16 {
+    (exception_mask: u64) (gpu_id, queue_id)
+});
+dbg_payload!(DbgTrapQueryExceptionInfoArgs = "kfd_ioctl_dbg_trap_query_exception_info_args", dbg_op::QUERY_EXCEPTION_INFO, 24 {
+    (info_ptr: u64) (info_size, source_id) (exception_code, clear_exception)
+});
+dbg_payload!(DbgTrapQueueSnapshotArgs = "kfd_ioctl_dbg_trap_queue_snapshot_args", dbg_op::GET_QUEUE_SNAPSHOT, 24 {
+    (exception_mask: u64) (snapshot_buf_ptr: u64) (num_queues, entry_size)
+});
+dbg_payload!(DbgTrapDeviceSnapshotArgs = "kfd_ioctl_dbg_trap_device_snapshot_args", dbg_op::GET_DEVICE_SNAPSHOT, 24 {
+    (exception_mask: u64) (snapshot_buf_ptr: u64) (num_devices, entry_size)
+});
+
+/// `enum kfd_dbg_trap_operations`.
+pub mod dbg_op {
+    pub const ENABLE: u32 = 0;
+    pub const DISABLE: u32 = 1;
+    pub const SEND_RUNTIME_EVENT: u32 = 2;
+    pub const SET_EXCEPTIONS_ENABLED: u32 = 3;
+    pub const SET_WAVE_LAUNCH_OVERRIDE: u32 = 4;
+    pub const SET_WAVE_LAUNCH_MODE: u32 = 5;
+    pub const SUSPEND_QUEUES: u32 = 6;
+    pub const RESUME_QUEUES: u32 = 7;
+    pub const SET_NODE_ADDRESS_WATCH: u32 = 8;
+    pub const CLEAR_NODE_ADDRESS_WATCH: u32 = 9;
+    pub const SET_FLAGS: u32 = 10;
+    pub const QUERY_DEBUG_EVENT: u32 = 11;
+    pub const QUERY_EXCEPTION_INFO: u32 = 12;
+    pub const GET_QUEUE_SNAPSHOT: u32 = 13;
+    pub const GET_DEVICE_SNAPSHOT: u32 = 14;
+}
+
+const DBG_OP_NAMES: [&str; 15] = [
+    "enable",
+    "disable",
+    "send_runtime_event",
+    "set_exceptions_enabled",
+    "set_wave_launch_override",
+    "set_wave_launch_mode",
+    "suspend_queues",
+    "resume_queues",
+    "set_node_address_watch",
+    "clear_node_address_watch",
+    "set_flags",
+    "query_debug_event",
+    "query_exception_info",
+    "get_queue_snapshot",
+    "get_device_snapshot",
+];
+
+/// snake_case name of a DBG_TRAP op.
+pub const fn dbg_op_name(op: u32) -> Option<&'static str> {
+    if (op as usize) < DBG_OP_NAMES.len() {
+        Some(DBG_OP_NAMES[op as usize])
+    } else {
+        None
+    }
+}
+
+/// Exception codes (`enum kfd_dbg_trap_exception_code`); masks are `ec_mask(code)`.
+pub mod ec {
+    pub const NONE: u32 = 0;
+    pub const QUEUE_WAVE_ABORT: u32 = 1;
+    pub const QUEUE_WAVE_TRAP: u32 = 2;
+    pub const QUEUE_WAVE_MATH_ERROR: u32 = 3;
+    pub const QUEUE_WAVE_ILLEGAL_INSTRUCTION: u32 = 4;
+    pub const QUEUE_WAVE_MEMORY_VIOLATION: u32 = 5;
+    pub const QUEUE_WAVE_APERTURE_VIOLATION: u32 = 6;
+    pub const QUEUE_PACKET_DISPATCH_DIM_INVALID: u32 = 16;
+    pub const QUEUE_PACKET_DISPATCH_GROUP_SEGMENT_SIZE_INVALID: u32 = 17;
+    pub const QUEUE_PACKET_DISPATCH_CODE_INVALID: u32 = 18;
+    pub const QUEUE_PACKET_RESERVED: u32 = 19;
+    pub const QUEUE_PACKET_UNSUPPORTED: u32 = 20;
+    pub const QUEUE_PACKET_DISPATCH_WORK_GROUP_SIZE_INVALID: u32 = 21;
+    pub const QUEUE_PACKET_DISPATCH_REGISTER_INVALID: u32 = 22;
+    pub const QUEUE_PACKET_VENDOR_UNSUPPORTED: u32 = 23;
+    pub const QUEUE_PREEMPTION_ERROR: u32 = 30;
+    pub const QUEUE_NEW: u32 = 31;
+    pub const DEVICE_QUEUE_DELETE: u32 = 32;
+    pub const DEVICE_MEMORY_VIOLATION: u32 = 33;
+    pub const DEVICE_RAS_ERROR: u32 = 34;
+    pub const DEVICE_FATAL_HALT: u32 = 35;
+    pub const DEVICE_NEW: u32 = 36;
+    pub const PROCESS_RUNTIME: u32 = 48;
+    pub const PROCESS_DEVICE_REMOVE: u32 = 49;
+    pub const MAX: u32 = 50;
+}
+
+/// `KFD_EC_MASK(ec)`.
+pub const fn ec_mask(code: u32) -> u64 {
+    1u64 << (code - 1)
+}
+const fn ec_range(first: u32, last: u32) -> u64 {
+    let mut m = 0;
+    let mut c = first;
+    while c <= last {
+        m |= ec_mask(c);
+        c += 1;
+    }
+    m
+}
+pub const EC_MASK_QUEUE: u64 = ec_range(ec::QUEUE_WAVE_ABORT, ec::QUEUE_WAVE_APERTURE_VIOLATION)
+    | ec_range(ec::QUEUE_PACKET_DISPATCH_DIM_INVALID, ec::QUEUE_PACKET_VENDOR_UNSUPPORTED)
+    | ec_mask(ec::QUEUE_PREEMPTION_ERROR)
+    | ec_mask(ec::QUEUE_NEW);
+pub const EC_MASK_DEVICE: u64 = ec_range(ec::DEVICE_QUEUE_DELETE, ec::DEVICE_NEW);
+pub const EC_MASK_PROCESS: u64 = ec_range(ec::PROCESS_RUNTIME, ec::PROCESS_DEVICE_REMOVE);
+
+/// Per-queue status bits ORed into each u32 of SUSPEND/RESUME_QUEUES' queue array.
+pub const KFD_DBG_QUEUE_ERROR_BIT: u32 = 30;
+pub const KFD_DBG_QUEUE_INVALID_BIT: u32 = 31;
+pub const KFD_DBG_QUEUE_ERROR_MASK: u32 = 1 << KFD_DBG_QUEUE_ERROR_BIT;
+pub const KFD_DBG_QUEUE_INVALID_MASK: u32 = 1 << KFD_DBG_QUEUE_INVALID_BIT;
+
+/// `grace_period` meaning "the kernel's default" (units: 1K GPU clocks).
+pub const USE_DEFAULT_GRACE_PERIOD: u32 = 0xFFFF_FFFF;
+
+/// `enum kfd_dbg_runtime_state`.
+pub mod runtime_state {
+    pub const DISABLED: u32 = 0;
+    pub const ENABLED: u32 = 1;
+    pub const ENABLED_BUSY: u32 = 2;
+    pub const ENABLED_ERROR: u32 = 3;
+}
+pub const KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK: u32 = 1;
+pub const KFD_RUNTIME_ENABLE_MODE_TTMP_SAVE_MASK: u32 = 2;
+
+/// Wave launch modes, override modes, flags and address-watch modes of the debug API.
+pub mod dbg {
+    pub const WAVE_LAUNCH_MODE_NORMAL: u32 = 0;
+    pub const WAVE_LAUNCH_MODE_HALT: u32 = 1;
+    pub const WAVE_LAUNCH_MODE_DEBUG: u32 = 3;
+    pub const LAUNCH_OVERRIDE_OR: u32 = 0;
+    pub const LAUNCH_OVERRIDE_REPLACE: u32 = 1;
+    pub const FLAG_SINGLE_MEM_OP: u32 = 1;
+    pub const FLAG_SINGLE_ALU_OP: u32 = 2;
+    pub const ADDRESS_WATCH_MODE_READ: u32 = 0;
+    pub const ADDRESS_WATCH_MODE_NONREAD: u32 = 1;
+    pub const ADDRESS_WATCH_MODE_ATOMIC: u32 = 2;
+    pub const ADDRESS_WATCH_MODE_ALL: u32 = 3;
+    pub const MAX_WATCH_ADDRESSES: u32 = 4;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Other constants
+
+/// `KFD_IOC_QUEUE_TYPE_*` (the ioctl's values, not the kernel's internal enum).
+pub mod queue_type {
+    pub const COMPUTE: u32 = 0;
+    pub const SDMA: u32 = 1;
+    pub const COMPUTE_AQL: u32 = 2;
+    pub const SDMA_XGMI: u32 = 3;
+    /// KFD 1.17+.
+    pub const SDMA_BY_ENG_ID: u32 = 4;
+}
+
+pub const fn queue_type_name(t: u32) -> Option<&'static str> {
+    match t {
+        queue_type::COMPUTE => Some("compute"),
+        queue_type::SDMA => Some("sdma"),
+        queue_type::COMPUTE_AQL => Some("compute_aql"),
+        queue_type::SDMA_XGMI => Some("sdma_xgmi"),
+        queue_type::SDMA_BY_ENG_ID => Some("sdma_by_eng_id"),
+        _ => None,
+    }
+}
+
+pub const KFD_MAX_QUEUE_PERCENTAGE: u32 = 100;
+pub const KFD_MAX_QUEUE_PRIORITY: u32 = 15;
+pub const KFD_MIN_QUEUE_RING_SIZE: u32 = 1024;
+pub const KFD_MAX_NUM_OF_QUEUES_PER_PROCESS: u32 = 1024;
+pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
+
+/// mmap offsets returned by CREATE_QUEUE (`doorbell_offset`) and ALLOC_MEMORY_OF_GPU.
+pub const KFD_MMAP_TYPE_SHIFT: u32 = 62;
+pub const KFD_MMAP_TYPE_DOORBELL: u64 = 3 << KFD_MMAP_TYPE_SHIFT;
+pub const KFD_MMAP_TYPE_EVENTS: u64 = 2 << KFD_MMAP_TYPE_SHIFT;
+pub const KFD_MMAP_TYPE_RESERVED_MEM: u64 = 1 << KFD_MMAP_TYPE_SHIFT;
+pub const KFD_MMAP_TYPE_MMIO: u64 = 0;
+pub const KFD_MMAP_GPU_ID_SHIFT: u32 = 46;
+pub const KFD_MMAP_GPU_ID_MASK: u64 = ((1u64 << 16) - 1) << KFD_MMAP_GPU_ID_SHIFT;
+
+/// The `doorbell_offset` CREATE_QUEUE returns: type DOORBELL, the gpu_id, and (SOC15) the queue's
+/// byte offset inside the process doorbell page.
+pub const fn doorbell_mmap_offset(gpu_id: u32, byte_offset_in_page: u64) -> u64 {
+    KFD_MMAP_TYPE_DOORBELL | ((gpu_id as u64) << KFD_MMAP_GPU_ID_SHIFT) | byte_offset_in_page
+}
+/// The gpu_id inside an mmap offset.
+pub const fn mmap_offset_gpu_id(offset: u64) -> u32 {
+    ((offset & KFD_MMAP_GPU_ID_MASK) >> KFD_MMAP_GPU_ID_SHIFT) as u32
+}
+
+/// `KFD_IOC_ALLOC_MEM_FLAGS_*`.
+pub mod alloc_mem_flags {
+    pub const VRAM: u32 = 1 << 0;
+    pub const GTT: u32 = 1 << 1;
+    pub const USERPTR: u32 = 1 << 2;
+    pub const DOORBELL: u32 = 1 << 3;
+    pub const MMIO_REMAP: u32 = 1 << 4;
+    pub const WRITABLE: u32 = 1 << 31;
+    pub const EXECUTABLE: u32 = 1 << 30;
+    pub const PUBLIC: u32 = 1 << 29;
+    pub const NO_SUBSTITUTE: u32 = 1 << 28;
+    pub const AQL_QUEUE_MEM: u32 = 1 << 27;
+    pub const COHERENT: u32 = 1 << 26;
+    pub const UNCACHED: u32 = 1 << 25;
+}
+
+/// `enum kfd_smi_event`; the subscription mask bit is `1 << (id - 1)`.
+pub mod smi_event {
+    pub const NONE: u32 = 0;
+    pub const VMFAULT: u32 = 1;
+    pub const THERMAL_THROTTLE: u32 = 2;
+    pub const GPU_PRE_RESET: u32 = 3;
+    pub const GPU_POST_RESET: u32 = 4;
+    pub const MIGRATE_START: u32 = 5;
+    pub const MIGRATE_END: u32 = 6;
+    pub const PAGE_FAULT_START: u32 = 7;
+    pub const PAGE_FAULT_END: u32 = 8;
+    pub const QUEUE_EVICTION: u32 = 9;
+    pub const QUEUE_RESTORE: u32 = 10;
+    pub const UNMAP_FROM_GPU: u32 = 11;
+    pub const ALL_PROCESS: u32 = 64;
+    pub const MSG_SIZE: usize = 96;
+    pub const fn mask(id: u32) -> u64 {
+        1u64 << (id - 1)
+    }
+}
+
+/// `enum KFD_QUEUE_EVICTION_TRIGGERS`.
+pub mod eviction_trigger {
+    pub const SVM: u32 = 0;
+    pub const USERPTR: u32 = 1;
+    pub const TTM: u32 = 2;
+    pub const SUSPEND: u32 = 3;
+    pub const CRIU_CHECKPOINT: u32 = 4;
+    pub const CRIU_RESTORE: u32 = 5;
+}
+
+/// `enum kfd_criu_op`.
+pub mod criu_op {
+    pub const PROCESS_INFO: u32 = 0;
+    pub const CHECKPOINT: u32 = 1;
+    pub const UNPAUSE: u32 = 2;
+    pub const RESTORE: u32 = 3;
+    pub const RESUME: u32 = 4;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command table
+
+/// One KFD ioctl.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ioctl {
+    pub nr: u32,
+    /// snake_case, as `trace` names the event.
+    pub name: &'static str,
+    /// `IOC_*` direction bits of the kernel's definition.
+    pub dir: u32,
+    /// The kernel's argument struct size (the newest form).
+    pub size: u32,
+}
+
+/// ioctl numbers (`AMDKFD_IOC_*` without the prefix).
+pub mod nr {
+    pub const GET_VERSION: u32 = 0x01;
+    pub const CREATE_QUEUE: u32 = 0x02;
+    pub const DESTROY_QUEUE: u32 = 0x03;
+    pub const SET_MEMORY_POLICY: u32 = 0x04;
+    pub const GET_CLOCK_COUNTERS: u32 = 0x05;
+    pub const GET_PROCESS_APERTURES: u32 = 0x06;
+    pub const UPDATE_QUEUE: u32 = 0x07;
+    pub const CREATE_EVENT: u32 = 0x08;
+    pub const DESTROY_EVENT: u32 = 0x09;
+    pub const SET_EVENT: u32 = 0x0A;
+    pub const RESET_EVENT: u32 = 0x0B;
+    pub const WAIT_EVENTS: u32 = 0x0C;
+    pub const DBG_REGISTER_DEPRECATED: u32 = 0x0D;
+    pub const DBG_UNREGISTER_DEPRECATED: u32 = 0x0E;
+    pub const DBG_ADDRESS_WATCH_DEPRECATED: u32 = 0x0F;
+    pub const DBG_WAVE_CONTROL_DEPRECATED: u32 = 0x10;
+    pub const SET_SCRATCH_BACKING_VA: u32 = 0x11;
+    pub const GET_TILE_CONFIG: u32 = 0x12;
+    pub const SET_TRAP_HANDLER: u32 = 0x13;
+    pub const GET_PROCESS_APERTURES_NEW: u32 = 0x14;
+    pub const ACQUIRE_VM: u32 = 0x15;
+    pub const ALLOC_MEMORY_OF_GPU: u32 = 0x16;
+    pub const FREE_MEMORY_OF_GPU: u32 = 0x17;
+    pub const MAP_MEMORY_TO_GPU: u32 = 0x18;
+    pub const UNMAP_MEMORY_FROM_GPU: u32 = 0x19;
+    pub const SET_CU_MASK: u32 = 0x1A;
+    pub const GET_QUEUE_WAVE_STATE: u32 = 0x1B;
+    pub const GET_DMABUF_INFO: u32 = 0x1C;
+    pub const IMPORT_DMABUF: u32 = 0x1D;
+    pub const ALLOC_QUEUE_GWS: u32 = 0x1E;
+    pub const SMI_EVENTS: u32 = 0x1F;
+    pub const SVM: u32 = 0x20;
+    pub const SET_XNACK_MODE: u32 = 0x21;
+    pub const CRIU_OP: u32 = 0x22;
+    pub const AVAILABLE_MEMORY: u32 = 0x23;
+    pub const EXPORT_DMABUF: u32 = 0x24;
+    pub const RUNTIME_ENABLE: u32 = 0x25;
+    pub const DBG_TRAP: u32 = 0x26;
+    /// KFD 1.19 (secondary contexts).
+    pub const CREATE_PROCESS: u32 = 0x27;
+    /// Proposed upstream number of the profiler ioctl (DKMS used 0x86).
+    pub const PROFILER: u32 = 0x28;
+    pub const IPC_IMPORT_HANDLE: u32 = 0x80;
+    pub const IPC_EXPORT_HANDLE: u32 = 0x81;
+    pub const DBG_TRAP_DEPRECATED: u32 = 0x82;
+    pub const CROSS_MEMORY_COPY_DEPRECATED: u32 = 0x83;
+    pub const RLC_SPM: u32 = 0x84;
+    pub const PC_SAMPLE: u32 = 0x85;
+    pub const PROFILER_DKMS: u32 = 0x86;
+}
+
+const RW: u32 = IOC_READ | IOC_WRITE;
+const R: u32 = IOC_READ;
+const W: u32 = IOC_WRITE;
+const N: u32 = IOC_NONE;
+
+macro_rules! sz {
+    ($t:ty) => {
+        core::mem::size_of::<$t>() as u32
+    };
+}
+
+/// Every KFD ioctl, by nr. Sizes of the DKMS-only structs come from reference/kfd.md §1.2;
+/// PROFILER's struct is not settled upstream (size 0: arguments are not copied).
+pub const IOCTLS: [Ioctl; 47] = [
+    Ioctl { nr: nr::GET_VERSION, name: "get_version", dir: R, size: sz!(GetVersionArgs) },
+    Ioctl { nr: nr::CREATE_QUEUE, name: "create_queue", dir: RW, size: sz!(CreateQueueArgs) },
+    Ioctl { nr: nr::DESTROY_QUEUE, name: "destroy_queue", dir: RW, size: sz!(DestroyQueueArgs) },
+    Ioctl { nr: nr::SET_MEMORY_POLICY, name: "set_memory_policy", dir: W, size: sz!(SetMemoryPolicyArgs) },
+    Ioctl { nr: nr::GET_CLOCK_COUNTERS, name: "get_clock_counters", dir: RW, size: sz!(GetClockCountersArgs) },
+    Ioctl { nr: nr::GET_PROCESS_APERTURES, name: "get_process_apertures", dir: R, size: sz!(GetProcessAperturesArgs) },
+    Ioctl { nr: nr::UPDATE_QUEUE, name: "update_queue", dir: W, size: sz!(UpdateQueueArgs) },
+    Ioctl { nr: nr::CREATE_EVENT, name: "create_event", dir: RW, size: sz!(CreateEventArgs) },
+    Ioctl { nr: nr::DESTROY_EVENT, name: "destroy_event", dir: W, size: sz!(DestroyEventArgs) },
+    Ioctl { nr: nr::SET_EVENT, name: "set_event", dir: W, size: sz!(SetEventArgs) },
+    Ioctl { nr: nr::RESET_EVENT, name: "reset_event", dir: W, size: sz!(ResetEventArgs) },
+    Ioctl { nr: nr::WAIT_EVENTS, name: "wait_events", dir: RW, size: sz!(WaitEventsArgs) },
+    Ioctl { nr: nr::DBG_REGISTER_DEPRECATED, name: "dbg_register_deprecated", dir: W, size: sz!(DbgRegisterArgs) },
+    Ioctl { nr: nr::DBG_UNREGISTER_DEPRECATED, name: "dbg_unregister_deprecated", dir: W, size: sz!(DbgUnregisterArgs) },
+    Ioctl { nr: nr::DBG_ADDRESS_WATCH_DEPRECATED, name: "dbg_address_watch_deprecated", dir: W, size: sz!(DbgAddressWatchArgs) },
+    Ioctl { nr: nr::DBG_WAVE_CONTROL_DEPRECATED, name: "dbg_wave_control_deprecated", dir: W, size: sz!(DbgWaveControlArgs) },
+    Ioctl { nr: nr::SET_SCRATCH_BACKING_VA, name: "set_scratch_backing_va", dir: RW, size: sz!(SetScratchBackingVaArgs) },
+    Ioctl { nr: nr::GET_TILE_CONFIG, name: "get_tile_config", dir: RW, size: sz!(GetTileConfigArgs) },
+    Ioctl { nr: nr::SET_TRAP_HANDLER, name: "set_trap_handler", dir: W, size: sz!(SetTrapHandlerArgs) },
+    Ioctl { nr: nr::GET_PROCESS_APERTURES_NEW, name: "get_process_apertures_new", dir: RW, size: sz!(GetProcessAperturesNewArgs) },
+    Ioctl { nr: nr::ACQUIRE_VM, name: "acquire_vm", dir: W, size: sz!(AcquireVmArgs) },
+    Ioctl { nr: nr::ALLOC_MEMORY_OF_GPU, name: "alloc_memory_of_gpu", dir: RW, size: sz!(AllocMemoryOfGpuArgs) },
+    Ioctl { nr: nr::FREE_MEMORY_OF_GPU, name: "free_memory_of_gpu", dir: W, size: sz!(FreeMemoryOfGpuArgs) },
+    Ioctl { nr: nr::MAP_MEMORY_TO_GPU, name: "map_memory_to_gpu", dir: RW, size: sz!(MapMemoryToGpuArgs) },
+    Ioctl { nr: nr::UNMAP_MEMORY_FROM_GPU, name: "unmap_memory_from_gpu", dir: RW, size: sz!(UnmapMemoryFromGpuArgs) },
+    Ioctl { nr: nr::SET_CU_MASK, name: "set_cu_mask", dir: W, size: sz!(SetCuMaskArgs) },
+    Ioctl { nr: nr::GET_QUEUE_WAVE_STATE, name: "get_queue_wave_state", dir: RW, size: sz!(GetQueueWaveStateArgs) },
+    Ioctl { nr: nr::GET_DMABUF_INFO, name: "get_dmabuf_info", dir: RW, size: sz!(GetDmabufInfoArgs) },
+    Ioctl { nr: nr::IMPORT_DMABUF, name: "import_dmabuf", dir: RW, size: sz!(ImportDmabufArgs) },
+    Ioctl { nr: nr::ALLOC_QUEUE_GWS, name: "alloc_queue_gws", dir: RW, size: sz!(AllocQueueGwsArgs) },
+    Ioctl { nr: nr::SMI_EVENTS, name: "smi_events", dir: RW, size: sz!(SmiEventsArgs) },
+    Ioctl { nr: nr::SVM, name: "svm", dir: RW, size: sz!(SvmArgs) },
+    Ioctl { nr: nr::SET_XNACK_MODE, name: "set_xnack_mode", dir: RW, size: sz!(SetXnackModeArgs) },
+    Ioctl { nr: nr::CRIU_OP, name: "criu_op", dir: RW, size: sz!(CriuArgs) },
+    Ioctl { nr: nr::AVAILABLE_MEMORY, name: "available_memory", dir: RW, size: sz!(GetAvailableMemoryArgs) },
+    Ioctl { nr: nr::EXPORT_DMABUF, name: "export_dmabuf", dir: RW, size: sz!(ExportDmabufArgs) },
+    Ioctl { nr: nr::RUNTIME_ENABLE, name: "runtime_enable", dir: RW, size: sz!(RuntimeEnableArgs) },
+    Ioctl { nr: nr::DBG_TRAP, name: "dbg_trap", dir: RW, size: sz!(DbgTrapArgs) },
+    Ioctl { nr: nr::CREATE_PROCESS, name: "create_process", dir: N, size: 0 },
+    Ioctl { nr: nr::PROFILER, name: "profiler", dir: RW, size: 0 },
+    Ioctl { nr: nr::IPC_IMPORT_HANDLE, name: "ipc_import_handle", dir: RW, size: 48 },
+    Ioctl { nr: nr::IPC_EXPORT_HANDLE, name: "ipc_export_handle", dir: RW, size: 32 },
+    Ioctl { nr: nr::DBG_TRAP_DEPRECATED, name: "dbg_trap_deprecated", dir: RW, size: 40 },
+    Ioctl { nr: nr::CROSS_MEMORY_COPY_DEPRECATED, name: "cross_memory_copy_deprecated", dir: RW, size: 48 },
+    Ioctl { nr: nr::RLC_SPM, name: "rlc_spm", dir: RW, size: 32 },
+    Ioctl { nr: nr::PC_SAMPLE, name: "pc_sample", dir: RW, size: 32 },
+    Ioctl { nr: nr::PROFILER_DKMS, name: "profiler", dir: RW, size: 0 },
+];
+
+/// The table entry for `nr`.
+pub const fn ioctl(nr: u32) -> Option<&'static Ioctl> {
+    let mut i = 0;
+    while i < IOCTLS.len() {
+        if IOCTLS[i].nr == nr {
+            return Some(&IOCTLS[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// snake_case name of ioctl `nr` (`create_queue`, ...).
+pub const fn ioctl_name(nr: u32) -> Option<&'static str> {
+    match ioctl(nr) {
+        Some(d) => Some(d.name),
+        None => None,
+    }
+}
+
+/// Kernel argument size by nr, as an array: the eBPF side indexes it (no loops, no jump tables).
+pub const ARG_SIZE: [u16; AMDKFD_COMMAND_END_2 as usize] = {
+    let mut t = [0u16; AMDKFD_COMMAND_END_2 as usize];
+    let mut i = 0;
+    while i < IOCTLS.len() {
+        t[IOCTLS[i].nr as usize] = IOCTLS[i].size as u16;
+        i += 1;
+    }
+    t
+};
+
+/// The kernel's argument struct size for `nr` (0 when unknown).
+#[inline(always)]
+pub const fn arg_size(nr: u32) -> u32 {
+    if (nr as usize) < ARG_SIZE.len() {
+        ARG_SIZE[nr as usize] as u32
+    } else {
+        0
+    }
+}
+
+/// The full `AMDKFD_IOC_*` command values, as the newest header defines them.
+pub mod cmd {
+    use super::*;
+    pub const GET_VERSION: u32 = ior(nr::GET_VERSION, size_of::<GetVersionArgs>());
+    pub const CREATE_QUEUE: u32 = iowr(nr::CREATE_QUEUE, size_of::<CreateQueueArgs>());
+    /// The pre-1.17 encoding (88-byte struct), still accepted.
+    pub const CREATE_QUEUE_V1: u32 = iowr(nr::CREATE_QUEUE, CREATE_QUEUE_ARGS_SIZE_V1);
+    pub const DESTROY_QUEUE: u32 = iowr(nr::DESTROY_QUEUE, size_of::<DestroyQueueArgs>());
+    pub const SET_MEMORY_POLICY: u32 = iow(nr::SET_MEMORY_POLICY, size_of::<SetMemoryPolicyArgs>());
+    pub const GET_CLOCK_COUNTERS: u32 = iowr(nr::GET_CLOCK_COUNTERS, size_of::<GetClockCountersArgs>());
+    pub const GET_PROCESS_APERTURES: u32 =
+        ior(nr::GET_PROCESS_APERTURES, size_of::<GetProcessAperturesArgs>());
+    pub const UPDATE_QUEUE: u32 = iow(nr::UPDATE_QUEUE, size_of::<UpdateQueueArgs>());
+    pub const CREATE_EVENT: u32 = iowr(nr::CREATE_EVENT, size_of::<CreateEventArgs>());
+    pub const DESTROY_EVENT: u32 = iow(nr::DESTROY_EVENT, size_of::<DestroyEventArgs>());
+    pub const SET_EVENT: u32 = iow(nr::SET_EVENT, size_of::<SetEventArgs>());
+    pub const RESET_EVENT: u32 = iow(nr::RESET_EVENT, size_of::<ResetEventArgs>());
+    pub const WAIT_EVENTS: u32 = iowr(nr::WAIT_EVENTS, size_of::<WaitEventsArgs>());
+    pub const DBG_REGISTER_DEPRECATED: u32 =
+        iow(nr::DBG_REGISTER_DEPRECATED, size_of::<DbgRegisterArgs>());
+    pub const DBG_UNREGISTER_DEPRECATED: u32 =
+        iow(nr::DBG_UNREGISTER_DEPRECATED, size_of::<DbgUnregisterArgs>());
+    pub const DBG_ADDRESS_WATCH_DEPRECATED: u32 =
+        iow(nr::DBG_ADDRESS_WATCH_DEPRECATED, size_of::<DbgAddressWatchArgs>());
+    pub const DBG_WAVE_CONTROL_DEPRECATED: u32 =
+        iow(nr::DBG_WAVE_CONTROL_DEPRECATED, size_of::<DbgWaveControlArgs>());
+    pub const SET_SCRATCH_BACKING_VA: u32 =
+        iowr(nr::SET_SCRATCH_BACKING_VA, size_of::<SetScratchBackingVaArgs>());
+    pub const GET_TILE_CONFIG: u32 = iowr(nr::GET_TILE_CONFIG, size_of::<GetTileConfigArgs>());
+    pub const SET_TRAP_HANDLER: u32 = iow(nr::SET_TRAP_HANDLER, size_of::<SetTrapHandlerArgs>());
+    pub const GET_PROCESS_APERTURES_NEW: u32 =
+        iowr(nr::GET_PROCESS_APERTURES_NEW, size_of::<GetProcessAperturesNewArgs>());
+    pub const ACQUIRE_VM: u32 = iow(nr::ACQUIRE_VM, size_of::<AcquireVmArgs>());
+    pub const ALLOC_MEMORY_OF_GPU: u32 = iowr(nr::ALLOC_MEMORY_OF_GPU, size_of::<AllocMemoryOfGpuArgs>());
+    pub const FREE_MEMORY_OF_GPU: u32 = iow(nr::FREE_MEMORY_OF_GPU, size_of::<FreeMemoryOfGpuArgs>());
+    pub const MAP_MEMORY_TO_GPU: u32 = iowr(nr::MAP_MEMORY_TO_GPU, size_of::<MapMemoryToGpuArgs>());
+    pub const UNMAP_MEMORY_FROM_GPU: u32 =
+        iowr(nr::UNMAP_MEMORY_FROM_GPU, size_of::<UnmapMemoryFromGpuArgs>());
+    pub const SET_CU_MASK: u32 = iow(nr::SET_CU_MASK, size_of::<SetCuMaskArgs>());
+    pub const GET_QUEUE_WAVE_STATE: u32 =
+        iowr(nr::GET_QUEUE_WAVE_STATE, size_of::<GetQueueWaveStateArgs>());
+    pub const GET_DMABUF_INFO: u32 = iowr(nr::GET_DMABUF_INFO, size_of::<GetDmabufInfoArgs>());
+    pub const IMPORT_DMABUF: u32 = iowr(nr::IMPORT_DMABUF, size_of::<ImportDmabufArgs>());
+    pub const ALLOC_QUEUE_GWS: u32 = iowr(nr::ALLOC_QUEUE_GWS, size_of::<AllocQueueGwsArgs>());
+    pub const SMI_EVENTS: u32 = iowr(nr::SMI_EVENTS, size_of::<SmiEventsArgs>());
+    pub const SVM: u32 = iowr(nr::SVM, size_of::<SvmArgs>());
+    pub const SET_XNACK_MODE: u32 = iowr(nr::SET_XNACK_MODE, size_of::<SetXnackModeArgs>());
+    pub const CRIU_OP: u32 = iowr(nr::CRIU_OP, size_of::<CriuArgs>());
+    pub const AVAILABLE_MEMORY: u32 = iowr(nr::AVAILABLE_MEMORY, size_of::<GetAvailableMemoryArgs>());
+    pub const EXPORT_DMABUF: u32 = iowr(nr::EXPORT_DMABUF, size_of::<ExportDmabufArgs>());
+    pub const RUNTIME_ENABLE: u32 = iowr(nr::RUNTIME_ENABLE, size_of::<RuntimeEnableArgs>());
+    pub const DBG_TRAP: u32 = iowr(nr::DBG_TRAP, size_of::<DbgTrapArgs>());
+    pub const CREATE_PROCESS: u32 = io(nr::CREATE_PROCESS);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmd_values_match_reference() {
+        assert_eq!(cmd::GET_VERSION, 0x8008_4B01);
+        assert_eq!(cmd::CREATE_QUEUE_V1, 0xC058_4B02);
+        assert_eq!(cmd::CREATE_QUEUE, 0xC060_4B02);
+        assert_eq!(cmd::DESTROY_QUEUE, 0xC008_4B03);
+        assert_eq!(cmd::SET_MEMORY_POLICY, 0x4020_4B04);
+        assert_eq!(cmd::GET_PROCESS_APERTURES, 0x8190_4B06);
+        assert_eq!(cmd::UPDATE_QUEUE, 0x4018_4B07);
+        assert_eq!(cmd::ACQUIRE_VM, 0x4008_4B15);
+        assert_eq!(cmd::ALLOC_MEMORY_OF_GPU, 0xC028_4B16);
+        assert_eq!(cmd::FREE_MEMORY_OF_GPU, 0x4008_4B17);
+        assert_eq!(cmd::SET_CU_MASK, 0x4010_4B1A);
+        assert_eq!(cmd::GET_QUEUE_WAVE_STATE, 0xC018_4B1B);
+        assert_eq!(cmd::SMI_EVENTS, 0xC008_4B1F);
+        assert_eq!(cmd::CRIU_OP, 0xC038_4B22);
+        assert_eq!(cmd::RUNTIME_ENABLE, 0xC010_4B25);
+        assert_eq!(cmd::DBG_TRAP, 0xC020_4B26);
+        assert_eq!(cmd::CREATE_PROCESS, 0x0000_4B27);
+    }
+
+    #[test]
+    fn decoding_the_encoding() {
+        let c = cmd::CREATE_QUEUE;
+        assert_eq!(ioc_nr(c), nr::CREATE_QUEUE);
+        assert_eq!(ioc_type(c), b'K' as u32);
+        assert_eq!(ioc_size(c), 96);
+        assert_eq!(ioc_dir(c), IOC_READ | IOC_WRITE);
+        assert_eq!(ioc_dir(cmd::UPDATE_QUEUE), IOC_WRITE);
+        assert_eq!(ioc_dir(cmd::GET_VERSION), IOC_READ);
+    }
+
+    #[test]
+    fn table_sizes_and_directions_agree_with_cmds() {
+        for (c, n) in [
+            (cmd::GET_VERSION, nr::GET_VERSION),
+            (cmd::CREATE_QUEUE, nr::CREATE_QUEUE),
+            (cmd::DESTROY_QUEUE, nr::DESTROY_QUEUE),
+            (cmd::UPDATE_QUEUE, nr::UPDATE_QUEUE),
+            (cmd::SET_CU_MASK, nr::SET_CU_MASK),
+            (cmd::ACQUIRE_VM, nr::ACQUIRE_VM),
+            (cmd::RUNTIME_ENABLE, nr::RUNTIME_ENABLE),
+            (cmd::DBG_TRAP, nr::DBG_TRAP),
+            (cmd::SVM, nr::SVM),
+        ] {
+            let d = ioctl(n).unwrap();
+            assert_eq!(ioc_size(c), d.size, "{}", d.name);
+            assert_eq!(ioc_dir(c), d.dir, "{}", d.name);
+            assert_eq!(arg_size(n), d.size);
+        }
+        // Every table entry is in range, unique, and ARG_SIZE mirrors it.
+        for (i, d) in IOCTLS.iter().enumerate() {
+            assert!(is_kfd_nr(d.nr), "{}", d.name);
+            assert_eq!(arg_size(d.nr), d.size);
+            assert!(IOCTLS[..i].iter().all(|e| e.nr != d.nr), "duplicate nr {:#x}", d.nr);
+        }
+        assert_eq!(arg_size(0x50), 0);
+        assert_eq!(arg_size(0xFFFF), 0);
+        // Every nr of the upstream range 0x01..=0x28 and the DKMS 0x80..=0x86 has a name.
+        for n in (0x01..0x29).chain(0x80..0x87) {
+            assert!(ioctl_name(n).is_some(), "nr {n:#x} unnamed");
+        }
+    }
+
+    #[test]
+    fn kfd_nr_range_boundaries() {
+        assert!(!is_kfd_nr(0x00));
+        assert!(is_kfd_nr(0x01));
+        assert!(is_kfd_nr(0x28));
+        assert!(!is_kfd_nr(0x29));
+        assert!(!is_kfd_nr(0x7F));
+        assert!(is_kfd_nr(0x80));
+        assert!(is_kfd_nr(0x86));
+        assert!(!is_kfd_nr(0x87));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(ioctl_name(nr::CREATE_QUEUE), Some("create_queue"));
+        assert_eq!(ioctl_name(nr::DBG_TRAP), Some("dbg_trap"));
+        assert_eq!(ioctl_name(nr::DBG_TRAP_DEPRECATED), Some("dbg_trap_deprecated"));
+        assert_eq!(ioctl_name(0x50), None);
+        assert_eq!(dbg_op_name(dbg_op::SUSPEND_QUEUES), Some("suspend_queues"));
+        assert_eq!(dbg_op_name(dbg_op::GET_DEVICE_SNAPSHOT), Some("get_device_snapshot"));
+        assert_eq!(dbg_op_name(15), None);
+        assert_eq!(queue_type_name(queue_type::COMPUTE_AQL), Some("compute_aql"));
+        assert_eq!(queue_type_name(9), None);
+    }
+
+    #[test]
+    fn exception_masks() {
+        assert_eq!(ec_mask(ec::QUEUE_NEW), 0x4000_0000);
+        assert_eq!(ec_mask(ec::DEVICE_QUEUE_DELETE), 0x8000_0000);
+        assert_eq!(ec_mask(ec::PROCESS_RUNTIME), 0x0000_8000_0000_0000);
+        assert_eq!(ec_mask(ec::DEVICE_NEW), 0x8_0000_0000);
+        assert_eq!(EC_MASK_QUEUE, 0x0000_0000_607F_803F);
+        assert_eq!(EC_MASK_DEVICE, 0x0000_000F_8000_0000);
+        assert_eq!(EC_MASK_PROCESS, 0x0001_8000_0000_0000);
+        assert_eq!(KFD_DBG_QUEUE_ERROR_MASK, 0x4000_0000);
+        assert_eq!(KFD_DBG_QUEUE_INVALID_MASK, 0x8000_0000);
+    }
+
+    #[test]
+    fn doorbell_offsets() {
+        let off = doorbell_mmap_offset(0x1234, 0x18);
+        assert_eq!(off >> 62, 3);
+        assert_eq!(mmap_offset_gpu_id(off), 0x1234);
+        assert_eq!(off & 0xFFF, 0x18);
+    }
+
+    fn raw<P: DbgTrapPayload + Copy + PartialEq + core::fmt::Debug>(p: P) -> [u8; 24] {
+        let a = DbgTrapArgs::new(77, p);
+        assert_eq!(a.op, P::OP);
+        assert_eq!(a.payload::<P>(), p, "round trip");
+        let mut b = [0u8; 24];
+        for (i, w) in a.data.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    /// The packed union has each field at the offset kfd.md gives (relative to the union).
+    fn field_at(b: &[u8; 24], off: usize, len: usize) -> u64 {
+        let mut v = [0u8; 8];
+        v[..len].copy_from_slice(&b[off..off + len]);
+        u64::from_le_bytes(v)
+    }
+
+    #[test]
+    fn dbg_payload_layouts() {
+        let b = raw(DbgTrapEnableArgs { exception_mask: 1, rinfo_ptr: 2, rinfo_size: 3, dbg_fd: 4 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [1, 2, 3, 4]);
+        let b = raw(DbgTrapSuspendQueuesArgs { exception_mask: 5, queue_array_ptr: 6, num_queues: 7, grace_period: 8 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [5, 6, 7, 8]);
+        let b = raw(DbgTrapResumeQueuesArgs { queue_array_ptr: 9, num_queues: 10, pad: 0 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4)], [9, 10]);
+        let b = raw(DbgTrapQueryDebugEventArgs { exception_mask: 11, gpu_id: 12, queue_id: 13 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)], [11, 12, 13]);
+        let b = raw(DbgTrapQueueSnapshotArgs { exception_mask: 14, snapshot_buf_ptr: 15, num_queues: 16, entry_size: 17 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [14, 15, 16, 17]);
+        let b = raw(DbgTrapDeviceSnapshotArgs { exception_mask: 18, snapshot_buf_ptr: 19, num_devices: 20, entry_size: 21 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [18, 19, 20, 21]);
+        let b = raw(DbgTrapSendRuntimeEventArgs { exception_mask: 22, gpu_id: 23, queue_id: 24 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)], [22, 23, 24]);
+        let b = raw(DbgTrapSetExceptionsEnabledArgs { exception_mask: 25 });
+        assert_eq!(field_at(&b, 0, 8), 25);
+        let b = raw(DbgTrapSetWaveLaunchOverrideArgs { override_mode: 26, enable_mask: 27, support_request_mask: 28, pad: 0 });
+        assert_eq!([field_at(&b, 0, 4), field_at(&b, 4, 4), field_at(&b, 8, 4)], [26, 27, 28]);
+        let b = raw(DbgTrapSetWaveLaunchModeArgs { launch_mode: 29, pad: 0 });
+        assert_eq!(field_at(&b, 0, 4), 29);
+        let b = raw(DbgTrapSetNodeAddressWatchArgs { address: 30, mode: 31, mask: 32, gpu_id: 33, id: 34 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4), field_at(&b, 16, 4), field_at(&b, 20, 4)], [30, 31, 32, 33, 34]);
+        let b = raw(DbgTrapClearNodeAddressWatchArgs { gpu_id: 35, id: 36 });
+        assert_eq!([field_at(&b, 0, 4), field_at(&b, 4, 4)], [35, 36]);
+        let b = raw(DbgTrapSetFlagsArgs { flags: 37, pad: 0 });
+        assert_eq!(field_at(&b, 0, 4), 37);
+        let b = raw(DbgTrapQueryExceptionInfoArgs { info_ptr: 38, info_size: 39, source_id: 40, exception_code: 41, clear_exception: 42 });
+        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4), field_at(&b, 16, 4), field_at(&b, 20, 4)], [38, 39, 40, 41, 42]);
+        // Payload struct offsets match their packing (struct layout == union layout).
+        assert_eq!(DbgTrapEnableArgs::FIELDS, &[("exception_mask", 0), ("rinfo_ptr", 8), ("rinfo_size", 16), ("dbg_fd", 20)]);
+    }
+
+    #[test]
+    fn create_queue_v1_is_a_prefix() {
+        assert_eq!(core::mem::offset_of!(CreateQueueArgs, sdma_engine_id), CREATE_QUEUE_ARGS_SIZE_V1);
+    }
+}

@@ -1,0 +1,9 @@
+//! Shared between the eBPF programs (`gpreempt-ebpf`, bpfel) and user space: the fixed-size records
+//! the programs emit, the maps' key/value types, and every KFD ABI fact (`kfd`).
+#![no_std]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod kfd;
+pub mod record;

@@ -1,0 +1,144 @@
+//! Records the eBPF programs push into the ring buffer, and the types of their maps.
+//!
+//! Every record starts with a [`RecordHeader`]; `kind` says which record follows. All records are
+//! `#[repr(C)]`, 8-byte aligned and padded explicitly so the layout is the same on both sides.
+
+/// Bytes of an ioctl argument struct that the programs copy. The largest KFD argument we decode is
+/// `kfd_ioctl_create_queue_args` (96 bytes, KFD 1.17+); larger structs are copied truncated.
+pub const ARGS_MAX: usize = 96;
+/// `TASK_COMM_LEN`.
+pub const COMM_LEN: usize = 16;
+
+/// Ring buffer size in bytes (a power of two multiple of the page size).
+pub const RING_BYTES: u32 = 8 << 20;
+/// In-flight (entered, not yet exited) KFD ioctls tracked at once, one per thread.
+pub const MAX_INFLIGHT: u32 = 16_384;
+/// Processes remembered as KFD users (their exit is reported).
+pub const MAX_KFD_PIDS: u32 = 16_384;
+
+/// Values of [`RecordHeader::kind`].
+pub mod kind {
+    /// An [`IoctlRecord`](super::IoctlRecord): one KFD ioctl, from syscall entry to exit.
+    pub const IOCTL: u32 = 1;
+    /// A [`ProcessExitRecord`](super::ProcessExitRecord): a KFD process's group leader exited.
+    pub const PROCESS_EXIT: u32 = 2;
+}
+
+/// Indices of the per-CPU statistics array `STATS`.
+pub mod stat {
+    /// A record could not be reserved in the ring buffer (user space too slow): dropped.
+    pub const RINGBUF_FULL: u32 = 0;
+    /// The in-flight map refused an entry: the ioctl was not recorded.
+    pub const INFLIGHT_FULL: u32 = 1;
+    /// The argument struct could not be read from user memory at entry (recorded with `args_len` 0).
+    pub const ARGS_FAULT: u32 = 2;
+    /// KFD ioctls seen at entry (after the filters).
+    pub const SEEN: u32 = 3;
+    /// Number of statistics.
+    pub const COUNT: u32 = 4;
+}
+
+/// Bits of [`Config::flags`].
+pub mod config_flag {
+    /// Only trace the thread group `Config::tgid`.
+    pub const FILTER_TGID: u32 = 1;
+}
+
+/// The programs' configuration, index 0 of the `CONFIG` array map, written by user space before attach.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub flags: u32,
+    pub tgid: u32,
+}
+
+/// Common prefix of every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// Thread group id (the process id user space sees), in the initial pid namespace.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the event began.
+    pub ts_ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// One KFD ioctl: arguments copied at syscall entry, outputs re-read at exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoctlRecord {
+    pub hdr: RecordHeader,
+    pub fd: i32,
+    pub cmd: u32,
+    /// The syscall's return value (negative errno on failure).
+    pub ret: i64,
+    pub duration_ns: u64,
+    /// The user pointer passed as the ioctl argument.
+    pub arg: u64,
+    /// Bytes of `args` that were read at entry (0 if the read faulted).
+    pub args_len: u32,
+    /// Bytes of `out` that were read at exit (0 when the ioctl has no output direction or the read
+    /// faulted).
+    pub out_len: u32,
+    pub args: [u8; ARGS_MAX],
+    pub out: [u8; ARGS_MAX],
+}
+
+/// The group leader of a process that used KFD exited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessExitRecord {
+    pub hdr: RecordHeader,
+    /// `task->exit_code` is not available to the tracepoint; the signal/exit status is unknown here.
+    pub _reserved: u64,
+}
+
+/// Value of the in-flight map, keyed by thread id: what `sys_enter_ioctl` saw.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    pub ts_ns: u64,
+    pub arg: u64,
+    pub fd: i32,
+    pub cmd: u32,
+    pub args_len: u32,
+    pub _pad: u32,
+    pub args: [u8; ARGS_MAX],
+}
+
+impl Default for IoctlRecord {
+    fn default() -> Self {
+        Self {
+            hdr: RecordHeader::default(),
+            fd: 0,
+            cmd: 0,
+            ret: 0,
+            duration_ns: 0,
+            arg: 0,
+            args_len: 0,
+            out_len: 0,
+            args: [0; ARGS_MAX],
+            out: [0; ARGS_MAX],
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<RecordHeader>() == 40);
+const _: () = assert!(core::mem::size_of::<IoctlRecord>() == 40 + 40 + 2 * ARGS_MAX);
+const _: () = assert!(core::mem::align_of::<IoctlRecord>() == 8);
+const _: () = assert!(core::mem::size_of::<InFlight>() == 32 + ARGS_MAX);
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+    // SAFETY: plain #[repr(C)] integers and byte arrays with explicit padding fields: every bit
+    // pattern is valid and there are no implicit padding bytes.
+    unsafe impl aya::Pod for Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for InFlight {}
+}

@@ -1,0 +1,77 @@
+//! gpreempt-ebpf's kernel programs.
+//!
+//! - `kfd_ioctl_enter` / `kfd_ioctl_exit` (tracepoints `syscalls/sys_enter_ioctl` and
+//!   `syscalls/sys_exit_ioctl`): KFD ioctls, arguments at entry, outputs and return value at exit.
+//! - `kfd_process_exit` (tracepoint `sched/sched_process_exit`): a KFD process went away.
+//!
+//! The programs only filter and copy; decoding happens in user space.
+#![no_std]
+#![no_main]
+
+mod ioctl;
+mod process;
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+};
+use gpreempt_common::record::{stat, Config, InFlight, MAX_INFLIGHT, MAX_KFD_PIDS, RING_BYTES};
+
+/// Every record, in order of completion.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+/// Index 0: the [`Config`] user space wrote before attaching.
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Per-CPU counters, indexed by [`stat`].
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+
+/// KFD ioctls between entry and exit, by thread id. LRU so that a thread killed inside an ioctl
+/// (no exit tracepoint) cannot leak an entry forever.
+#[map]
+static INFLIGHT: LruHashMap<u32, InFlight> = LruHashMap::with_max_entries(MAX_INFLIGHT, 0);
+
+/// Per-CPU staging area for an in-flight entry.
+#[map]
+static SCRATCH: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
+
+/// Thread groups that issued a KFD ioctl (or that user space found in sysfs): their exit is reported.
+#[map]
+static KFD_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KFD_PIDS, 0);
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(p) = STATS.get_ptr_mut(index) {
+        // SAFETY: a per-CPU slot: no other CPU writes it, and preemption is disabled while a
+        // tracepoint program runs.
+        unsafe { *p += 1 };
+    }
+}
+
+/// CLOCK_MONOTONIC in ns.
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: bpf_ktime_get_ns takes no arguments and has no preconditions.
+    unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn config() -> Config {
+    match CONFIG.get(0) {
+        Some(c) => *c,
+        None => Config::default(),
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

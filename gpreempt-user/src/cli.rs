@@ -1,0 +1,188 @@
+//! Command line: `gpreempt-ebpf <command>`.
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    events::{Event, EventSource, FdCheck},
+    probe::{ProbeOptions, Probes},
+    trace::{Format, Sink},
+};
+
+#[derive(Parser, Debug)]
+#[command(name = "gpreempt-ebpf", version, about = "Watch and preempt AMD GPU compute queues (amdkfd) with eBPF")]
+pub struct Cli {
+    /// The KFD device node (ioctls on other files are not KFD ioctls).
+    #[arg(long, global = true, env = "GPREEMPT_KFD_DEVICE", default_value = "/dev/kfd")]
+    pub kfd_device: PathBuf,
+    /// More diagnostics on stderr (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print KFD events (queue create/destroy/update, debug-trap calls, process exits) live.
+    Trace(TraceArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// JSON Lines, one object per event (schema in README).
+    #[arg(long)]
+    pub json: bool,
+    /// Only this process (thread group id; filtered in the kernel).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Only processes whose command name (comm) is this.
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Write events to this file instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Show the eBPF programs' own diagnostics (aya-log) on stderr.
+    #[arg(long)]
+    pub ebpf_log: bool,
+}
+
+pub fn main() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => log::LevelFilter::Warn,
+        1 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    };
+    let ebpf_log = matches!(&cli.command, Command::Trace(t) if t.ebpf_log);
+    env_logger::Builder::new()
+        .filter_level(if ebpf_log { log::LevelFilter::Debug } else { level })
+        .format_timestamp(None)
+        .target(env_logger::Target::Stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match cli.command {
+        Command::Trace(ref args) => rt.block_on(trace(&cli, args)),
+    }
+}
+
+async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
+    if let Some(d) = args.duration {
+        anyhow::ensure!(d.is_finite() && d > 0.0, "--duration must be a positive number of seconds");
+    }
+    let out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut sink = Sink::new(out, if args.json { Format::Json } else { Format::Text });
+
+    let mut probes = Probes::attach(&ProbeOptions {
+        pid: args.pid,
+        ebpf_log: args.ebpf_log,
+    })?;
+    let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&cli.kfd_device))
+        .context("watching the ring buffer")?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let deadline = tokio::time::sleep(
+        args.duration
+            .map(Duration::from_secs_f64)
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(deadline);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // Tests and scripts wait for this line before they start the workload.
+    eprintln!(
+        "gpreempt-ebpf: tracing KFD ioctls on {}{} (Ctrl-C to stop)",
+        cli.kfd_device.display(),
+        args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+    );
+    let mut batch: Vec<Event> = Vec::with_capacity(256);
+    let mut reported_lost = 0;
+    let mut written = 0u64;
+    loop {
+        tokio::select! {
+            r = source.next_batch(&mut batch) => {
+                r.context("reading the ring buffer")?;
+                for ev in batch.iter().filter(|e| wanted(e, args)) {
+                    if let Err(e) = sink.write(ev) {
+                        return write_failed(e);
+                    }
+                    written += 1;
+                }
+                if let Err(e) = sink.flush() {
+                    return write_failed(e);
+                }
+            }
+            _ = tick.tick() => {
+                probes.flush_log();
+                let lost = probes.stats()?.lost();
+                if lost > reported_lost {
+                    log::warn!("{} KFD records lost in the kernel so far (ring buffer full)", lost);
+                    reported_lost = lost;
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = &mut deadline => break,
+        }
+    }
+    // Drain what is already in the ring buffer without waiting for more.
+    while let Ok(Ok(())) =
+        tokio::time::timeout(Duration::from_millis(20), source.next_batch(&mut batch)).await
+    {
+        if batch.is_empty() {
+            break;
+        }
+        for ev in batch.iter().filter(|e| wanted(e, args)) {
+            if sink.write(ev).is_err() {
+                break;
+            }
+            written += 1;
+        }
+    }
+    let _ = sink.flush();
+    probes.flush_log();
+    let k = probes.stats()?;
+    let u = source.stats;
+    eprintln!(
+        "gpreempt-ebpf: summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
+         args_unreadable={} not_kfd={} unverified={} malformed={}",
+        k.seen, k.ringbuf_full, k.inflight_full, k.args_fault, u.not_kfd, u.unverified, u.malformed
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The user-space filters of `trace` (the pid filter runs in the kernel).
+fn wanted(ev: &Event, args: &TraceArgs) -> bool {
+    let comm = match ev {
+        Event::Ioctl(i) => &i.origin.comm,
+        Event::ProcessExit(p) => &p.origin.comm,
+    };
+    args.comm.as_ref().is_none_or(|c| c == comm)
+}
+
+/// A closed stdout (e.g. `| head`) ends tracing quietly; other write errors are reported.
+fn write_failed(e: std::io::Error) -> Result<ExitCode> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Err(e).context("writing events")
+}

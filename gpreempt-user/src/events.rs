@@ -1,0 +1,373 @@
+//! Records from the ring buffer turned into typed events, and the check that an fd is /dev/kfd.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use gpreempt_common::{
+    kfd,
+    record::{kind, IoctlRecord, ProcessExitRecord, RecordHeader, ARGS_MAX},
+};
+
+/// One observation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Ioctl(IoctlEvent),
+    ProcessExit(ProcessExit),
+}
+
+/// Who did it, and when (CLOCK_MONOTONIC ns).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessExit {
+    pub origin: Origin,
+}
+
+/// A KFD ioctl, with the argument struct as the kernel left it (outputs filled) when it succeeded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoctlEvent {
+    pub origin: Origin,
+    pub fd: i32,
+    pub cmd: u32,
+    pub ret: i64,
+    pub duration_ns: u64,
+    pub call: KfdCall,
+    /// Whether the fd was confirmed to be the KFD device (false: the process was gone before it
+    /// could be checked).
+    pub verified: bool,
+}
+
+impl IoctlEvent {
+    pub fn nr(&self) -> u32 {
+        kfd::ioc_nr(self.cmd)
+    }
+    /// snake_case name of the ioctl (`create_queue`, ...), `kfd_ioctl_0xNN` when unknown.
+    pub fn name(&self) -> String {
+        match kfd::ioctl_name(self.nr()) {
+            Some(n) => n.to_string(),
+            None => format!("kfd_ioctl_{:#04x}", self.nr()),
+        }
+    }
+}
+
+/// The decoded argument struct of the ioctls the tool understands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KfdCall {
+    GetVersion(kfd::GetVersionArgs),
+    /// `args_size` is the caller's struct size: 88 (KFD <= 1.16) or 96.
+    CreateQueue {
+        args: kfd::CreateQueueArgs,
+        args_size: u32,
+    },
+    DestroyQueue(kfd::DestroyQueueArgs),
+    UpdateQueue(kfd::UpdateQueueArgs),
+    SetCuMask(kfd::SetCuMaskArgs),
+    GetQueueWaveState(kfd::GetQueueWaveStateArgs),
+    AcquireVm(kfd::AcquireVmArgs),
+    AllocMemoryOfGpu(kfd::AllocMemoryOfGpuArgs),
+    FreeMemoryOfGpu(kfd::FreeMemoryOfGpuArgs),
+    SmiEvents(kfd::SmiEventsArgs),
+    RuntimeEnable(kfd::RuntimeEnableArgs),
+    DbgTrap(kfd::DbgTrapArgs),
+    /// Any other KFD ioctl: only its number is reported.
+    Other,
+}
+
+/// Marker for the KFD argument structs: `#[repr(C)]`, integers only, valid for every bit pattern.
+///
+/// # Safety
+/// Implement only for types made of integer fields and arrays of them, without implicit padding
+/// that would be read as a value.
+unsafe trait Plain: Copy + Default {}
+
+macro_rules! plain {
+    ($($t:ty),* $(,)?) => { $(
+        // SAFETY: KFD uapi structs: integer fields only (checked against the header in
+        // gpreempt-common's tests), so any byte pattern is a valid value.
+        unsafe impl Plain for $t {}
+    )* };
+}
+plain!(
+    kfd::GetVersionArgs,
+    kfd::CreateQueueArgs,
+    kfd::DestroyQueueArgs,
+    kfd::UpdateQueueArgs,
+    kfd::SetCuMaskArgs,
+    kfd::GetQueueWaveStateArgs,
+    kfd::AcquireVmArgs,
+    kfd::AllocMemoryOfGpuArgs,
+    kfd::FreeMemoryOfGpuArgs,
+    kfd::SmiEventsArgs,
+    kfd::RuntimeEnableArgs,
+    kfd::DbgTrapArgs,
+    IoctlRecord,
+    ProcessExitRecord,
+    RecordHeader,
+);
+
+/// Reads a `T` from the front of `bytes`; missing tail bytes read as zero (as the kernel zero-fills
+/// a short argument struct).
+fn read_plain<T: Plain>(bytes: &[u8]) -> T {
+    let mut v = T::default();
+    let n = bytes.len().min(std::mem::size_of::<T>());
+    // SAFETY: `v` is a valid T with size_of::<T>() bytes; we overwrite its first n <= size bytes,
+    // and T: Plain accepts any byte pattern.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut v as *mut T).cast::<u8>(), n) };
+    v
+}
+
+/// Errors from malformed ring-buffer records (a version mismatch between programs and user space).
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Short { kind: u32, len: usize },
+    UnknownKind(u32),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Short { kind, len } => write!(f, "record of kind {kind} truncated ({len} bytes)"),
+            Self::UnknownKind(k) => write!(f, "record of unknown kind {k}"),
+        }
+    }
+}
+
+fn comm_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+fn origin(h: &RecordHeader) -> Origin {
+    Origin {
+        ts_ns: h.ts_ns,
+        pid: h.pid,
+        tid: h.tid,
+        comm: comm_string(&h.comm),
+    }
+}
+
+/// Decodes one ring-buffer record. `verified` is filled in later by [`FdCheck`].
+pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
+    if bytes.len() < std::mem::size_of::<RecordHeader>() {
+        return Err(DecodeError::Short {
+            kind: 0,
+            len: bytes.len(),
+        });
+    }
+    let hdr: RecordHeader = read_plain(bytes);
+    let need = match hdr.kind {
+        kind::IOCTL => std::mem::size_of::<IoctlRecord>(),
+        kind::PROCESS_EXIT => std::mem::size_of::<ProcessExitRecord>(),
+        k => return Err(DecodeError::UnknownKind(k)),
+    };
+    if bytes.len() < need {
+        return Err(DecodeError::Short {
+            kind: hdr.kind,
+            len: bytes.len(),
+        });
+    }
+    Ok(match hdr.kind {
+        kind::IOCTL => Event::Ioctl(decode_ioctl(&read_plain::<IoctlRecord>(bytes))),
+        _ => Event::ProcessExit(ProcessExit {
+            origin: origin(&hdr),
+        }),
+    })
+}
+
+/// Decodes an ioctl record. The struct shown is the kernel's copy-out when the call succeeded
+/// (inputs with outputs filled in), else what the caller passed.
+pub fn decode_ioctl(r: &IoctlRecord) -> IoctlEvent {
+    let args_len = (r.args_len as usize).min(ARGS_MAX);
+    let out_len = (r.out_len as usize).min(ARGS_MAX);
+    let view: &[u8] = if r.ret >= 0 && out_len > 0 {
+        &r.out[..out_len]
+    } else {
+        &r.args[..args_len]
+    };
+    let call = if view.is_empty() {
+        KfdCall::Other
+    } else {
+        decode_call(kfd::ioc_nr(r.cmd), kfd::ioc_size(r.cmd), view)
+    };
+    IoctlEvent {
+        origin: origin(&r.hdr),
+        fd: r.fd,
+        cmd: r.cmd,
+        ret: r.ret,
+        duration_ns: r.duration_ns,
+        call,
+        verified: false,
+    }
+}
+
+fn decode_call(nr: u32, size: u32, b: &[u8]) -> KfdCall {
+    use kfd::nr;
+    match nr {
+        nr::GET_VERSION => KfdCall::GetVersion(read_plain(b)),
+        nr::CREATE_QUEUE => KfdCall::CreateQueue {
+            args: read_plain(b),
+            args_size: size,
+        },
+        nr::DESTROY_QUEUE => KfdCall::DestroyQueue(read_plain(b)),
+        nr::UPDATE_QUEUE => KfdCall::UpdateQueue(read_plain(b)),
+        nr::SET_CU_MASK => KfdCall::SetCuMask(read_plain(b)),
+        nr::GET_QUEUE_WAVE_STATE => KfdCall::GetQueueWaveState(read_plain(b)),
+        nr::ACQUIRE_VM => KfdCall::AcquireVm(read_plain(b)),
+        nr::ALLOC_MEMORY_OF_GPU => KfdCall::AllocMemoryOfGpu(read_plain(b)),
+        nr::FREE_MEMORY_OF_GPU => KfdCall::FreeMemoryOfGpu(read_plain(b)),
+        nr::SMI_EVENTS => KfdCall::SmiEvents(read_plain(b)),
+        nr::RUNTIME_ENABLE => KfdCall::RuntimeEnable(read_plain(b)),
+        nr::DBG_TRAP => KfdCall::DbgTrap(read_plain(b)),
+        _ => KfdCall::Other,
+    }
+}
+
+/// Whether (pid, fd) is the KFD device, by `readlink /proc/PID/fd/N`, cached per (pid, fd).
+pub struct FdCheck {
+    device: PathBuf,
+    proc_root: PathBuf,
+    cache: HashMap<(u32, i32), bool>,
+}
+
+/// The verdict on one (pid, fd).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdVerdict {
+    Kfd,
+    /// Another file: the event is not a KFD ioctl and is dropped.
+    Other,
+    /// The process or fd was gone before it could be checked.
+    Unknown,
+}
+
+impl FdCheck {
+    pub fn new(device: impl Into<PathBuf>) -> Self {
+        Self::with_proc(device, "/proc")
+    }
+
+    /// For tests: a different procfs root.
+    pub fn with_proc(device: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            device: device.into(),
+            proc_root: proc_root.into(),
+            cache: HashMap::new(),
+        }
+    }
+
+    pub fn device(&self) -> &Path {
+        &self.device
+    }
+
+    pub fn check(&mut self, pid: u32, fd: i32) -> FdVerdict {
+        if let Some(&is_kfd) = self.cache.get(&(pid, fd)) {
+            return if is_kfd { FdVerdict::Kfd } else { FdVerdict::Other };
+        }
+        let link = self.proc_root.join(pid.to_string()).join("fd").join(fd.to_string());
+        match std::fs::read_link(&link) {
+            Ok(target) => {
+                let is_kfd = target == self.device;
+                self.cache.insert((pid, fd), is_kfd);
+                if is_kfd {
+                    FdVerdict::Kfd
+                } else {
+                    FdVerdict::Other
+                }
+            }
+            Err(_) => FdVerdict::Unknown,
+        }
+    }
+
+    /// Forget a process (its fds, and a later process reusing its pid).
+    pub fn forget(&mut self, pid: u32) {
+        self.cache.retain(|&(p, _), _| p != pid);
+    }
+
+    /// Number of cached (pid, fd) verdicts.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+/// Counters of what user space dropped or could not decode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserStats {
+    /// Events delivered to the consumer.
+    pub delivered: u64,
+    /// 'K' ioctls in the KFD nr range on some other file (not KFD): dropped.
+    pub not_kfd: u64,
+    /// Delivered although the fd could not be checked (process already gone).
+    pub unverified: u64,
+    /// Malformed records.
+    pub malformed: u64,
+}
+
+/// Reads the ring buffer as it becomes readable (epoll through tokio), yielding checked events.
+pub struct EventSource {
+    ring: tokio::io::unix::AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>,
+    fds: FdCheck,
+    pub stats: UserStats,
+}
+
+impl EventSource {
+    pub fn new(ring: aya::maps::RingBuf<aya::maps::MapData>, fds: FdCheck) -> std::io::Result<Self> {
+        // SAFETY: the RingBuf owns its map fd; it stays open and unchanged until the AsyncFd (which
+        // owns the RingBuf) is dropped.
+        let ring = unsafe { tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
+        Ok(Self {
+            ring,
+            fds,
+            stats: UserStats::default(),
+        })
+    }
+
+    /// Waits until records are available, then replaces `out` with every available event.
+    pub async fn next_batch(&mut self, out: &mut Vec<Event>) -> std::io::Result<()> {
+        out.clear();
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match decode(&item) {
+                Ok(ev) => out.push(ev),
+                Err(e) => {
+                    self.stats.malformed += 1;
+                    log::warn!("dropping a malformed record: {e}");
+                }
+            }
+        }
+        guard.clear_ready();
+        self.check_fds(out);
+        Ok(())
+    }
+
+    /// Keeps only ioctls on the KFD device; forgets exited processes.
+    fn check_fds(&mut self, out: &mut Vec<Event>) {
+        out.retain_mut(|ev| match ev {
+            Event::Ioctl(i) => match self.fds.check(i.origin.pid, i.fd) {
+                FdVerdict::Kfd => {
+                    i.verified = true;
+                    true
+                }
+                FdVerdict::Unknown => {
+                    self.stats.unverified += 1;
+                    true
+                }
+                FdVerdict::Other => {
+                    self.stats.not_kfd += 1;
+                    false
+                }
+            },
+            Event::ProcessExit(p) => {
+                self.fds.forget(p.origin.pid);
+                true
+            }
+        });
+        self.stats.delivered += out.len() as u64;
+    }
+}

@@ -1,0 +1,5 @@
+//! gpreempt-ebpf: watch AMD GPU compute queues (amdkfd) with eBPF and preempt them by policy.
+pub mod cli;
+pub mod events;
+pub mod probe;
+pub mod trace;

@@ -1,0 +1,346 @@
+//! `gpreempt-ebpf trace`: the event stream as readable lines or JSON Lines.
+//!
+//! Field names follow kfd_ioctl.h; see README "trace JSON schema".
+
+use std::io::Write;
+
+use gpreempt_common::kfd;
+use serde_json::{Map, Value};
+
+use crate::events::{Event, IoctlEvent, KfdCall};
+
+/// A field value: numbers are plain JSON numbers; `Hex` only changes the readable rendering.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Val {
+    U(u64),
+    I(i64),
+    Hex(u64),
+    S(String),
+}
+
+impl Val {
+    fn json(&self) -> Value {
+        match self {
+            Val::U(v) | Val::Hex(v) => Value::from(*v),
+            Val::I(v) => Value::from(*v),
+            Val::S(s) => Value::from(s.as_str()),
+        }
+    }
+    fn text(&self) -> String {
+        match self {
+            Val::U(v) => v.to_string(),
+            Val::I(v) => v.to_string(),
+            Val::Hex(v) => format!("{v:#x}"),
+            Val::S(s) => s.clone(),
+        }
+    }
+}
+
+type Fields = Vec<(&'static str, Val)>;
+
+/// The event-specific fields of an ioctl, inputs and (when it succeeded) outputs.
+pub fn call_fields(ev: &IoctlEvent) -> Fields {
+    let ok = ev.ret >= 0;
+    let mut f: Fields = Vec::new();
+    match &ev.call {
+        KfdCall::GetVersion(a) => {
+            if ok {
+                f.push(("major_version", Val::U(a.major_version.into())));
+                f.push(("minor_version", Val::U(a.minor_version.into())));
+            }
+        }
+        KfdCall::CreateQueue { args: a, args_size } => {
+            f.push(("gpu_id", Val::U(a.gpu_id.into())));
+            f.push(("queue_type", Val::U(a.queue_type.into())));
+            f.push(("queue_priority", Val::U(a.queue_priority.into())));
+            f.push(("queue_percentage", Val::U(a.queue_percentage.into())));
+            f.push(("ring_base_address", Val::Hex(a.ring_base_address)));
+            f.push(("ring_size", Val::U(a.ring_size.into())));
+            f.push(("write_pointer_address", Val::Hex(a.write_pointer_address)));
+            f.push(("read_pointer_address", Val::Hex(a.read_pointer_address)));
+            f.push(("eop_buffer_address", Val::Hex(a.eop_buffer_address)));
+            f.push(("eop_buffer_size", Val::U(a.eop_buffer_size)));
+            f.push(("ctx_save_restore_address", Val::Hex(a.ctx_save_restore_address)));
+            f.push(("ctx_save_restore_size", Val::U(a.ctx_save_restore_size.into())));
+            f.push(("ctl_stack_size", Val::U(a.ctl_stack_size.into())));
+            if *args_size as usize >= std::mem::size_of::<kfd::CreateQueueArgs>() {
+                f.push(("sdma_engine_id", Val::U(a.sdma_engine_id.into())));
+            }
+            f.push(("args_size", Val::U((*args_size).into())));
+            if ok {
+                f.push(("queue_id", Val::U(a.queue_id.into())));
+                f.push(("doorbell_offset", Val::Hex(a.doorbell_offset)));
+            }
+        }
+        KfdCall::DestroyQueue(a) => f.push(("queue_id", Val::U(a.queue_id.into()))),
+        KfdCall::UpdateQueue(a) => {
+            f.push(("queue_id", Val::U(a.queue_id.into())));
+            f.push(("ring_base_address", Val::Hex(a.ring_base_address)));
+            f.push(("ring_size", Val::U(a.ring_size.into())));
+            f.push(("queue_percentage", Val::U(a.queue_percentage.into())));
+            f.push(("queue_priority", Val::U(a.queue_priority.into())));
+        }
+        KfdCall::SetCuMask(a) => {
+            f.push(("queue_id", Val::U(a.queue_id.into())));
+            f.push(("num_cu_mask", Val::U(a.num_cu_mask.into())));
+            f.push(("cu_mask_ptr", Val::Hex(a.cu_mask_ptr)));
+        }
+        KfdCall::GetQueueWaveState(a) => {
+            f.push(("queue_id", Val::U(a.queue_id.into())));
+            f.push(("ctl_stack_address", Val::Hex(a.ctl_stack_address)));
+            if ok {
+                f.push(("ctl_stack_used_size", Val::U(a.ctl_stack_used_size.into())));
+                f.push(("save_area_used_size", Val::U(a.save_area_used_size.into())));
+            }
+        }
+        KfdCall::AcquireVm(a) => {
+            f.push(("drm_fd", Val::U(a.drm_fd.into())));
+            f.push(("gpu_id", Val::U(a.gpu_id.into())));
+        }
+        KfdCall::AllocMemoryOfGpu(a) => {
+            f.push(("gpu_id", Val::U(a.gpu_id.into())));
+            f.push(("va_addr", Val::Hex(a.va_addr)));
+            f.push(("size", Val::U(a.size)));
+            f.push(("flags", Val::Hex(a.flags.into())));
+            if ok {
+                f.push(("handle", Val::Hex(a.handle)));
+                f.push(("mmap_offset", Val::Hex(a.mmap_offset)));
+            }
+        }
+        KfdCall::FreeMemoryOfGpu(a) => f.push(("handle", Val::Hex(a.handle))),
+        KfdCall::SmiEvents(a) => {
+            f.push(("gpuid", Val::U(a.gpuid.into())));
+            if ok {
+                f.push(("anon_fd", Val::U(a.anon_fd.into())));
+            }
+        }
+        KfdCall::RuntimeEnable(a) => {
+            f.push(("r_debug", Val::Hex(a.r_debug)));
+            f.push(("mode_mask", Val::Hex(a.mode_mask.into())));
+            if ok {
+                f.push(("capabilities_mask", Val::Hex(a.capabilities_mask.into())));
+            }
+        }
+        KfdCall::DbgTrap(a) => dbg_trap_fields(a, ok, &mut f),
+        KfdCall::Other => {}
+    }
+    f
+}
+
+fn dbg_trap_fields(a: &kfd::DbgTrapArgs, ok: bool, f: &mut Fields) {
+    use kfd::dbg_op as op;
+    f.push(("target_pid", Val::U(a.pid.into())));
+    f.push((
+        "op",
+        Val::S(match kfd::dbg_op_name(a.op) {
+            Some(n) => n.to_string(),
+            None => format!("op_{}", a.op),
+        }),
+    ));
+    match a.op {
+        op::ENABLE => {
+            let p: kfd::DbgTrapEnableArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            f.push(("rinfo_ptr", Val::Hex(p.rinfo_ptr)));
+            f.push(("rinfo_size", Val::U(p.rinfo_size.into())));
+            f.push(("dbg_fd", Val::U(p.dbg_fd.into())));
+        }
+        op::SEND_RUNTIME_EVENT => {
+            let p: kfd::DbgTrapSendRuntimeEventArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            f.push(("gpu_id", Val::U(p.gpu_id.into())));
+            f.push(("queue_id", Val::U(p.queue_id.into())));
+        }
+        op::SET_EXCEPTIONS_ENABLED => {
+            let p: kfd::DbgTrapSetExceptionsEnabledArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+        }
+        op::SUSPEND_QUEUES => {
+            let p: kfd::DbgTrapSuspendQueuesArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            f.push(("queue_array_ptr", Val::Hex(p.queue_array_ptr)));
+            f.push(("num_queues", Val::U(p.num_queues.into())));
+            f.push(("grace_period", Val::U(p.grace_period.into())));
+        }
+        op::RESUME_QUEUES => {
+            let p: kfd::DbgTrapResumeQueuesArgs = a.payload();
+            f.push(("queue_array_ptr", Val::Hex(p.queue_array_ptr)));
+            f.push(("num_queues", Val::U(p.num_queues.into())));
+        }
+        op::QUERY_DEBUG_EVENT => {
+            let p: kfd::DbgTrapQueryDebugEventArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            if ok {
+                f.push(("gpu_id", Val::U(p.gpu_id.into())));
+                f.push(("queue_id", Val::U(p.queue_id.into())));
+            }
+        }
+        op::GET_QUEUE_SNAPSHOT => {
+            let p: kfd::DbgTrapQueueSnapshotArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            f.push(("snapshot_buf_ptr", Val::Hex(p.snapshot_buf_ptr)));
+            f.push(("num_queues", Val::U(p.num_queues.into())));
+            f.push(("entry_size", Val::U(p.entry_size.into())));
+        }
+        op::GET_DEVICE_SNAPSHOT => {
+            let p: kfd::DbgTrapDeviceSnapshotArgs = a.payload();
+            f.push(("exception_mask", Val::Hex(p.exception_mask)));
+            f.push(("snapshot_buf_ptr", Val::Hex(p.snapshot_buf_ptr)));
+            f.push(("num_devices", Val::U(p.num_devices.into())));
+            f.push(("entry_size", Val::U(p.entry_size.into())));
+        }
+        op::SET_WAVE_LAUNCH_OVERRIDE => {
+            let p: kfd::DbgTrapSetWaveLaunchOverrideArgs = a.payload();
+            f.push(("override_mode", Val::U(p.override_mode.into())));
+            f.push(("enable_mask", Val::Hex(p.enable_mask.into())));
+            f.push(("support_request_mask", Val::Hex(p.support_request_mask.into())));
+        }
+        op::SET_WAVE_LAUNCH_MODE => {
+            let p: kfd::DbgTrapSetWaveLaunchModeArgs = a.payload();
+            f.push(("launch_mode", Val::U(p.launch_mode.into())));
+        }
+        op::SET_NODE_ADDRESS_WATCH => {
+            let p: kfd::DbgTrapSetNodeAddressWatchArgs = a.payload();
+            f.push(("address", Val::Hex(p.address)));
+            f.push(("mode", Val::U(p.mode.into())));
+            f.push(("mask", Val::Hex(p.mask.into())));
+            f.push(("gpu_id", Val::U(p.gpu_id.into())));
+            if ok {
+                f.push(("id", Val::U(p.id.into())));
+            }
+        }
+        op::CLEAR_NODE_ADDRESS_WATCH => {
+            let p: kfd::DbgTrapClearNodeAddressWatchArgs = a.payload();
+            f.push(("gpu_id", Val::U(p.gpu_id.into())));
+            f.push(("id", Val::U(p.id.into())));
+        }
+        op::SET_FLAGS => {
+            let p: kfd::DbgTrapSetFlagsArgs = a.payload();
+            f.push(("flags", Val::Hex(p.flags.into())));
+        }
+        op::QUERY_EXCEPTION_INFO => {
+            let p: kfd::DbgTrapQueryExceptionInfoArgs = a.payload();
+            f.push(("info_ptr", Val::Hex(p.info_ptr)));
+            f.push(("info_size", Val::U(p.info_size.into())));
+            f.push(("source_id", Val::U(p.source_id.into())));
+            f.push(("exception_code", Val::U(p.exception_code.into())));
+            f.push(("clear_exception", Val::U(p.clear_exception.into())));
+        }
+        _ => {}
+    }
+}
+
+/// The event name used in JSON (`event`) and readable output.
+pub fn event_name(ev: &Event) -> String {
+    match ev {
+        Event::Ioctl(i) => i.name(),
+        Event::ProcessExit(_) => "process_exit".into(),
+    }
+}
+
+/// One JSON object per event (the README documents the schema).
+pub fn to_json(ev: &Event) -> Value {
+    let mut m = Map::new();
+    let o = match ev {
+        Event::Ioctl(i) => &i.origin,
+        Event::ProcessExit(p) => &p.origin,
+    };
+    m.insert("ts_ns".into(), o.ts_ns.into());
+    m.insert("pid".into(), o.pid.into());
+    m.insert("tid".into(), o.tid.into());
+    m.insert("comm".into(), o.comm.clone().into());
+    m.insert("event".into(), event_name(ev).into());
+    if let Event::Ioctl(i) = ev {
+        m.insert("ret".into(), i.ret.into());
+        m.insert("duration_ns".into(), i.duration_ns.into());
+        m.insert("fd".into(), i.fd.into());
+        m.insert("nr".into(), i.nr().into());
+        if !i.verified {
+            m.insert("verified".into(), false.into());
+        }
+        for (k, v) in call_fields(i) {
+            m.insert(k.into(), v.json());
+        }
+    }
+    Value::Object(m)
+}
+
+/// One readable line: `TIME PID/TID COMM EVENT fields... = RET (DURATION)`.
+pub fn to_line(ev: &Event, t0_ns: u64) -> String {
+    use std::fmt::Write as _;
+    let o = match ev {
+        Event::Ioctl(i) => &i.origin,
+        Event::ProcessExit(p) => &p.origin,
+    };
+    let rel = o.ts_ns.saturating_sub(t0_ns);
+    let mut s = format!(
+        "{:>5}.{:06} {:>7}/{:<7} {:<15} {}",
+        rel / 1_000_000_000,
+        (rel % 1_000_000_000) / 1000,
+        o.pid,
+        o.tid,
+        o.comm,
+        event_name(ev)
+    );
+    if let Event::Ioctl(i) = ev {
+        for (k, v) in call_fields(i) {
+            let _ = write!(s, " {k}={}", v.text());
+        }
+        if i.ret < 0 {
+            let errno = nix::errno::Errno::from_raw((-i.ret) as i32);
+            let _ = write!(s, " = {} ({errno})", i.ret);
+        } else {
+            let _ = write!(s, " = {}", i.ret);
+        }
+        let _ = write!(s, " <{:.1}us>", i.duration_ns as f64 / 1000.0);
+        if !i.verified {
+            s.push_str(" [fd unverified]");
+        }
+    }
+    s
+}
+
+/// Output format of `trace`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// Writes events; flushes per batch so `trace` is live on a terminal and in a pipe.
+pub struct Sink<W: Write> {
+    out: W,
+    format: Format,
+    t0_ns: Option<u64>,
+}
+
+impl<W: Write> Sink<W> {
+    pub fn new(out: W, format: Format) -> Self {
+        Self {
+            out,
+            format,
+            t0_ns: None,
+        }
+    }
+
+    pub fn write(&mut self, ev: &Event) -> std::io::Result<()> {
+        match self.format {
+            Format::Json => {
+                serde_json::to_writer(&mut self.out, &to_json(ev))?;
+                self.out.write_all(b"\n")
+            }
+            Format::Text => {
+                let ts = match ev {
+                    Event::Ioctl(i) => i.origin.ts_ns,
+                    Event::ProcessExit(p) => p.origin.ts_ns,
+                };
+                let t0 = *self.t0_ns.get_or_insert(ts);
+                writeln!(self.out, "{}", to_line(ev, t0))
+            }
+        }
+    }
+
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}

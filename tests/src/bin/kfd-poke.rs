@@ -1,0 +1,135 @@
+//! Issues KFD-encoded ioctls on any file, for the kernel tests and the benchmark.
+//!
+//! The ioctls fail with ENOTTY on a file that is not /dev/kfd; the syscall tracepoints still see
+//! them, which is all the tracer tests need.
+//!
+//! Usage: kfd-poke PATH script   issue the scripted sequence (see `script`), after a line on stdin
+//!        kfd-poke PATH flood N  issue N CREATE_QUEUE ioctls as fast as possible, after a line on stdin
+//!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
+//! Each mode prints "ready" when the file is open, waits for one line on stdin, runs, prints
+//! "done", then waits for stdin to close before exiting (so the fd stays checkable).
+
+use std::{
+    fs::OpenOptions,
+    io::{BufRead, Write},
+    os::fd::AsRawFd,
+    time::Instant,
+};
+
+use gpreempt_common::kfd;
+
+fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) -> i64 {
+    // SAFETY: `arg` is a live, exclusively borrowed struct of the size encoded in `cmd`; the
+    // kernel (or a stand-in file's driver) only accesses that many bytes.
+    unsafe { libc::ioctl(fd, cmd as libc::c_ulong, arg as *mut T) as i64 }
+}
+
+/// The scripted sequence; tests/tests/trace.rs asserts exactly these values.
+pub fn script(fd: i32) {
+    let mut cq = kfd::CreateQueueArgs {
+        ring_base_address: 0x7f00_0000_1000,
+        write_pointer_address: 0x7f00_0000_2038,
+        read_pointer_address: 0x7f00_0000_2080,
+        ring_size: 65536,
+        gpu_id: 0x1234,
+        queue_type: kfd::queue_type::COMPUTE_AQL,
+        queue_percentage: 100,
+        queue_priority: 7,
+        eop_buffer_address: 0x7f00_0000_3000,
+        eop_buffer_size: 4096,
+        ctx_save_restore_address: 0x7f00_0000_4000,
+        ctx_save_restore_size: 0x20_0000,
+        ctl_stack_size: 0x1000,
+        ..Default::default()
+    };
+    ioctl(fd, kfd::cmd::CREATE_QUEUE, &mut cq);
+    // The pre-1.17 88-byte form (the kernel accepts both).
+    cq.queue_priority = 15;
+    ioctl(fd, kfd::cmd::CREATE_QUEUE_V1, &mut cq);
+    let mut dq = kfd::DestroyQueueArgs {
+        queue_id: 3,
+        ..Default::default()
+    };
+    ioctl(fd, kfd::cmd::DESTROY_QUEUE, &mut dq);
+    let mut queues = [1u32, 2, 5];
+    let mut dbg = kfd::DbgTrapArgs::new(
+        4242,
+        kfd::DbgTrapSuspendQueuesArgs {
+            exception_mask: kfd::ec_mask(kfd::ec::QUEUE_NEW),
+            queue_array_ptr: queues.as_mut_ptr() as u64,
+            num_queues: 3,
+            grace_period: 100,
+        },
+    );
+    ioctl(fd, kfd::cmd::DBG_TRAP, &mut dbg);
+    // Not KFD: a terminal ioctl, and a 'K' ioctl outside the KFD ranges. Neither may be reported.
+    let mut n: libc::c_int = 0;
+    ioctl(fd, libc::FIONREAD as u32, &mut n);
+    let mut junk = [0u8; 8];
+    ioctl(fd, kfd::iowr(0x50, 8), &mut junk);
+    let mut rt = kfd::RuntimeEnableArgs {
+        r_debug: 0xdead_b000,
+        mode_mask: 1,
+        capabilities_mask: 0,
+    };
+    ioctl(fd, kfd::cmd::RUNTIME_ENABLE, &mut rt);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 3 {
+        eprintln!("usage: kfd-poke PATH (script | flood N | bench N KIND)");
+        std::process::exit(2);
+    }
+    let file = match OpenOptions::new().read(true).write(true).open(&args[1]) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kfd-poke: open {}: {e}", args[1]);
+            std::process::exit(1);
+        }
+    };
+    let fd = file.as_raw_fd();
+    let n: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    let _ = stdin.lock().read_line(&mut line);
+    match args[2].as_str() {
+        "script" => script(fd),
+        "flood" => {
+            let mut cq = kfd::CreateQueueArgs::default();
+            for i in 0..n {
+                cq.queue_priority = (i % 16) as u32;
+                ioctl(fd, kfd::cmd::CREATE_QUEUE, &mut cq);
+            }
+        }
+        "bench" => {
+            let kind = args.get(4).map(String::as_str).unwrap_or("kfd");
+            let mut cq = kfd::CreateQueueArgs::default();
+            let mut n_int: libc::c_int = 0;
+            let mut junk = [0u8; 8];
+            let t = Instant::now();
+            for _ in 0..n {
+                match kind {
+                    "kfd" => ioctl(fd, kfd::cmd::CREATE_QUEUE, &mut cq),
+                    "k_out_of_range" => ioctl(fd, kfd::iowr(0x50, 8), &mut junk),
+                    _ => ioctl(fd, libc::FIONREAD as u32, &mut n_int),
+                };
+            }
+            let ns = t.elapsed().as_nanos() as f64 / n.max(1) as f64;
+            println!("ns_per_op {ns:.1}");
+        }
+        other => {
+            eprintln!("kfd-poke: unknown mode {other}");
+            std::process::exit(2);
+        }
+    }
+    println!("done");
+    let _ = std::io::stdout().flush();
+    // Stay alive (fd open) until the test closes stdin.
+    let mut rest = String::new();
+    while stdin.lock().read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {
+        rest.clear();
+    }
+}

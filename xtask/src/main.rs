@@ -1,0 +1,138 @@
+//! Project tasks: `cargo xtask <setup|build|test|ci|bench|demo>`.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+mod bench;
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the eBPF toolchain into .tools (idempotent).
+    Setup,
+    /// Build everything (release).
+    Build,
+    /// Run every test: unit tests and, as root, the kernel tests. This is the README's test command.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// What CI runs: setup, fmt check, clippy, then `test`.
+    Ci,
+    /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput.
+    Bench(bench::BenchArgs),
+    /// The main job: build, then trace a process issuing KFD ioctls.
+    Demo,
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn setup() -> Result<()> {
+    run(Command::new("bash").arg(root().join("xtask/setup-toolchain.sh")))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup(),
+        Task::Build => {
+            setup()?;
+            run(cargo().args(["build", "--release", "--bins"]))
+        }
+        Task::Test { args } => {
+            setup()?;
+            if !is_root() {
+                bail!("the kernel tests load eBPF programs and must run as root: sudo -E cargo xtask test");
+            }
+            // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
+            run(cargo().args(["build", "--bins"]))?;
+            run(cargo().args(["test", "--workspace", "--exclude", "gpreempt-ebpf", "--"]).args(args))
+        }
+        Task::Ci => {
+            setup()?;
+            run(cargo().args(["fmt", "--all", "--check"]))?;
+            run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            run(cargo().args(["xtask", "test"]))
+        }
+        Task::Bench(args) => {
+            setup()?;
+            bench::run(&args)
+        }
+        Task::Demo => {
+            setup()?;
+            run(cargo().args(["build", "--release", "--bins"]))?;
+            demo()
+        }
+    }
+}
+
+/// Until the emulator lands: trace a process that issues KFD-encoded ioctls on a stand-in file.
+fn demo() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("gpreempt-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let dev = dir.join("kfd");
+    std::fs::write(&dev, b"")?;
+    let bin = root().join("target/release");
+    let mut tracer = Command::new(bin.join("gpreempt-ebpf"))
+        .args(["trace", "--duration", "3"])
+        .arg("--kfd-device")
+        .arg(&dev)
+        .spawn()
+        .context("starting gpreempt-ebpf trace")?;
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let poke = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo go | {} {} script",
+            bin.join("kfd-poke").display(),
+            dev.display()
+        ))
+        .status()?;
+    let status = tracer.wait()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !poke.success() || !status.success() {
+        bail!("demo failed (kfd-poke {poke}, tracer {status})");
+    }
+    Ok(())
+}
