@@ -492,7 +492,10 @@ const fn ec_range(first: u32, last: u32) -> u64 {
     m
 }
 pub const EC_MASK_QUEUE: u64 = ec_range(ec::QUEUE_WAVE_ABORT, ec::QUEUE_WAVE_APERTURE_VIOLATION)
-    | ec_range(ec::QUEUE_PACKET_DISPATCH_DIM_INVALID, ec::QUEUE_PACKET_VENDOR_UNSUPPORTED)
+    | ec_range(
+        ec::QUEUE_PACKET_DISPATCH_DIM_INVALID,
+        ec::QUEUE_PACKET_VENDOR_UNSUPPORTED,
+    )
     | ec_mask(ec::QUEUE_PREEMPTION_ERROR)
     | ec_mask(ec::QUEUE_NEW);
 pub const EC_MASK_DEVICE: u64 = ec_range(ec::DEVICE_QUEUE_DELETE, ec::DEVICE_NEW);
@@ -720,53 +723,288 @@ macro_rules! sz {
 /// Every KFD ioctl, by nr. Sizes of the DKMS-only structs come from reference/kfd.md §1.2;
 /// PROFILER's struct is not settled upstream (size 0: arguments are not copied).
 pub const IOCTLS: [Ioctl; 47] = [
-    Ioctl { nr: nr::GET_VERSION, name: "get_version", dir: R, size: sz!(GetVersionArgs) },
-    Ioctl { nr: nr::CREATE_QUEUE, name: "create_queue", dir: RW, size: sz!(CreateQueueArgs) },
-    Ioctl { nr: nr::DESTROY_QUEUE, name: "destroy_queue", dir: RW, size: sz!(DestroyQueueArgs) },
-    Ioctl { nr: nr::SET_MEMORY_POLICY, name: "set_memory_policy", dir: W, size: sz!(SetMemoryPolicyArgs) },
-    Ioctl { nr: nr::GET_CLOCK_COUNTERS, name: "get_clock_counters", dir: RW, size: sz!(GetClockCountersArgs) },
-    Ioctl { nr: nr::GET_PROCESS_APERTURES, name: "get_process_apertures", dir: R, size: sz!(GetProcessAperturesArgs) },
-    Ioctl { nr: nr::UPDATE_QUEUE, name: "update_queue", dir: W, size: sz!(UpdateQueueArgs) },
-    Ioctl { nr: nr::CREATE_EVENT, name: "create_event", dir: RW, size: sz!(CreateEventArgs) },
-    Ioctl { nr: nr::DESTROY_EVENT, name: "destroy_event", dir: W, size: sz!(DestroyEventArgs) },
-    Ioctl { nr: nr::SET_EVENT, name: "set_event", dir: W, size: sz!(SetEventArgs) },
-    Ioctl { nr: nr::RESET_EVENT, name: "reset_event", dir: W, size: sz!(ResetEventArgs) },
-    Ioctl { nr: nr::WAIT_EVENTS, name: "wait_events", dir: RW, size: sz!(WaitEventsArgs) },
-    Ioctl { nr: nr::DBG_REGISTER_DEPRECATED, name: "dbg_register_deprecated", dir: W, size: sz!(DbgRegisterArgs) },
-    Ioctl { nr: nr::DBG_UNREGISTER_DEPRECATED, name: "dbg_unregister_deprecated", dir: W, size: sz!(DbgUnregisterArgs) },
-    Ioctl { nr: nr::DBG_ADDRESS_WATCH_DEPRECATED, name: "dbg_address_watch_deprecated", dir: W, size: sz!(DbgAddressWatchArgs) },
-    Ioctl { nr: nr::DBG_WAVE_CONTROL_DEPRECATED, name: "dbg_wave_control_deprecated", dir: W, size: sz!(DbgWaveControlArgs) },
-    Ioctl { nr: nr::SET_SCRATCH_BACKING_VA, name: "set_scratch_backing_va", dir: RW, size: sz!(SetScratchBackingVaArgs) },
-    Ioctl { nr: nr::GET_TILE_CONFIG, name: "get_tile_config", dir: RW, size: sz!(GetTileConfigArgs) },
-    Ioctl { nr: nr::SET_TRAP_HANDLER, name: "set_trap_handler", dir: W, size: sz!(SetTrapHandlerArgs) },
-    Ioctl { nr: nr::GET_PROCESS_APERTURES_NEW, name: "get_process_apertures_new", dir: RW, size: sz!(GetProcessAperturesNewArgs) },
-    Ioctl { nr: nr::ACQUIRE_VM, name: "acquire_vm", dir: W, size: sz!(AcquireVmArgs) },
-    Ioctl { nr: nr::ALLOC_MEMORY_OF_GPU, name: "alloc_memory_of_gpu", dir: RW, size: sz!(AllocMemoryOfGpuArgs) },
-    Ioctl { nr: nr::FREE_MEMORY_OF_GPU, name: "free_memory_of_gpu", dir: W, size: sz!(FreeMemoryOfGpuArgs) },
-    Ioctl { nr: nr::MAP_MEMORY_TO_GPU, name: "map_memory_to_gpu", dir: RW, size: sz!(MapMemoryToGpuArgs) },
-    Ioctl { nr: nr::UNMAP_MEMORY_FROM_GPU, name: "unmap_memory_from_gpu", dir: RW, size: sz!(UnmapMemoryFromGpuArgs) },
-    Ioctl { nr: nr::SET_CU_MASK, name: "set_cu_mask", dir: W, size: sz!(SetCuMaskArgs) },
-    Ioctl { nr: nr::GET_QUEUE_WAVE_STATE, name: "get_queue_wave_state", dir: RW, size: sz!(GetQueueWaveStateArgs) },
-    Ioctl { nr: nr::GET_DMABUF_INFO, name: "get_dmabuf_info", dir: RW, size: sz!(GetDmabufInfoArgs) },
-    Ioctl { nr: nr::IMPORT_DMABUF, name: "import_dmabuf", dir: RW, size: sz!(ImportDmabufArgs) },
-    Ioctl { nr: nr::ALLOC_QUEUE_GWS, name: "alloc_queue_gws", dir: RW, size: sz!(AllocQueueGwsArgs) },
-    Ioctl { nr: nr::SMI_EVENTS, name: "smi_events", dir: RW, size: sz!(SmiEventsArgs) },
-    Ioctl { nr: nr::SVM, name: "svm", dir: RW, size: sz!(SvmArgs) },
-    Ioctl { nr: nr::SET_XNACK_MODE, name: "set_xnack_mode", dir: RW, size: sz!(SetXnackModeArgs) },
-    Ioctl { nr: nr::CRIU_OP, name: "criu_op", dir: RW, size: sz!(CriuArgs) },
-    Ioctl { nr: nr::AVAILABLE_MEMORY, name: "available_memory", dir: RW, size: sz!(GetAvailableMemoryArgs) },
-    Ioctl { nr: nr::EXPORT_DMABUF, name: "export_dmabuf", dir: RW, size: sz!(ExportDmabufArgs) },
-    Ioctl { nr: nr::RUNTIME_ENABLE, name: "runtime_enable", dir: RW, size: sz!(RuntimeEnableArgs) },
-    Ioctl { nr: nr::DBG_TRAP, name: "dbg_trap", dir: RW, size: sz!(DbgTrapArgs) },
-    Ioctl { nr: nr::CREATE_PROCESS, name: "create_process", dir: N, size: 0 },
-    Ioctl { nr: nr::PROFILER, name: "profiler", dir: RW, size: 0 },
-    Ioctl { nr: nr::IPC_IMPORT_HANDLE, name: "ipc_import_handle", dir: RW, size: 48 },
-    Ioctl { nr: nr::IPC_EXPORT_HANDLE, name: "ipc_export_handle", dir: RW, size: 32 },
-    Ioctl { nr: nr::DBG_TRAP_DEPRECATED, name: "dbg_trap_deprecated", dir: RW, size: 40 },
-    Ioctl { nr: nr::CROSS_MEMORY_COPY_DEPRECATED, name: "cross_memory_copy_deprecated", dir: RW, size: 48 },
-    Ioctl { nr: nr::RLC_SPM, name: "rlc_spm", dir: RW, size: 32 },
-    Ioctl { nr: nr::PC_SAMPLE, name: "pc_sample", dir: RW, size: 32 },
-    Ioctl { nr: nr::PROFILER_DKMS, name: "profiler", dir: RW, size: 0 },
+    Ioctl {
+        nr: nr::GET_VERSION,
+        name: "get_version",
+        dir: R,
+        size: sz!(GetVersionArgs),
+    },
+    Ioctl {
+        nr: nr::CREATE_QUEUE,
+        name: "create_queue",
+        dir: RW,
+        size: sz!(CreateQueueArgs),
+    },
+    Ioctl {
+        nr: nr::DESTROY_QUEUE,
+        name: "destroy_queue",
+        dir: RW,
+        size: sz!(DestroyQueueArgs),
+    },
+    Ioctl {
+        nr: nr::SET_MEMORY_POLICY,
+        name: "set_memory_policy",
+        dir: W,
+        size: sz!(SetMemoryPolicyArgs),
+    },
+    Ioctl {
+        nr: nr::GET_CLOCK_COUNTERS,
+        name: "get_clock_counters",
+        dir: RW,
+        size: sz!(GetClockCountersArgs),
+    },
+    Ioctl {
+        nr: nr::GET_PROCESS_APERTURES,
+        name: "get_process_apertures",
+        dir: R,
+        size: sz!(GetProcessAperturesArgs),
+    },
+    Ioctl {
+        nr: nr::UPDATE_QUEUE,
+        name: "update_queue",
+        dir: W,
+        size: sz!(UpdateQueueArgs),
+    },
+    Ioctl {
+        nr: nr::CREATE_EVENT,
+        name: "create_event",
+        dir: RW,
+        size: sz!(CreateEventArgs),
+    },
+    Ioctl {
+        nr: nr::DESTROY_EVENT,
+        name: "destroy_event",
+        dir: W,
+        size: sz!(DestroyEventArgs),
+    },
+    Ioctl {
+        nr: nr::SET_EVENT,
+        name: "set_event",
+        dir: W,
+        size: sz!(SetEventArgs),
+    },
+    Ioctl {
+        nr: nr::RESET_EVENT,
+        name: "reset_event",
+        dir: W,
+        size: sz!(ResetEventArgs),
+    },
+    Ioctl {
+        nr: nr::WAIT_EVENTS,
+        name: "wait_events",
+        dir: RW,
+        size: sz!(WaitEventsArgs),
+    },
+    Ioctl {
+        nr: nr::DBG_REGISTER_DEPRECATED,
+        name: "dbg_register_deprecated",
+        dir: W,
+        size: sz!(DbgRegisterArgs),
+    },
+    Ioctl {
+        nr: nr::DBG_UNREGISTER_DEPRECATED,
+        name: "dbg_unregister_deprecated",
+        dir: W,
+        size: sz!(DbgUnregisterArgs),
+    },
+    Ioctl {
+        nr: nr::DBG_ADDRESS_WATCH_DEPRECATED,
+        name: "dbg_address_watch_deprecated",
+        dir: W,
+        size: sz!(DbgAddressWatchArgs),
+    },
+    Ioctl {
+        nr: nr::DBG_WAVE_CONTROL_DEPRECATED,
+        name: "dbg_wave_control_deprecated",
+        dir: W,
+        size: sz!(DbgWaveControlArgs),
+    },
+    Ioctl {
+        nr: nr::SET_SCRATCH_BACKING_VA,
+        name: "set_scratch_backing_va",
+        dir: RW,
+        size: sz!(SetScratchBackingVaArgs),
+    },
+    Ioctl {
+        nr: nr::GET_TILE_CONFIG,
+        name: "get_tile_config",
+        dir: RW,
+        size: sz!(GetTileConfigArgs),
+    },
+    Ioctl {
+        nr: nr::SET_TRAP_HANDLER,
+        name: "set_trap_handler",
+        dir: W,
+        size: sz!(SetTrapHandlerArgs),
+    },
+    Ioctl {
+        nr: nr::GET_PROCESS_APERTURES_NEW,
+        name: "get_process_apertures_new",
+        dir: RW,
+        size: sz!(GetProcessAperturesNewArgs),
+    },
+    Ioctl {
+        nr: nr::ACQUIRE_VM,
+        name: "acquire_vm",
+        dir: W,
+        size: sz!(AcquireVmArgs),
+    },
+    Ioctl {
+        nr: nr::ALLOC_MEMORY_OF_GPU,
+        name: "alloc_memory_of_gpu",
+        dir: RW,
+        size: sz!(AllocMemoryOfGpuArgs),
+    },
+    Ioctl {
+        nr: nr::FREE_MEMORY_OF_GPU,
+        name: "free_memory_of_gpu",
+        dir: W,
+        size: sz!(FreeMemoryOfGpuArgs),
+    },
+    Ioctl {
+        nr: nr::MAP_MEMORY_TO_GPU,
+        name: "map_memory_to_gpu",
+        dir: RW,
+        size: sz!(MapMemoryToGpuArgs),
+    },
+    Ioctl {
+        nr: nr::UNMAP_MEMORY_FROM_GPU,
+        name: "unmap_memory_from_gpu",
+        dir: RW,
+        size: sz!(UnmapMemoryFromGpuArgs),
+    },
+    Ioctl {
+        nr: nr::SET_CU_MASK,
+        name: "set_cu_mask",
+        dir: W,
+        size: sz!(SetCuMaskArgs),
+    },
+    Ioctl {
+        nr: nr::GET_QUEUE_WAVE_STATE,
+        name: "get_queue_wave_state",
+        dir: RW,
+        size: sz!(GetQueueWaveStateArgs),
+    },
+    Ioctl {
+        nr: nr::GET_DMABUF_INFO,
+        name: "get_dmabuf_info",
+        dir: RW,
+        size: sz!(GetDmabufInfoArgs),
+    },
+    Ioctl {
+        nr: nr::IMPORT_DMABUF,
+        name: "import_dmabuf",
+        dir: RW,
+        size: sz!(ImportDmabufArgs),
+    },
+    Ioctl {
+        nr: nr::ALLOC_QUEUE_GWS,
+        name: "alloc_queue_gws",
+        dir: RW,
+        size: sz!(AllocQueueGwsArgs),
+    },
+    Ioctl {
+        nr: nr::SMI_EVENTS,
+        name: "smi_events",
+        dir: RW,
+        size: sz!(SmiEventsArgs),
+    },
+    Ioctl {
+        nr: nr::SVM,
+        name: "svm",
+        dir: RW,
+        size: sz!(SvmArgs),
+    },
+    Ioctl {
+        nr: nr::SET_XNACK_MODE,
+        name: "set_xnack_mode",
+        dir: RW,
+        size: sz!(SetXnackModeArgs),
+    },
+    Ioctl {
+        nr: nr::CRIU_OP,
+        name: "criu_op",
+        dir: RW,
+        size: sz!(CriuArgs),
+    },
+    Ioctl {
+        nr: nr::AVAILABLE_MEMORY,
+        name: "available_memory",
+        dir: RW,
+        size: sz!(GetAvailableMemoryArgs),
+    },
+    Ioctl {
+        nr: nr::EXPORT_DMABUF,
+        name: "export_dmabuf",
+        dir: RW,
+        size: sz!(ExportDmabufArgs),
+    },
+    Ioctl {
+        nr: nr::RUNTIME_ENABLE,
+        name: "runtime_enable",
+        dir: RW,
+        size: sz!(RuntimeEnableArgs),
+    },
+    Ioctl {
+        nr: nr::DBG_TRAP,
+        name: "dbg_trap",
+        dir: RW,
+        size: sz!(DbgTrapArgs),
+    },
+    Ioctl {
+        nr: nr::CREATE_PROCESS,
+        name: "create_process",
+        dir: N,
+        size: 0,
+    },
+    Ioctl {
+        nr: nr::PROFILER,
+        name: "profiler",
+        dir: RW,
+        size: 0,
+    },
+    Ioctl {
+        nr: nr::IPC_IMPORT_HANDLE,
+        name: "ipc_import_handle",
+        dir: RW,
+        size: 48,
+    },
+    Ioctl {
+        nr: nr::IPC_EXPORT_HANDLE,
+        name: "ipc_export_handle",
+        dir: RW,
+        size: 32,
+    },
+    Ioctl {
+        nr: nr::DBG_TRAP_DEPRECATED,
+        name: "dbg_trap_deprecated",
+        dir: RW,
+        size: 40,
+    },
+    Ioctl {
+        nr: nr::CROSS_MEMORY_COPY_DEPRECATED,
+        name: "cross_memory_copy_deprecated",
+        dir: RW,
+        size: 48,
+    },
+    Ioctl {
+        nr: nr::RLC_SPM,
+        name: "rlc_spm",
+        dir: RW,
+        size: 32,
+    },
+    Ioctl {
+        nr: nr::PC_SAMPLE,
+        name: "pc_sample",
+        dir: RW,
+        size: 32,
+    },
+    Ioctl {
+        nr: nr::PROFILER_DKMS,
+        name: "profiler",
+        dir: RW,
+        size: 0,
+    },
 ];
 
 /// The table entry for `nr`.
@@ -819,9 +1057,12 @@ pub mod cmd {
     pub const CREATE_QUEUE_V1: u32 = iowr(nr::CREATE_QUEUE, CREATE_QUEUE_ARGS_SIZE_V1);
     pub const DESTROY_QUEUE: u32 = iowr(nr::DESTROY_QUEUE, size_of::<DestroyQueueArgs>());
     pub const SET_MEMORY_POLICY: u32 = iow(nr::SET_MEMORY_POLICY, size_of::<SetMemoryPolicyArgs>());
-    pub const GET_CLOCK_COUNTERS: u32 = iowr(nr::GET_CLOCK_COUNTERS, size_of::<GetClockCountersArgs>());
-    pub const GET_PROCESS_APERTURES: u32 =
-        ior(nr::GET_PROCESS_APERTURES, size_of::<GetProcessAperturesArgs>());
+    pub const GET_CLOCK_COUNTERS: u32 =
+        iowr(nr::GET_CLOCK_COUNTERS, size_of::<GetClockCountersArgs>());
+    pub const GET_PROCESS_APERTURES: u32 = ior(
+        nr::GET_PROCESS_APERTURES,
+        size_of::<GetProcessAperturesArgs>(),
+    );
     pub const UPDATE_QUEUE: u32 = iow(nr::UPDATE_QUEUE, size_of::<UpdateQueueArgs>());
     pub const CREATE_EVENT: u32 = iowr(nr::CREATE_EVENT, size_of::<CreateEventArgs>());
     pub const DESTROY_EVENT: u32 = iow(nr::DESTROY_EVENT, size_of::<DestroyEventArgs>());
@@ -830,24 +1071,38 @@ pub mod cmd {
     pub const WAIT_EVENTS: u32 = iowr(nr::WAIT_EVENTS, size_of::<WaitEventsArgs>());
     pub const DBG_REGISTER_DEPRECATED: u32 =
         iow(nr::DBG_REGISTER_DEPRECATED, size_of::<DbgRegisterArgs>());
-    pub const DBG_UNREGISTER_DEPRECATED: u32 =
-        iow(nr::DBG_UNREGISTER_DEPRECATED, size_of::<DbgUnregisterArgs>());
-    pub const DBG_ADDRESS_WATCH_DEPRECATED: u32 =
-        iow(nr::DBG_ADDRESS_WATCH_DEPRECATED, size_of::<DbgAddressWatchArgs>());
-    pub const DBG_WAVE_CONTROL_DEPRECATED: u32 =
-        iow(nr::DBG_WAVE_CONTROL_DEPRECATED, size_of::<DbgWaveControlArgs>());
-    pub const SET_SCRATCH_BACKING_VA: u32 =
-        iowr(nr::SET_SCRATCH_BACKING_VA, size_of::<SetScratchBackingVaArgs>());
+    pub const DBG_UNREGISTER_DEPRECATED: u32 = iow(
+        nr::DBG_UNREGISTER_DEPRECATED,
+        size_of::<DbgUnregisterArgs>(),
+    );
+    pub const DBG_ADDRESS_WATCH_DEPRECATED: u32 = iow(
+        nr::DBG_ADDRESS_WATCH_DEPRECATED,
+        size_of::<DbgAddressWatchArgs>(),
+    );
+    pub const DBG_WAVE_CONTROL_DEPRECATED: u32 = iow(
+        nr::DBG_WAVE_CONTROL_DEPRECATED,
+        size_of::<DbgWaveControlArgs>(),
+    );
+    pub const SET_SCRATCH_BACKING_VA: u32 = iowr(
+        nr::SET_SCRATCH_BACKING_VA,
+        size_of::<SetScratchBackingVaArgs>(),
+    );
     pub const GET_TILE_CONFIG: u32 = iowr(nr::GET_TILE_CONFIG, size_of::<GetTileConfigArgs>());
     pub const SET_TRAP_HANDLER: u32 = iow(nr::SET_TRAP_HANDLER, size_of::<SetTrapHandlerArgs>());
-    pub const GET_PROCESS_APERTURES_NEW: u32 =
-        iowr(nr::GET_PROCESS_APERTURES_NEW, size_of::<GetProcessAperturesNewArgs>());
+    pub const GET_PROCESS_APERTURES_NEW: u32 = iowr(
+        nr::GET_PROCESS_APERTURES_NEW,
+        size_of::<GetProcessAperturesNewArgs>(),
+    );
     pub const ACQUIRE_VM: u32 = iow(nr::ACQUIRE_VM, size_of::<AcquireVmArgs>());
-    pub const ALLOC_MEMORY_OF_GPU: u32 = iowr(nr::ALLOC_MEMORY_OF_GPU, size_of::<AllocMemoryOfGpuArgs>());
-    pub const FREE_MEMORY_OF_GPU: u32 = iow(nr::FREE_MEMORY_OF_GPU, size_of::<FreeMemoryOfGpuArgs>());
+    pub const ALLOC_MEMORY_OF_GPU: u32 =
+        iowr(nr::ALLOC_MEMORY_OF_GPU, size_of::<AllocMemoryOfGpuArgs>());
+    pub const FREE_MEMORY_OF_GPU: u32 =
+        iow(nr::FREE_MEMORY_OF_GPU, size_of::<FreeMemoryOfGpuArgs>());
     pub const MAP_MEMORY_TO_GPU: u32 = iowr(nr::MAP_MEMORY_TO_GPU, size_of::<MapMemoryToGpuArgs>());
-    pub const UNMAP_MEMORY_FROM_GPU: u32 =
-        iowr(nr::UNMAP_MEMORY_FROM_GPU, size_of::<UnmapMemoryFromGpuArgs>());
+    pub const UNMAP_MEMORY_FROM_GPU: u32 = iowr(
+        nr::UNMAP_MEMORY_FROM_GPU,
+        size_of::<UnmapMemoryFromGpuArgs>(),
+    );
     pub const SET_CU_MASK: u32 = iow(nr::SET_CU_MASK, size_of::<SetCuMaskArgs>());
     pub const GET_QUEUE_WAVE_STATE: u32 =
         iowr(nr::GET_QUEUE_WAVE_STATE, size_of::<GetQueueWaveStateArgs>());
@@ -858,7 +1113,8 @@ pub mod cmd {
     pub const SVM: u32 = iowr(nr::SVM, size_of::<SvmArgs>());
     pub const SET_XNACK_MODE: u32 = iowr(nr::SET_XNACK_MODE, size_of::<SetXnackModeArgs>());
     pub const CRIU_OP: u32 = iowr(nr::CRIU_OP, size_of::<CriuArgs>());
-    pub const AVAILABLE_MEMORY: u32 = iowr(nr::AVAILABLE_MEMORY, size_of::<GetAvailableMemoryArgs>());
+    pub const AVAILABLE_MEMORY: u32 =
+        iowr(nr::AVAILABLE_MEMORY, size_of::<GetAvailableMemoryArgs>());
     pub const EXPORT_DMABUF: u32 = iowr(nr::EXPORT_DMABUF, size_of::<ExportDmabufArgs>());
     pub const RUNTIME_ENABLE: u32 = iowr(nr::RUNTIME_ENABLE, size_of::<RuntimeEnableArgs>());
     pub const DBG_TRAP: u32 = iowr(nr::DBG_TRAP, size_of::<DbgTrapArgs>());
@@ -923,7 +1179,11 @@ mod tests {
         for (i, d) in IOCTLS.iter().enumerate() {
             assert!(is_kfd_nr(d.nr), "{}", d.name);
             assert_eq!(arg_size(d.nr), d.size);
-            assert!(IOCTLS[..i].iter().all(|e| e.nr != d.nr), "duplicate nr {:#x}", d.nr);
+            assert!(
+                IOCTLS[..i].iter().all(|e| e.nr != d.nr),
+                "duplicate nr {:#x}",
+                d.nr
+            );
         }
         assert_eq!(arg_size(0x50), 0);
         assert_eq!(arg_size(0xFFFF), 0);
@@ -949,12 +1209,21 @@ mod tests {
     fn names() {
         assert_eq!(ioctl_name(nr::CREATE_QUEUE), Some("create_queue"));
         assert_eq!(ioctl_name(nr::DBG_TRAP), Some("dbg_trap"));
-        assert_eq!(ioctl_name(nr::DBG_TRAP_DEPRECATED), Some("dbg_trap_deprecated"));
+        assert_eq!(
+            ioctl_name(nr::DBG_TRAP_DEPRECATED),
+            Some("dbg_trap_deprecated")
+        );
         assert_eq!(ioctl_name(0x50), None);
         assert_eq!(dbg_op_name(dbg_op::SUSPEND_QUEUES), Some("suspend_queues"));
-        assert_eq!(dbg_op_name(dbg_op::GET_DEVICE_SNAPSHOT), Some("get_device_snapshot"));
+        assert_eq!(
+            dbg_op_name(dbg_op::GET_DEVICE_SNAPSHOT),
+            Some("get_device_snapshot")
+        );
         assert_eq!(dbg_op_name(15), None);
-        assert_eq!(queue_type_name(queue_type::COMPUTE_AQL), Some("compute_aql"));
+        assert_eq!(
+            queue_type_name(queue_type::COMPUTE_AQL),
+            Some("compute_aql")
+        );
         assert_eq!(queue_type_name(9), None);
     }
 
@@ -999,40 +1268,162 @@ mod tests {
 
     #[test]
     fn dbg_payload_layouts() {
-        let b = raw(DbgTrapEnableArgs { exception_mask: 1, rinfo_ptr: 2, rinfo_size: 3, dbg_fd: 4 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [1, 2, 3, 4]);
-        let b = raw(DbgTrapSuspendQueuesArgs { exception_mask: 5, queue_array_ptr: 6, num_queues: 7, grace_period: 8 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [5, 6, 7, 8]);
-        let b = raw(DbgTrapResumeQueuesArgs { queue_array_ptr: 9, num_queues: 10, pad: 0 });
+        let b = raw(DbgTrapEnableArgs {
+            exception_mask: 1,
+            rinfo_ptr: 2,
+            rinfo_size: 3,
+            dbg_fd: 4,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 8),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [1, 2, 3, 4]
+        );
+        let b = raw(DbgTrapSuspendQueuesArgs {
+            exception_mask: 5,
+            queue_array_ptr: 6,
+            num_queues: 7,
+            grace_period: 8,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 8),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [5, 6, 7, 8]
+        );
+        let b = raw(DbgTrapResumeQueuesArgs {
+            queue_array_ptr: 9,
+            num_queues: 10,
+            pad: 0,
+        });
         assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4)], [9, 10]);
-        let b = raw(DbgTrapQueryDebugEventArgs { exception_mask: 11, gpu_id: 12, queue_id: 13 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)], [11, 12, 13]);
-        let b = raw(DbgTrapQueueSnapshotArgs { exception_mask: 14, snapshot_buf_ptr: 15, num_queues: 16, entry_size: 17 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [14, 15, 16, 17]);
-        let b = raw(DbgTrapDeviceSnapshotArgs { exception_mask: 18, snapshot_buf_ptr: 19, num_devices: 20, entry_size: 21 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 8), field_at(&b, 16, 4), field_at(&b, 20, 4)], [18, 19, 20, 21]);
-        let b = raw(DbgTrapSendRuntimeEventArgs { exception_mask: 22, gpu_id: 23, queue_id: 24 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)], [22, 23, 24]);
+        let b = raw(DbgTrapQueryDebugEventArgs {
+            exception_mask: 11,
+            gpu_id: 12,
+            queue_id: 13,
+        });
+        assert_eq!(
+            [field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)],
+            [11, 12, 13]
+        );
+        let b = raw(DbgTrapQueueSnapshotArgs {
+            exception_mask: 14,
+            snapshot_buf_ptr: 15,
+            num_queues: 16,
+            entry_size: 17,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 8),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [14, 15, 16, 17]
+        );
+        let b = raw(DbgTrapDeviceSnapshotArgs {
+            exception_mask: 18,
+            snapshot_buf_ptr: 19,
+            num_devices: 20,
+            entry_size: 21,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 8),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [18, 19, 20, 21]
+        );
+        let b = raw(DbgTrapSendRuntimeEventArgs {
+            exception_mask: 22,
+            gpu_id: 23,
+            queue_id: 24,
+        });
+        assert_eq!(
+            [field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)],
+            [22, 23, 24]
+        );
         let b = raw(DbgTrapSetExceptionsEnabledArgs { exception_mask: 25 });
         assert_eq!(field_at(&b, 0, 8), 25);
-        let b = raw(DbgTrapSetWaveLaunchOverrideArgs { override_mode: 26, enable_mask: 27, support_request_mask: 28, pad: 0 });
-        assert_eq!([field_at(&b, 0, 4), field_at(&b, 4, 4), field_at(&b, 8, 4)], [26, 27, 28]);
-        let b = raw(DbgTrapSetWaveLaunchModeArgs { launch_mode: 29, pad: 0 });
+        let b = raw(DbgTrapSetWaveLaunchOverrideArgs {
+            override_mode: 26,
+            enable_mask: 27,
+            support_request_mask: 28,
+            pad: 0,
+        });
+        assert_eq!(
+            [field_at(&b, 0, 4), field_at(&b, 4, 4), field_at(&b, 8, 4)],
+            [26, 27, 28]
+        );
+        let b = raw(DbgTrapSetWaveLaunchModeArgs {
+            launch_mode: 29,
+            pad: 0,
+        });
         assert_eq!(field_at(&b, 0, 4), 29);
-        let b = raw(DbgTrapSetNodeAddressWatchArgs { address: 30, mode: 31, mask: 32, gpu_id: 33, id: 34 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4), field_at(&b, 16, 4), field_at(&b, 20, 4)], [30, 31, 32, 33, 34]);
+        let b = raw(DbgTrapSetNodeAddressWatchArgs {
+            address: 30,
+            mode: 31,
+            mask: 32,
+            gpu_id: 33,
+            id: 34,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 4),
+                field_at(&b, 12, 4),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [30, 31, 32, 33, 34]
+        );
         let b = raw(DbgTrapClearNodeAddressWatchArgs { gpu_id: 35, id: 36 });
         assert_eq!([field_at(&b, 0, 4), field_at(&b, 4, 4)], [35, 36]);
         let b = raw(DbgTrapSetFlagsArgs { flags: 37, pad: 0 });
         assert_eq!(field_at(&b, 0, 4), 37);
-        let b = raw(DbgTrapQueryExceptionInfoArgs { info_ptr: 38, info_size: 39, source_id: 40, exception_code: 41, clear_exception: 42 });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4), field_at(&b, 16, 4), field_at(&b, 20, 4)], [38, 39, 40, 41, 42]);
+        let b = raw(DbgTrapQueryExceptionInfoArgs {
+            info_ptr: 38,
+            info_size: 39,
+            source_id: 40,
+            exception_code: 41,
+            clear_exception: 42,
+        });
+        assert_eq!(
+            [
+                field_at(&b, 0, 8),
+                field_at(&b, 8, 4),
+                field_at(&b, 12, 4),
+                field_at(&b, 16, 4),
+                field_at(&b, 20, 4)
+            ],
+            [38, 39, 40, 41, 42]
+        );
         // Payload struct offsets match their packing (struct layout == union layout).
-        assert_eq!(DbgTrapEnableArgs::FIELDS, &[("exception_mask", 0), ("rinfo_ptr", 8), ("rinfo_size", 16), ("dbg_fd", 20)]);
+        assert_eq!(
+            DbgTrapEnableArgs::FIELDS,
+            &[
+                ("exception_mask", 0),
+                ("rinfo_ptr", 8),
+                ("rinfo_size", 16),
+                ("dbg_fd", 20)
+            ]
+        );
     }
 
     #[test]
     fn create_queue_v1_is_a_prefix() {
-        assert_eq!(core::mem::offset_of!(CreateQueueArgs, sdma_engine_id), CREATE_QUEUE_ARGS_SIZE_V1);
+        assert_eq!(
+            core::mem::offset_of!(CreateQueueArgs, sdma_engine_id),
+            CREATE_QUEUE_ARGS_SIZE_V1
+        );
     }
 }

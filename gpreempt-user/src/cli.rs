@@ -19,10 +19,19 @@ use crate::{
 };
 
 #[derive(Parser, Debug)]
-#[command(name = "gpreempt-ebpf", version, about = "Watch and preempt AMD GPU compute queues (amdkfd) with eBPF")]
+#[command(
+    name = "gpreempt-ebpf",
+    version,
+    about = "Watch and preempt AMD GPU compute queues (amdkfd) with eBPF"
+)]
 pub struct Cli {
     /// The KFD device node (ioctls on other files are not KFD ioctls).
-    #[arg(long, global = true, env = "GPREEMPT_KFD_DEVICE", default_value = "/dev/kfd")]
+    #[arg(
+        long,
+        global = true,
+        env = "GPREEMPT_KFD_DEVICE",
+        default_value = "/dev/kfd"
+    )]
     pub kfd_device: PathBuf,
     /// More diagnostics on stderr (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -68,7 +77,11 @@ pub fn main() -> Result<ExitCode> {
     };
     let ebpf_log = matches!(&cli.command, Command::Trace(t) if t.ebpf_log);
     env_logger::Builder::new()
-        .filter_level(if ebpf_log { log::LevelFilter::Debug } else { level })
+        .filter_level(if ebpf_log {
+            log::LevelFilter::Debug
+        } else {
+            level
+        })
         .format_timestamp(None)
         .target(env_logger::Target::Stderr)
         .init();
@@ -83,7 +96,10 @@ pub fn main() -> Result<ExitCode> {
 
 async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
     if let Some(d) = args.duration {
-        anyhow::ensure!(d.is_finite() && d > 0.0, "--duration must be a positive number of seconds");
+        anyhow::ensure!(
+            d.is_finite() && d > 0.0,
+            "--duration must be a positive number of seconds"
+        );
     }
     let out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(BufWriter::new(
@@ -91,7 +107,14 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let mut sink = Sink::new(out, if args.json { Format::Json } else { Format::Text });
+    let mut sink = Sink::new(
+        out,
+        if args.json {
+            Format::Json
+        } else {
+            Format::Text
+        },
+    );
 
     let mut probes = Probes::attach(&ProbeOptions {
         pid: args.pid,

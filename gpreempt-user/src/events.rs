@@ -267,9 +267,17 @@ impl FdCheck {
 
     pub fn check(&mut self, pid: u32, fd: i32) -> FdVerdict {
         if let Some(&is_kfd) = self.cache.get(&(pid, fd)) {
-            return if is_kfd { FdVerdict::Kfd } else { FdVerdict::Other };
+            return if is_kfd {
+                FdVerdict::Kfd
+            } else {
+                FdVerdict::Other
+            };
         }
-        let link = self.proc_root.join(pid.to_string()).join("fd").join(fd.to_string());
+        let link = self
+            .proc_root
+            .join(pid.to_string())
+            .join("fd")
+            .join(fd.to_string());
         match std::fs::read_link(&link) {
             Ok(target) => {
                 let is_kfd = target == self.device;
@@ -316,10 +324,15 @@ pub struct EventSource {
 }
 
 impl EventSource {
-    pub fn new(ring: aya::maps::RingBuf<aya::maps::MapData>, fds: FdCheck) -> std::io::Result<Self> {
+    pub fn new(
+        ring: aya::maps::RingBuf<aya::maps::MapData>,
+        fds: FdCheck,
+    ) -> std::io::Result<Self> {
         // SAFETY: the RingBuf owns its map fd; it stays open and unchanged until the AsyncFd (which
         // owns the RingBuf) is dropped.
-        let ring = unsafe { tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
+        let ring = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE)
+        }?;
         Ok(Self {
             ring,
             fds,

@@ -138,7 +138,9 @@ impl Probes {
         }
         let mut cfg_map: Array<_, Config> =
             Array::try_from(ebpf.map_mut("CONFIG").context("map CONFIG missing")?)?;
-        cfg_map.set(0, config, 0).context("writing the probe configuration")?;
+        cfg_map
+            .set(0, config, 0)
+            .context("writing the probe configuration")?;
 
         for (prog, category, name) in [
             ("kfd_ioctl_enter", "syscalls", "sys_enter_ioctl"),
@@ -162,7 +164,10 @@ impl Probes {
 
     /// The ring buffer of records (taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
-        let map = self.ebpf.take_map("EVENTS").context("ring buffer EVENTS missing or taken")?;
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .context("ring buffer EVENTS missing or taken")?;
         Ok(RingBuf::try_from(map)?)
     }
 

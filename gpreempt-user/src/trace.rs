@@ -60,8 +60,14 @@ pub fn call_fields(ev: &IoctlEvent) -> Fields {
             f.push(("read_pointer_address", Val::Hex(a.read_pointer_address)));
             f.push(("eop_buffer_address", Val::Hex(a.eop_buffer_address)));
             f.push(("eop_buffer_size", Val::U(a.eop_buffer_size)));
-            f.push(("ctx_save_restore_address", Val::Hex(a.ctx_save_restore_address)));
-            f.push(("ctx_save_restore_size", Val::U(a.ctx_save_restore_size.into())));
+            f.push((
+                "ctx_save_restore_address",
+                Val::Hex(a.ctx_save_restore_address),
+            ));
+            f.push((
+                "ctx_save_restore_size",
+                Val::U(a.ctx_save_restore_size.into()),
+            ));
             f.push(("ctl_stack_size", Val::U(a.ctl_stack_size.into())));
             if *args_size as usize >= std::mem::size_of::<kfd::CreateQueueArgs>() {
                 f.push(("sdma_engine_id", Val::U(a.sdma_engine_id.into())));
@@ -193,7 +199,10 @@ fn dbg_trap_fields(a: &kfd::DbgTrapArgs, ok: bool, f: &mut Fields) {
             let p: kfd::DbgTrapSetWaveLaunchOverrideArgs = a.payload();
             f.push(("override_mode", Val::U(p.override_mode.into())));
             f.push(("enable_mask", Val::Hex(p.enable_mask.into())));
-            f.push(("support_request_mask", Val::Hex(p.support_request_mask.into())));
+            f.push((
+                "support_request_mask",
+                Val::Hex(p.support_request_mask.into()),
+            ));
         }
         op::SET_WAVE_LAUNCH_MODE => {
             let p: kfd::DbgTrapSetWaveLaunchModeArgs = a.payload();

@@ -1,0 +1,249 @@
+//! Helpers for the kernel tests: run the built `gpreempt-ebpf` and `kfd-poke` binaries as real
+//! processes. Kernel tests run as root and fail loudly when they cannot run; they never skip.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// A binary built by `cargo build --bins` (the README's test command builds them first).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} not built: run the tests with `cargo xtask test` (it builds the binaries first)",
+        p.display()
+    );
+    p
+}
+
+/// Kernel tests need root; say so instead of skipping.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "kernel tests load eBPF programs and must run as root (sudo -E cargo xtask test)"
+    );
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("gpreempt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `gpreempt-ebpf trace --json --output FILE`.
+pub struct Tracer {
+    child: Child,
+    output: PathBuf,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Tracer {
+    /// Starts the tracer and waits until its programs are attached.
+    pub fn start(output: &Path, kfd_device: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(bin("gpreempt-ebpf"))
+            .arg("trace")
+            .arg("--json")
+            .arg("--output")
+            .arg(output)
+            .arg("--kfd-device")
+            .arg(kfd_device)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning gpreempt-ebpf trace");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = stderr.clone();
+        let pipe = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if line.contains("tracing KFD ioctls") {
+                    let _ = tx.send(());
+                }
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            panic!(
+                "the tracer did not attach within 60 s; stderr:\n{}",
+                stderr.lock().unwrap()
+            );
+        }
+        Self {
+            child,
+            output: output.to_path_buf(),
+            stderr,
+        }
+    }
+
+    /// The JSON events written so far.
+    pub fn events(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.output).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.ends_with('}'))
+            .map(|l| serde_json::from_str(l).expect("valid JSON line"))
+            .collect()
+    }
+
+    /// Waits until `pred` holds for the events written so far.
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let t = Instant::now();
+        loop {
+            let ev = self.events();
+            if pred(&ev) {
+                return ev;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}; events so far: {ev:#?}\nstderr:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGINT, then the events and the summary line.
+    pub fn stop(mut self) -> (Vec<Value>, Summary) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("waiting for the tracer");
+        let err = self.stderr.lock().unwrap().clone();
+        assert!(status.success(), "tracer failed: {status}\n{err}");
+        // The stderr thread may lag the exit slightly.
+        let t = Instant::now();
+        while !self.stderr.lock().unwrap().contains("summary:")
+            && t.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let err = self.stderr.lock().unwrap().clone();
+        let summary = Summary::parse(&err).unwrap_or_else(|| panic!("no summary line in:\n{err}"));
+        (self.events(), summary)
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The tracer's closing `summary:` line.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub fields: std::collections::HashMap<String, u64>,
+}
+
+impl Summary {
+    fn parse(stderr: &str) -> Option<Self> {
+        let line = stderr.lines().find(|l| l.contains("summary:"))?;
+        let fields = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect();
+        Some(Self { fields })
+    }
+    pub fn get(&self, k: &str) -> u64 {
+        *self
+            .fields
+            .get(k)
+            .unwrap_or_else(|| panic!("summary lacks {k}: {:?}", self.fields))
+    }
+}
+
+/// A running `kfd-poke`, waiting for "go" on stdin.
+pub struct Poke {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Poke {
+    pub fn spawn(file: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(bin("kfd-poke"))
+            .arg(file)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning kfd-poke");
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("kfd-poke output");
+        assert_eq!(line.trim(), "ready", "kfd-poke did not start");
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Runs the ioctls; returns kfd-poke's output lines up to "done".
+    pub fn go(&mut self) -> Vec<String> {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").expect("writing to kfd-poke");
+        stdin.flush().expect("flush");
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("kfd-poke output");
+            assert!(n > 0, "kfd-poke exited before done");
+            if line.trim() == "done" {
+                return lines;
+            }
+            lines.push(line.trim().to_string());
+        }
+    }
+
+    /// Closes stdin and waits for the exit.
+    pub fn finish(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("waiting for kfd-poke");
+        assert!(status.success(), "kfd-poke failed: {status}");
+    }
+}
+
+impl Drop for Poke {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

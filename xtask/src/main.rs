@@ -87,7 +87,9 @@ fn main() -> Result<()> {
             }
             // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
             run(cargo().args(["build", "--bins"]))?;
-            run(cargo().args(["test", "--workspace", "--exclude", "gpreempt-ebpf", "--"]).args(args))
+            run(cargo()
+                .args(["test", "--workspace", "--exclude", "gpreempt-ebpf", "--"])
+                .args(args))
         }
         Task::Ci => {
             setup()?;

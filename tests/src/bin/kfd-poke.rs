@@ -129,7 +129,12 @@ fn main() {
     let _ = std::io::stdout().flush();
     // Stay alive (fd open) until the test closes stdin.
     let mut rest = String::new();
-    while stdin.lock().read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {
+    while stdin
+        .lock()
+        .read_line(&mut rest)
+        .map(|n| n > 0)
+        .unwrap_or(false)
+    {
         rest.clear();
     }
 }
