@@ -11,8 +11,11 @@ use gpreempt_common::kfd::{self, *};
 
 const HEADER: &str = "/usr/include/linux/kfd_ioctl.h";
 
-/// (C struct, Rust size, Rust fields) of every struct the KFD 1.11 header defines.
-fn structs() -> Vec<(&'static str, usize, &'static [(&'static str, usize)])> {
+/// (C struct, Rust size, Rust (field, offset) list).
+type StructInfo = (&'static str, usize, &'static [(&'static str, usize)]);
+
+/// Every struct the KFD 1.11 header defines.
+fn structs() -> Vec<StructInfo> {
     macro_rules! s {
         ($($t:ty),* $(,)?) => { vec![$((<$t>::C_NAME, core::mem::size_of::<$t>(), <$t>::FIELDS)),*] };
     }

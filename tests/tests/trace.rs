@@ -26,10 +26,10 @@ fn trace_decodes_the_exact_kfd_ioctls_of_a_process() {
     let tracer = Tracer::start(&dir.path("out.jsonl"), &dev, &["--pid", &pid.to_string()]);
     poke.go();
     other.go();
-    let events = tracer.wait_for("5 ioctls", |e| ioctls(e, pid).len() >= 5);
+    tracer.wait_for("5 ioctls", |e| ioctls(e, pid).len() >= 5);
     poke.finish();
     other.finish();
-    let events = tracer.wait_for("process_exit", |e| {
+    tracer.wait_for("process_exit", |e| {
         e.iter().any(|v| v["event"] == "process_exit")
     });
     let (events, summary) = tracer.stop();
