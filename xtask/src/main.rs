@@ -65,12 +65,7 @@ fn setup() -> Result<()> {
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc_geteuid() == 0 }
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
+    unsafe { libc::geteuid() == 0 }
 }
 
 fn main() -> Result<()> {
@@ -126,7 +121,7 @@ fn demo() -> Result<()> {
     let poke = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "echo go | {} {} script",
+            "(echo go; sleep 1) | {} {} script",
             bin.join("kfd-poke").display(),
             dev.display()
         ))
