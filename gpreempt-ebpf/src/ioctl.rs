@@ -9,6 +9,7 @@ use aya_ebpf::{
     programs::TracePointContext,
     EbpfContext,
 };
+use aya_log_ebpf::{debug, warn};
 use gpreempt_common::{
     kfd,
     record::{config_flag, kind, stat, IoctlRecord, ARGS_MAX},
@@ -91,7 +92,15 @@ fn enter(ctx: &TracePointContext) {
     inflight.args_len = read_user(inflight.args.as_mut_ptr(), arg, len);
     if len > 0 && inflight.args_len == 0 {
         count(stat::ARGS_FAULT);
+        warn!(
+            ctx,
+            "tid {}: KFD ioctl nr {} argument at {:x} unreadable", tid, nr, arg
+        );
     }
+    debug!(
+        ctx,
+        "tid {} enters KFD ioctl nr {} ({} argument bytes)", tid, nr, len
+    );
     if KFD_PIDS.get_ptr(tgid).is_none() {
         let _ = KFD_PIDS.insert(tgid, 1u8, 0);
     }
@@ -99,6 +108,10 @@ fn enter(ctx: &TracePointContext) {
     inflight.ts_ns = now_ns();
     if INFLIGHT.insert(tid, &*inflight, 0).is_err() {
         count(stat::INFLIGHT_FULL);
+        warn!(
+            ctx,
+            "tid {}: in-flight map refused KFD ioctl nr {}", tid, nr
+        );
     }
 }
 
@@ -118,6 +131,10 @@ fn exit(ctx: &TracePointContext) {
     let now = now_ns();
     let Some(mut entry) = EVENTS.reserve::<IoctlRecord>(0) else {
         count(stat::RINGBUF_FULL);
+        warn!(
+            ctx,
+            "ring buffer full: KFD ioctl record of tid {} dropped", tid
+        );
         let _ = INFLIGHT.remove(tid);
         return;
     };

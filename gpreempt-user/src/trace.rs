@@ -5,7 +5,6 @@
 use std::io::Write;
 
 use gpreempt_common::kfd;
-use serde_json::{Map, Value};
 
 use crate::events::{Event, IoctlEvent, KfdCall};
 
@@ -19,13 +18,6 @@ pub enum Val {
 }
 
 impl Val {
-    fn json(&self) -> Value {
-        match self {
-            Val::U(v) | Val::Hex(v) => Value::from(*v),
-            Val::I(v) => Value::from(*v),
-            Val::S(s) => Value::from(s.as_str()),
-        }
-    }
     fn text(&self) -> String {
         match self {
             Val::U(v) => v.to_string(),
@@ -247,31 +239,45 @@ pub fn event_name(ev: &Event) -> String {
     }
 }
 
-/// One JSON object per event (the README documents the schema).
-pub fn to_json(ev: &Event) -> Value {
-    let mut m = Map::new();
+/// Writes one JSON object per event (the README documents the schema). Written field by field:
+/// building a `serde_json::Value` per event was the bottleneck of the consumer.
+pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
     let o = match ev {
         Event::Ioctl(i) => &i.origin,
         Event::ProcessExit(p) => &p.origin,
     };
-    m.insert("ts_ns".into(), o.ts_ns.into());
-    m.insert("pid".into(), o.pid.into());
-    m.insert("tid".into(), o.tid.into());
-    m.insert("comm".into(), o.comm.clone().into());
-    m.insert("event".into(), event_name(ev).into());
-    if let Event::Ioctl(i) = ev {
-        m.insert("ret".into(), i.ret.into());
-        m.insert("duration_ns".into(), i.duration_ns.into());
-        m.insert("fd".into(), i.fd.into());
-        m.insert("nr".into(), i.nr().into());
-        if !i.verified {
-            m.insert("verified".into(), false.into());
-        }
-        for (k, v) in call_fields(i) {
-            m.insert(k.into(), v.json());
+    write!(
+        w,
+        "{{\"ts_ns\":{},\"pid\":{},\"tid\":{},\"comm\":",
+        o.ts_ns, o.pid, o.tid
+    )?;
+    serde_json::to_writer(&mut *w, &o.comm)?;
+    match ev {
+        Event::ProcessExit(_) => w.write_all(b",\"event\":\"process_exit\"")?,
+        Event::Ioctl(i) => {
+            write!(w, ",\"event\":\"{}\"", i.name())?;
+            write!(
+                w,
+                ",\"ret\":{},\"duration_ns\":{},\"fd\":{},\"nr\":{}",
+                i.ret,
+                i.duration_ns,
+                i.fd,
+                i.nr()
+            )?;
+            if !i.verified {
+                w.write_all(b",\"verified\":false")?;
+            }
+            for (k, v) in call_fields(i) {
+                write!(w, ",\"{k}\":")?;
+                match v {
+                    Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
+                    Val::I(n) => write!(w, "{n}")?,
+                    Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
+                }
+            }
         }
     }
-    Value::Object(m)
+    w.write_all(b"}\n")
 }
 
 /// One readable line: `TIME PID/TID COMM EVENT fields... = RET (DURATION)`.
@@ -334,10 +340,7 @@ impl<W: Write> Sink<W> {
 
     pub fn write(&mut self, ev: &Event) -> std::io::Result<()> {
         match self.format {
-            Format::Json => {
-                serde_json::to_writer(&mut self.out, &to_json(ev))?;
-                self.out.write_all(b"\n")
-            }
+            Format::Json => write_json(ev, &mut self.out),
             Format::Text => {
                 let ts = match ev {
                     Event::Ioctl(i) => i.origin.ts_ns,
@@ -357,6 +360,14 @@ impl<W: Write> Sink<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    fn to_json(ev: &Event) -> Value {
+        let mut out = Vec::new();
+        write_json(ev, &mut out).unwrap();
+        assert!(out.ends_with(b"}\n"));
+        serde_json::from_slice(&out).unwrap()
+    }
     use crate::events::Origin;
     use crate::events::{tests::create_queue, ProcessExit};
 

@@ -132,6 +132,11 @@ impl Tracer {
         }
     }
 
+    /// What the tracer printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
     /// SIGINT, then the events and the summary line.
     pub fn stop(mut self) -> (Vec<Value>, Summary) {
         // SAFETY: kill(2) on our own child's pid.

@@ -186,3 +186,32 @@ fn without_privileges_trace_says_what_to_do() {
     assert!(err.contains("needs root"), "stderr: {err}");
     assert_eq!(err.lines().count(), 1, "one clear sentence, got: {err}");
 }
+
+#[test]
+fn ebpf_log_shows_the_programs_diagnostics() {
+    require_root();
+    let dir = TempDir::new("trace-ebpflog");
+    let dev = dir.path("kfd");
+    std::fs::write(&dev, b"").unwrap();
+    let mut poke = Poke::spawn(&dev, &["script"]);
+    let pid = poke.pid();
+    let tracer = Tracer::start(
+        &dir.path("out.jsonl"),
+        &dev,
+        &["--pid", &pid.to_string(), "--ebpf-log"],
+    );
+    poke.go();
+    tracer.wait_for("5 ioctls", |e| ioctls(e, pid).len() >= 5);
+    let t = std::time::Instant::now();
+    let want = format!("tid {pid} enters KFD ioctl nr 2 (96 argument bytes)");
+    while !tracer.stderr().contains(&want) {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "no aya-log line; stderr:\n{}",
+            tracer.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    poke.finish();
+    let (_, _) = tracer.stop();
+}

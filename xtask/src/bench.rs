@@ -73,11 +73,22 @@ fn release_bin(name: &str) -> PathBuf {
 fn ensure_tools() -> Result<()> {
     let missing: Vec<&str> = ["bpftrace", "strace"]
         .into_iter()
-        .filter(|t| Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().map(|o| !o.status.success()).unwrap_or(true))
+        .filter(|t| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {t}"))
+                .output()
+                .map(|o| !o.status.success())
+                .unwrap_or(true)
+        })
         .collect();
     if !missing.is_empty() {
         eprintln!("bench: installing {}", missing.join(" "));
-        run_cmd(Command::new("apt-get").args(["install", "-y", "-qq"]).args(&missing))?;
+        run_cmd(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq"])
+                .args(&missing),
+        )?;
     }
     Ok(())
 }
@@ -91,7 +102,10 @@ struct Running {
 /// Starts `tracer`; its output goes to `out` (a file for both eBPF tracers, for a fair comparison).
 fn start(tracer: Tracer, dev: &Path, out: &Path) -> Result<Running> {
     match tracer {
-        Tracer::None | Tracer::Strace => Ok(Running { child: None, stderr: None }),
+        Tracer::None | Tracer::Strace => Ok(Running {
+            child: None,
+            stderr: None,
+        }),
         Tracer::Gpreempt => {
             let mut child = Command::new(release_bin("gpreempt-ebpf"))
                 .args(["trace", "--json", "--output"])
@@ -103,7 +117,10 @@ fn start(tracer: Tracer, dev: &Path, out: &Path) -> Result<Running> {
                 .context("starting gpreempt-ebpf trace")?;
             let rx = lines(child.stderr.take().context("stderr")?);
             wait_line(&rx, "tracing KFD ioctls")?;
-            Ok(Running { child: Some(child), stderr: Some(rx) })
+            Ok(Running {
+                child: Some(child),
+                stderr: Some(rx),
+            })
         }
         Tracer::Bpftrace => {
             let _ = std::fs::remove_file(out);
@@ -117,7 +134,10 @@ fn start(tracer: Tracer, dev: &Path, out: &Path) -> Result<Running> {
                 .context("starting bpftrace")?;
             // bpftrace writes "Attaching N probes..." to its output once attached.
             let t = Instant::now();
-            while !std::fs::read_to_string(out).unwrap_or_default().contains("Attaching") {
+            while !std::fs::read_to_string(out)
+                .unwrap_or_default()
+                .contains("Attaching")
+            {
                 if t.elapsed() > Duration::from_secs(60) {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -126,7 +146,10 @@ fn start(tracer: Tracer, dev: &Path, out: &Path) -> Result<Running> {
                 std::thread::sleep(Duration::from_millis(50));
             }
             std::thread::sleep(Duration::from_millis(200));
-            Ok(Running { child: Some(child), stderr: None })
+            Ok(Running {
+                child: Some(child),
+                stderr: None,
+            })
         }
     }
 }
@@ -143,7 +166,9 @@ impl Drop for Running {
 
 /// Stops a tracer; returns its remaining output lines.
 fn stop(mut r: Running) -> Result<Vec<String>> {
-    let Some(mut child) = r.child.take() else { return Ok(Vec::new()) };
+    let Some(mut child) = r.child.take() else {
+        return Ok(Vec::new());
+    };
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     child.wait()?;
@@ -182,7 +207,8 @@ fn wait_line(rx: &mpsc::Receiver<String>, needle: &str) -> Result<()> {
 fn poke(tracer: Tracer, dev: &Path, n: u64, kind: &str) -> Result<f64> {
     let mut cmd = if tracer == Tracer::Strace {
         let mut c = Command::new("strace");
-        c.args(["-f", "-qq", "-e", "trace=ioctl", "-o", "/dev/null"]).arg(release_bin("kfd-poke"));
+        c.args(["-f", "-qq", "-e", "trace=ioctl", "-o", "/dev/null"])
+            .arg(release_bin("kfd-poke"));
         c
     } else {
         Command::new(release_bin("kfd-poke"))
@@ -219,40 +245,80 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    run_cmd(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args(["build", "--release", "--bins"]))?;
+    run_cmd(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
+            "build",
+            "--release",
+            "--bins",
+        ]),
+    )?;
     ensure_tools()?;
     let dir = std::env::temp_dir().join(format!("gpreempt-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let dev = dir.join("kfd");
     std::fs::write(&dev, b"")?;
 
-    let tracers = [Tracer::None, Tracer::Gpreempt, Tracer::Bpftrace, Tracer::Strace];
+    let tracers = [
+        Tracer::None,
+        Tracer::Gpreempt,
+        Tracer::Bpftrace,
+        Tracer::Strace,
+    ];
     let mut samples = vec![vec![Vec::new(); KINDS.len()]; tracers.len()];
     for rep in 0..args.repeat {
         for (ti, &t) in tracers.iter().enumerate() {
             let running = start(t, &dev, &dir.join("trace.out"))?;
             for (ki, kind) in KINDS.iter().enumerate() {
-                let n = if t == Tracer::Strace { args.iterations / 10 } else { args.iterations };
+                let n = if t == Tracer::Strace {
+                    args.iterations / 10
+                } else {
+                    args.iterations
+                };
                 samples[ti][ki].push(poke(t, &dev, n, kind)?);
             }
             stop(running)?;
         }
         eprintln!("bench: round {}/{} done", rep + 1, args.repeat);
     }
-    let cell: Vec<Vec<f64>> = samples.into_iter().map(|k| k.into_iter().map(median).collect()).collect();
+    let cell: Vec<Vec<f64>> = samples
+        .into_iter()
+        .map(|k| k.into_iter().map(median).collect())
+        .collect();
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    println!("\nioctl cost, ns per call (median of {} runs; {} calls each, strace {}):", args.repeat, args.iterations, args.iterations / 10);
-    println!("machine: {cpu}, {} CPUs, kernel {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), kernel.trim());
-    println!("{:<24} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}", "tracer", "KFD ioctl", "x untraced", "non-KFD", "x untraced", "'K' non-KFD", "x untraced");
+    println!(
+        "\nioctl cost, ns per call (median of {} runs; {} calls each, strace {}):",
+        args.repeat,
+        args.iterations,
+        args.iterations / 10
+    );
+    println!(
+        "machine: {cpu}, {} CPUs, kernel {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel.trim()
+    );
+    println!(
+        "{:<24} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "tracer", "KFD ioctl", "x untraced", "non-KFD", "x untraced", "'K' non-KFD", "x untraced"
+    );
     for (ti, t) in tracers.iter().enumerate() {
         print!("{:<24}", t.label());
         for ki in 0..KINDS.len() {
-            print!(" {:>12.1} {:>12.3}", cell[ti][ki], cell[ti][ki] / cell[0][ki]);
+            print!(
+                " {:>12.1} {:>12.3}",
+                cell[ti][ki],
+                cell[ti][ki] / cell[0][ki]
+            );
         }
         println!();
     }
@@ -278,7 +344,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// One producer per CPU floods KFD ioctls; the tracer's accounting must cover every one.
 fn throughput(per_producer: u64, dev: &Path) -> Result<()> {
-    let producers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let producers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     let running = start(Tracer::Gpreempt, dev, Path::new("/dev/null"))?;
     let t = Instant::now();
     let handles: Vec<_> = (0..producers)
@@ -288,17 +356,24 @@ fn throughput(per_producer: u64, dev: &Path) -> Result<()> {
         })
         .collect();
     for h in handles {
-        h.join().map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+        h.join()
+            .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
     }
     let wall = t.elapsed().as_secs_f64();
     // Let the consumer drain before stopping it.
     std::thread::sleep(Duration::from_millis(500));
     let out = stop(running)?;
-    let summary = out.iter().find(|l| l.contains("summary:")).context("no summary from the tracer")?;
+    let summary = out
+        .iter()
+        .find(|l| l.contains("summary:"))
+        .context("no summary from the tracer")?;
     let field = |k: &str| -> u64 {
         summary
             .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")).and_then(|v| v.parse().ok()))
+            .find_map(|kv| {
+                kv.strip_prefix(&format!("{k}="))
+                    .and_then(|v| v.parse().ok())
+            })
             .unwrap_or(0)
     };
     let issued = per_producer * producers as u64;
