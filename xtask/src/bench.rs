@@ -313,12 +313,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     );
     for (ti, t) in tracers.iter().enumerate() {
         print!("{:<24}", t.label());
-        for ki in 0..KINDS.len() {
-            print!(
-                " {:>12.1} {:>12.3}",
-                cell[ti][ki],
-                cell[ti][ki] / cell[0][ki]
-            );
+        for (ns, base) in cell[ti].iter().zip(&cell[0]) {
+            print!(" {:>12.1} {:>12.3}", ns, ns / base);
         }
         println!();
     }
