@@ -1259,11 +1259,17 @@ mod tests {
         b
     }
 
-    /// The packed union has each field at the offset kfd.md gives (relative to the union).
-    fn field_at(b: &[u8; 24], off: usize, len: usize) -> u64 {
-        let mut v = [0u8; 8];
-        v[..len].copy_from_slice(&b[off..off + len]);
-        u64::from_le_bytes(v)
+    /// The packed union's fields at (offset, length) pairs, offsets as kfd.md gives them
+    /// (relative to the union).
+    fn at(b: &[u8; 24], layout: &[(usize, usize)]) -> std::vec::Vec<u64> {
+        layout
+            .iter()
+            .map(|&(off, len)| {
+                let mut v = [0u8; 8];
+                v[..len].copy_from_slice(&b[off..off + len]);
+                u64::from_le_bytes(v)
+            })
+            .collect()
     }
 
     #[test]
@@ -1274,45 +1280,26 @@ mod tests {
             rinfo_size: 3,
             dbg_fd: 4,
         });
-        assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 8),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
-            [1, 2, 3, 4]
-        );
+        assert_eq!(at(&b, &[(0, 8), (8, 8), (16, 4), (20, 4)]), [1, 2, 3, 4]);
         let b = raw(DbgTrapSuspendQueuesArgs {
             exception_mask: 5,
             queue_array_ptr: 6,
             num_queues: 7,
             grace_period: 8,
         });
-        assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 8),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
-            [5, 6, 7, 8]
-        );
+        assert_eq!(at(&b, &[(0, 8), (8, 8), (16, 4), (20, 4)]), [5, 6, 7, 8]);
         let b = raw(DbgTrapResumeQueuesArgs {
             queue_array_ptr: 9,
             num_queues: 10,
             pad: 0,
         });
-        assert_eq!([field_at(&b, 0, 8), field_at(&b, 8, 4)], [9, 10]);
+        assert_eq!(at(&b, &[(0, 8), (8, 4)]), [9, 10]);
         let b = raw(DbgTrapQueryDebugEventArgs {
             exception_mask: 11,
             gpu_id: 12,
             queue_id: 13,
         });
-        assert_eq!(
-            [field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)],
-            [11, 12, 13]
-        );
+        assert_eq!(at(&b, &[(0, 8), (8, 4), (12, 4)]), [11, 12, 13]);
         let b = raw(DbgTrapQueueSnapshotArgs {
             exception_mask: 14,
             snapshot_buf_ptr: 15,
@@ -1320,12 +1307,7 @@ mod tests {
             entry_size: 17,
         });
         assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 8),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
+            at(&b, &[(0, 8), (8, 8), (16, 4), (20, 4)]),
             [14, 15, 16, 17]
         );
         let b = raw(DbgTrapDeviceSnapshotArgs {
@@ -1335,12 +1317,7 @@ mod tests {
             entry_size: 21,
         });
         assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 8),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
+            at(&b, &[(0, 8), (8, 8), (16, 4), (20, 4)]),
             [18, 19, 20, 21]
         );
         let b = raw(DbgTrapSendRuntimeEventArgs {
@@ -1348,27 +1325,21 @@ mod tests {
             gpu_id: 23,
             queue_id: 24,
         });
-        assert_eq!(
-            [field_at(&b, 0, 8), field_at(&b, 8, 4), field_at(&b, 12, 4)],
-            [22, 23, 24]
-        );
+        assert_eq!(at(&b, &[(0, 8), (8, 4), (12, 4)]), [22, 23, 24]);
         let b = raw(DbgTrapSetExceptionsEnabledArgs { exception_mask: 25 });
-        assert_eq!(field_at(&b, 0, 8), 25);
+        assert_eq!(at(&b, &[(0, 8)]), [25]);
         let b = raw(DbgTrapSetWaveLaunchOverrideArgs {
             override_mode: 26,
             enable_mask: 27,
             support_request_mask: 28,
             pad: 0,
         });
-        assert_eq!(
-            [field_at(&b, 0, 4), field_at(&b, 4, 4), field_at(&b, 8, 4)],
-            [26, 27, 28]
-        );
+        assert_eq!(at(&b, &[(0, 4), (4, 4), (8, 4)]), [26, 27, 28]);
         let b = raw(DbgTrapSetWaveLaunchModeArgs {
             launch_mode: 29,
             pad: 0,
         });
-        assert_eq!(field_at(&b, 0, 4), 29);
+        assert_eq!(at(&b, &[(0, 4)]), [29]);
         let b = raw(DbgTrapSetNodeAddressWatchArgs {
             address: 30,
             mode: 31,
@@ -1377,19 +1348,13 @@ mod tests {
             id: 34,
         });
         assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 4),
-                field_at(&b, 12, 4),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
+            at(&b, &[(0, 8), (8, 4), (12, 4), (16, 4), (20, 4)]),
             [30, 31, 32, 33, 34]
         );
         let b = raw(DbgTrapClearNodeAddressWatchArgs { gpu_id: 35, id: 36 });
-        assert_eq!([field_at(&b, 0, 4), field_at(&b, 4, 4)], [35, 36]);
+        assert_eq!(at(&b, &[(0, 4), (4, 4)]), [35, 36]);
         let b = raw(DbgTrapSetFlagsArgs { flags: 37, pad: 0 });
-        assert_eq!(field_at(&b, 0, 4), 37);
+        assert_eq!(at(&b, &[(0, 4)]), [37]);
         let b = raw(DbgTrapQueryExceptionInfoArgs {
             info_ptr: 38,
             info_size: 39,
@@ -1398,13 +1363,7 @@ mod tests {
             clear_exception: 42,
         });
         assert_eq!(
-            [
-                field_at(&b, 0, 8),
-                field_at(&b, 8, 4),
-                field_at(&b, 12, 4),
-                field_at(&b, 16, 4),
-                field_at(&b, 20, 4)
-            ],
+            at(&b, &[(0, 8), (8, 4), (12, 4), (16, 4), (20, 4)]),
             [38, 39, 40, 41, 42]
         );
         // Payload struct offsets match their packing (struct layout == union layout).
