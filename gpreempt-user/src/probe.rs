@@ -27,7 +27,7 @@ pub struct ProbeOptions {
 /// Loaded and attached programs. Dropping it detaches everything.
 pub struct Probes {
     ebpf: Ebpf,
-    _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
 /// Counters the programs keep, summed over CPUs.
@@ -156,10 +156,7 @@ impl Probes {
             tp.attach(category, name)
                 .with_context(|| format!("attaching {prog} to tracepoint {category}/{name}"))?;
         }
-        Ok(Self {
-            ebpf,
-            _logger: logger,
-        })
+        Ok(Self { ebpf, logger })
     }
 
     /// The ring buffer of records (taken once).
@@ -186,7 +183,7 @@ impl Probes {
 
     /// Drains pending aya-log records to the logger.
     pub fn flush_log(&mut self) {
-        if let Some(l) = self._logger.as_mut() {
+        if let Some(l) = self.logger.as_mut() {
             l.flush();
         }
     }
