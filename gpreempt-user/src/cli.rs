@@ -144,13 +144,7 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         tokio::select! {
             r = source.next_batch(&mut batch) => {
                 r.context("reading the ring buffer")?;
-                for ev in batch.iter().filter(|e| wanted(e, args)) {
-                    if let Err(e) = sink.write(ev) {
-                        return write_failed(e);
-                    }
-                    written += 1;
-                }
-                if let Err(e) = sink.flush() {
+                if let Err(e) = emit(&batch, args, &mut sink, &mut written) {
                     return write_failed(e);
                 }
             }
@@ -158,7 +152,7 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
                 probes.flush_log();
                 let lost = probes.stats()?.lost();
                 if lost > reported_lost {
-                    log::warn!("{} KFD records lost in the kernel so far (ring buffer full)", lost);
+                    log::warn!("{} KFD records lost in the kernel so far (ring buffer or in-flight map full)", lost);
                     reported_lost = lost;
                 }
             }
@@ -174,14 +168,10 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         if batch.is_empty() {
             break;
         }
-        for ev in batch.iter().filter(|e| wanted(e, args)) {
-            if sink.write(ev).is_err() {
-                break;
-            }
-            written += 1;
+        if emit(&batch, args, &mut sink, &mut written).is_err() {
+            break;
         }
     }
-    let _ = sink.flush();
     probes.flush_log();
     let k = probes.stats()?;
     let u = source.stats;
@@ -191,6 +181,20 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         k.seen, k.ringbuf_full, k.inflight_full, k.args_fault, u.not_kfd, u.unverified, u.malformed
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the wanted events of a batch and flushes, counting what was written.
+fn emit<W: Write>(
+    batch: &[Event],
+    args: &TraceArgs,
+    sink: &mut Sink<W>,
+    written: &mut u64,
+) -> std::io::Result<()> {
+    for ev in batch.iter().filter(|e| wanted(e, args)) {
+        sink.write(ev)?;
+        *written += 1;
+    }
+    sink.flush()
 }
 
 /// The user-space filters of `trace` (the pid filter runs in the kernel).

@@ -306,8 +306,6 @@ impl FdCheck {
 /// Counters of what user space dropped or could not decode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserStats {
-    /// Events delivered to the consumer.
-    pub delivered: u64,
     /// 'K' ioctls in the KFD nr range on some other file (not KFD): dropped.
     pub not_kfd: u64,
     /// Delivered although the fd could not be checked (process already gone).
@@ -381,7 +379,6 @@ impl EventSource {
                 true
             }
         });
-        self.stats.delivered += out.len() as u64;
     }
 }
 
