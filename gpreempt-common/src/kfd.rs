@@ -52,6 +52,8 @@ pub const fn iowr(nr: u32, size: usize) -> u32 {
 /// Upstream nr range `[START, END)`. END covers CREATE_PROCESS (0x27, KFD 1.19) and PROFILER (0x28).
 pub const AMDKFD_COMMAND_START: u32 = 0x01;
 pub const AMDKFD_COMMAND_END: u32 = 0x29;
+/// END of an upstream KFD 1.18 kernel (through DBG_TRAP, 0x26).
+pub const AMDKFD_COMMAND_END_V1_18: u32 = 0x27;
 /// DKMS-only range `[START_2, END_2)`.
 pub const AMDKFD_COMMAND_START_2: u32 = 0x80;
 pub const AMDKFD_COMMAND_END_2: u32 = 0x87;
@@ -74,7 +76,24 @@ macro_rules! abi_struct {
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
         pub struct $name { $($(#[$fm])* pub $f: $t),* }
         const _: () = assert!(core::mem::size_of::<$name>() == $size);
+        // No implicit padding: every byte belongs to a field, so the byte views below are sound.
+        const _: () = assert!(0 $(+ core::mem::size_of::<$t>())* == $size);
         impl $name {
+            /// Reads the struct from the front of `bytes`; a short buffer leaves the tail zero, as the
+            /// kernel zero-fills an argument struct copied in with a smaller `_IOC_SIZE`.
+            pub fn from_bytes(bytes: &[u8]) -> Self {
+                let mut v = Self::default();
+                let n = bytes.len().min($size);
+                // SAFETY: `v` is $size bytes of integers (no padding, asserted above), any byte
+                // pattern is a valid value, and n <= $size.
+                unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut v as *mut Self).cast::<u8>(), n) };
+                v
+            }
+            /// The struct's bytes, as the kernel copies them to user space.
+            pub fn as_bytes(&self) -> &[u8] {
+                // SAFETY: integers only, no padding (asserted above): all $size bytes are initialised.
+                unsafe { core::slice::from_raw_parts((self as *const Self).cast::<u8>(), $size) }
+            }
             /// The C struct's name in kfd_ioctl.h.
             pub const C_NAME: &'static str = $cname;
             /// (field, byte offset) in declaration order; `_`-prefixed fields are Rust-only padding.

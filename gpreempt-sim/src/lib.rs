@@ -1,2 +1,14 @@
-//! gpreempt-sim: the emulated AMD GPU (KFD) used by the tests and the demo. Not written yet: see
-//! the emulator milestone (DESIGN.md, "The emulator").
+//! gpreempt-sim: an emulated AMD GPU (KFD) that real processes drive through real syscalls.
+//!
+//! A FUSE-served `/dev/kfd` answers KFD ioctls with upstream amdkfd's semantics (`model`), emulated
+//! `/sys/class/kfd` and `/sys/kernel/debug/kfd` trees show the state in the kernel's formats
+//! (`views`), and a GPU model runs the AQL packets workloads write into their own memory (`gpu`).
+//! `sim` mounts all of it at the real paths inside a private mount namespace and runs a command
+//! there; `workload` replays measured kernel timelines as online or offline jobs. Every figure it
+//! produces is emulated.
+
+pub mod aql;
+pub mod gpu;
+pub mod model;
+pub mod spec;
+pub mod views;

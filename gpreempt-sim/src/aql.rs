@@ -1,0 +1,118 @@
+//! The AQL pieces the emulated GPU and the workloads share: `amd_queue_t` offsets and the 64-byte
+//! kernel dispatch packet (HSA spec layout).
+//!
+//! Emulator convention: a dispatch packet's `reserved2` carries the kernel's duration in ns when it
+//! runs alone; the CUs it wants follow from its own geometry (work-groups x waves per group).
+
+/// `amd_queue_t` offsets (reference: ROCr amd_hsa_queue.h).
+pub mod amd_queue {
+    pub const SIZE: usize = 256;
+    pub const BASE_ADDRESS: usize = 0x08;
+    pub const SIZE_PACKETS: usize = 0x18;
+    pub const WRITE_DISPATCH_ID: usize = 0x38;
+    pub const READ_DISPATCH_ID: usize = 0x80;
+    pub const READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET: usize = 0x88;
+}
+
+pub const PACKET_BYTES: usize = 64;
+pub const PACKET_TYPE_INVALID: u16 = 1;
+pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = 2;
+pub const PACKET_TYPE_BARRIER_AND: u16 = 3;
+/// Header bit: wait for the previous packet to finish (PyTorch streams run in order).
+pub const PACKET_BARRIER_BIT: u16 = 1 << 8;
+pub const WAVE_SIZE: u32 = 64;
+
+/// The fields of `hsa_kernel_dispatch_packet_t` the emulator uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dispatch {
+    pub header: u16,
+    pub workgroup: [u16; 3],
+    pub grid: [u32; 3],
+    pub kernel_object: u64,
+    pub duration_ns: u64,
+    pub completion_signal: u64,
+}
+
+impl Dispatch {
+    pub fn packet_type(&self) -> u16 {
+        self.header & 0xff
+    }
+
+    pub fn encode(&self) -> [u8; PACKET_BYTES] {
+        let mut p = [0u8; PACKET_BYTES];
+        p[0..2].copy_from_slice(&self.header.to_le_bytes());
+        p[2..4].copy_from_slice(&1u16.to_le_bytes()); // setup: dimensions
+        for i in 0..3 {
+            p[4 + 2 * i..6 + 2 * i].copy_from_slice(&self.workgroup[i].to_le_bytes());
+            p[12 + 4 * i..16 + 4 * i].copy_from_slice(&self.grid[i].to_le_bytes());
+        }
+        p[32..40].copy_from_slice(&self.kernel_object.to_le_bytes());
+        p[48..56].copy_from_slice(&self.duration_ns.to_le_bytes());
+        p[56..64].copy_from_slice(&self.completion_signal.to_le_bytes());
+        p
+    }
+
+    pub fn decode(p: &[u8; PACKET_BYTES]) -> Self {
+        let u16at = |o: usize| u16::from_le_bytes([p[o], p[o + 1]]);
+        let u32at = |o: usize| u32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
+        let u64at = |o: usize| u64::from_le_bytes(p[o..o + 8].try_into().unwrap_or([0; 8]));
+        Dispatch {
+            header: u16at(0),
+            workgroup: [u16at(4), u16at(6), u16at(8)],
+            grid: [u32at(12), u32at(16), u32at(20)],
+            kernel_object: u64at(32),
+            duration_ns: u64at(48),
+            completion_signal: u64at(56),
+        }
+    }
+
+    /// Work-groups in the grid.
+    pub fn workgroups(&self) -> u64 {
+        (0..3)
+            .map(|i| {
+                let wg = u64::from(self.workgroup[i].max(1));
+                u64::from(self.grid[i].max(1)).div_ceil(wg)
+            })
+            .product()
+    }
+
+    /// CUs this dispatch fills when alone on a GPU with `cus` CUs of `waves_per_cu` wave slots.
+    pub fn cu_demand(&self, cus: u32, waves_per_cu: u32) -> u32 {
+        let threads: u32 = self
+            .workgroup
+            .iter()
+            .map(|&w| u32::from(w.max(1)))
+            .product();
+        let waves = self.workgroups() * u64::from(threads.div_ceil(WAVE_SIZE));
+        let want = waves.div_ceil(u64::from(waves_per_cu.max(1)));
+        want.clamp(1, u64::from(cus)) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packet_round_trip_and_geometry() {
+        let d = Dispatch {
+            header: PACKET_TYPE_KERNEL_DISPATCH | PACKET_BARRIER_BIT,
+            workgroup: [256, 1, 1],
+            grid: [196 * 256, 1, 1],
+            kernel_object: 7,
+            duration_ns: 29_920,
+            completion_signal: 0,
+        };
+        let p = d.encode();
+        assert_eq!(Dispatch::decode(&p), d);
+        assert_eq!(d.packet_type(), PACKET_TYPE_KERNEL_DISPATCH);
+        assert_eq!(d.workgroups(), 196);
+        // 196 groups x 4 waves = 784 waves over 32 slots per CU = 24.5 -> 25 CUs of 104.
+        assert_eq!(d.cu_demand(104, 32), 25);
+        let huge = Dispatch {
+            grid: [1 << 30, 1, 1],
+            ..d
+        };
+        assert_eq!(huge.cu_demand(104, 32), 104);
+    }
+}

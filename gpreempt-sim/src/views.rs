@@ -1,0 +1,414 @@
+//! The emulated driver's sysfs and debugfs files, in the kernel's formats (kfd_topology.c
+//! `node_show`, kfd_process.c procfs, kfd_debugfs.c / `seq_reg_dump` / `seq_hex_dump`).
+
+use std::fmt::Write as _;
+
+use crate::model::{Gpu, Kfd, Process, Queue};
+use crate::spec::Model;
+
+/// `nodes/<n>/gpu_id`: decimal; 0 for the CPU node.
+pub fn node_gpu_id(kfd: &Kfd, node: u32) -> Option<String> {
+    if node == 0 {
+        return Some("0\n".into());
+    }
+    kfd.gpus
+        .iter()
+        .find(|g| g.node_id == node)
+        .map(|g| format!("{}\n", g.gpu_id))
+}
+
+/// `nodes/<n>/name`: the lower-cased ASIC name ("ip discovery" for IP-discovery parts).
+pub fn node_name(kfd: &Kfd, node: u32) -> Option<String> {
+    if node == 0 {
+        return Some("\n".into());
+    }
+    let g = kfd.gpus.iter().find(|g| g.node_id == node)?;
+    Some(match g.spec.model {
+        Model::Mi210 => "aldebaran\n".into(),
+        Model::Mi300x => "ip discovery\n".into(),
+    })
+}
+
+/// `nodes/<n>/properties`, in `node_show`'s order.
+pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
+    let mut s = String::new();
+    let mut p32 = |k: &str, v: u64| {
+        let _ = writeln!(s, "{k} {v}");
+    };
+    if node == 0 {
+        for (k, v) in [
+            ("cpu_cores_count", 2),
+            ("simd_count", 0),
+            ("mem_banks_count", 1),
+            ("caches_count", 0),
+            ("io_links_count", kfd.gpus.len() as u64),
+            ("p2p_links_count", 0),
+            ("cpu_core_id_base", 0),
+            ("simd_id_base", 0),
+            ("max_waves_per_simd", 0),
+            ("lds_size_in_kb", 0),
+            ("gds_size_in_kb", 0),
+            ("num_gws", 0),
+            ("wave_front_size", 0),
+            ("array_count", 0),
+            ("simd_arrays_per_engine", 0),
+            ("cu_per_simd_array", 0),
+            ("simd_per_cu", 0),
+            ("max_slots_scratch_cu", 0),
+            ("gfx_target_version", 0),
+            ("vendor_id", 0),
+            ("device_id", 0),
+            ("location_id", 0),
+            ("domain", 0),
+            ("drm_render_minor", 0),
+            ("hive_id", 0),
+            ("num_sdma_engines", 0),
+            ("num_sdma_xgmi_engines", 0),
+            ("num_sdma_queues_per_engine", 0),
+            ("num_cp_queues", 0),
+            ("max_engine_clk_ccompute", 2400),
+        ] {
+            p32(k, v);
+        }
+        return Some(s);
+    }
+    let g = kfd.gpus.iter().find(|g| g.node_id == node)?;
+    let sp = &g.spec;
+    let arrays = sp.array_count;
+    for (k, v) in [
+        ("cpu_cores_count", 0),
+        ("simd_count", u64::from(sp.simd_count())),
+        ("mem_banks_count", 1),
+        ("caches_count", 0),
+        ("io_links_count", 1),
+        ("p2p_links_count", 0),
+        ("cpu_core_id_base", 0),
+        ("simd_id_base", 0x8000_1000 + u64::from(node - 1) * 0x100),
+        ("max_waves_per_simd", u64::from(sp.max_waves_per_simd)),
+        ("lds_size_in_kb", u64::from(sp.lds_size_kb)),
+        ("gds_size_in_kb", 0),
+        ("num_gws", 64),
+        ("wave_front_size", 64),
+        ("array_count", u64::from(arrays)),
+        (
+            "simd_arrays_per_engine",
+            u64::from(sp.simd_arrays_per_engine),
+        ),
+        ("cu_per_simd_array", u64::from(sp.cu_count / arrays.max(1))),
+        ("simd_per_cu", u64::from(sp.simd_per_cu)),
+        ("max_slots_scratch_cu", 32),
+        ("gfx_target_version", u64::from(sp.gfx_target_version)),
+        ("vendor_id", 0x1002),
+        ("device_id", u64::from(sp.device_id)),
+        ("location_id", u64::from(g.node_id) << 8),
+        ("domain", 0),
+        ("drm_render_minor", 127 + u64::from(g.node_id)),
+        ("hive_id", 0),
+        ("num_sdma_engines", u64::from(sp.num_sdma_engines)),
+        ("num_sdma_xgmi_engines", u64::from(sp.num_sdma_xgmi_engines)),
+        ("num_sdma_queues_per_engine", 8),
+        ("num_cp_queues", u64::from(sp.hqd_slots())),
+        ("max_engine_clk_fcompute", u64::from(sp.max_engine_clk_mhz)),
+        ("local_mem_size", 0),
+        ("fw_version", u64::from(sp.mec_fw_version)),
+        ("capability", 0x2838_0280),
+        ("debug_prop", 0x1_7a),
+        ("sdma_fw_version", u64::from(sp.sdma_fw_version)),
+        ("unique_id", 0x5a11_0000_0000 | u64::from(g.gpu_id)),
+        ("num_xcc", u64::from(sp.num_xcc)),
+        ("max_engine_clk_ccompute", 2400),
+    ] {
+        p32(k, v);
+    }
+    Some(s)
+}
+
+/// `proc/<pid>/pasid`: 0 since the PASID moved to the per-device data.
+pub fn proc_pasid() -> String {
+    "0\n".into()
+}
+
+/// `proc/<pid>/queues/<qid>/size` (no newline).
+pub fn queue_size(q: &Queue) -> String {
+    format!("{}", q.ring_size)
+}
+/// `queues/<qid>/type`: the internal queue type (no newline).
+pub fn queue_type(q: &Queue) -> String {
+    format!("{}", q.internal_type())
+}
+/// `queues/<qid>/gpuid` (no newline).
+pub fn queue_gpuid(q: &Queue) -> String {
+    format!("{}", q.gpu_id)
+}
+/// `proc/<pid>/vram_<gpuid>`.
+pub fn vram(p: &Process, gpu_id: u32) -> Option<String> {
+    p.pdds.get(&gpu_id).map(|d| format!("{}\n", d.vram_usage))
+}
+/// `proc/<pid>/sdma_<gpuid>`: SDMA activity (µs); SDMA is not emulated.
+pub fn sdma(p: &Process, gpu_id: u32) -> Option<String> {
+    p.pdds.get(&gpu_id).map(|_| "0\n".into())
+}
+/// `stats_<gpuid>/evicted_ms`.
+pub fn evicted_ms(p: &Process, gpu_id: u32) -> Option<String> {
+    p.pdds.get(&gpu_id).map(|d| format!("{}\n", d.evicted_ms))
+}
+/// `stats_<gpuid>/cu_occupancy`.
+pub fn cu_occupancy(kfd: &Kfd, p: &Process, gpu_id: u32) -> Option<String> {
+    let gi = kfd.gpus.iter().position(|g| g.gpu_id == gpu_id)?;
+    Some(format!("{}\n", crate::gpu::cu_occupancy(kfd, gi, p.pid)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// debugfs
+
+/// GFX9 `mmCP_MQD_BASE_ADDR` in GC segment 1, and that segment's base (single-XCC parts).
+const CP_MQD_BASE_ADDR: u32 = 0x245;
+const GC_BASE_1: u32 = 0xA000;
+/// `HQD_N_REGS`: CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI.
+pub const HQD_N_REGS: usize = 56;
+/// Index of each register in the dump (= v9_mqd dword 128 + index).
+pub mod reg {
+    pub const MQD_BASE_LO: usize = 0;
+    pub const MQD_BASE_HI: usize = 1;
+    pub const ACTIVE: usize = 2;
+    pub const VMID: usize = 3;
+    pub const PERSISTENT_STATE: usize = 4;
+    pub const PIPE_PRIORITY: usize = 5;
+    pub const QUEUE_PRIORITY: usize = 6;
+    pub const QUANTUM: usize = 7;
+    pub const PQ_BASE: usize = 8;
+    pub const PQ_BASE_HI: usize = 9;
+    pub const PQ_RPTR: usize = 10;
+    pub const PQ_RPTR_REPORT_ADDR: usize = 11;
+    pub const PQ_RPTR_REPORT_ADDR_HI: usize = 12;
+    pub const PQ_WPTR_POLL_ADDR: usize = 13;
+    pub const PQ_WPTR_POLL_ADDR_HI: usize = 14;
+    pub const PQ_DOORBELL_CONTROL: usize = 15;
+    pub const PQ_CONTROL: usize = 17;
+    pub const EOP_BASE_ADDR: usize = 37;
+    pub const EOP_BASE_ADDR_HI: usize = 38;
+    pub const EOP_CONTROL: usize = 39;
+    pub const CTX_SAVE_BASE_ADDR_LO: usize = 43;
+    pub const CTX_SAVE_BASE_ADDR_HI: usize = 44;
+    pub const CNTL_STACK_SIZE: usize = 47;
+    pub const CTX_SAVE_SIZE: usize = 49;
+    pub const AQL_CONTROL: usize = 53;
+    pub const PQ_WPTR_LO: usize = 54;
+    pub const PQ_WPTR_HI: usize = 55;
+}
+
+/// The GPU address of a queue's MQD (emulated; the kernel allocates it in GTT).
+fn mqd_addr(p: &Process, q: &Queue) -> u64 {
+    0x0000_7f00_0000_0000 | (u64::from(p.doorbell_slice) << 24) | (u64::from(q.id) << 12)
+}
+
+/// The HQD register image of a queue (what the MQD holds and a mapped HQD shows).
+pub fn hqd_regs(p: &Process, q: &Queue, vmid: u32, active: bool) -> [u32; HQD_N_REGS] {
+    let mut r = [0u32; HQD_N_REGS];
+    let mqd = mqd_addr(p, q);
+    let lo = |v: u64| v as u32;
+    let hi = |v: u64| (v >> 32) as u32;
+    r[reg::MQD_BASE_LO] = lo(mqd);
+    r[reg::MQD_BASE_HI] = hi(mqd);
+    r[reg::ACTIVE] = u32::from(active);
+    r[reg::VMID] = vmid;
+    r[reg::PERSISTENT_STATE] = 0x0be0_5501;
+    r[reg::PIPE_PRIORITY] = q.pipe_priority();
+    r[reg::QUEUE_PRIORITY] = q.priority;
+    r[reg::QUANTUM] = 0x0000_0a01;
+    r[reg::PQ_BASE] = lo(q.ring_base >> 8);
+    r[reg::PQ_BASE_HI] = hi(q.ring_base >> 8);
+    let size_dw = q.ring_size / 4;
+    // CP_HQD_PQ_RPTR counts dwords modulo the ring.
+    let read_dw = (q.exec.read_id * 16) as u32;
+    r[reg::PQ_RPTR] = if size_dw > 0 { read_dw % size_dw } else { 0 };
+    r[reg::PQ_RPTR_REPORT_ADDR] = lo(q.rptr_addr);
+    r[reg::PQ_RPTR_REPORT_ADDR_HI] = hi(q.rptr_addr);
+    r[reg::PQ_WPTR_POLL_ADDR] = lo(q.wptr_addr);
+    r[reg::PQ_WPTR_POLL_ADDR_HI] = hi(q.wptr_addr);
+    r[reg::PQ_DOORBELL_CONTROL] = (q.doorbell_off << 2) | (1 << 30);
+    r[reg::PQ_CONTROL] = (size_dw.max(2).trailing_zeros() - 1) | (1 << 8) | (1 << 30);
+    r[reg::EOP_BASE_ADDR] = lo(q.eop_addr >> 8);
+    r[reg::EOP_BASE_ADDR_HI] = hi(q.eop_addr >> 8);
+    r[reg::EOP_CONTROL] = (q.eop_size.max(8) / 4).trailing_zeros().saturating_sub(1);
+    r[reg::CTX_SAVE_BASE_ADDR_LO] = lo(q.ctx_save_addr);
+    r[reg::CTX_SAVE_BASE_ADDR_HI] = hi(q.ctx_save_addr);
+    r[reg::CNTL_STACK_SIZE] = q.ctl_stack_size;
+    r[reg::CTX_SAVE_SIZE] = q.ctx_save_size;
+    r[reg::AQL_CONTROL] = u32::from(q.is_aql());
+    // AQL write pointer counts 64-byte packets: the HQD holds it in dwords (x16).
+    let wptr = q.exec.write_id * 16;
+    r[reg::PQ_WPTR_LO] = lo(wptr);
+    r[reg::PQ_WPTR_HI] = hi(wptr);
+    r
+}
+
+/// `seq_reg_dump`: "    addr: value" with up to 8 values per line while addresses are
+/// consecutive; the block ends with a newline.
+pub fn seq_reg_dump(out: &mut String, regs: &[(u32, u32)]) {
+    let mut count = 0;
+    for (i, &(addr, val)) in regs.iter().enumerate() {
+        if count == 0 || regs[i - 1].0 + 4 != addr {
+            let _ = write!(
+                out,
+                "{}    {addr:08x}: {val:08x}",
+                if i > 0 { "\n" } else { "" }
+            );
+            count = 7;
+        } else {
+            let _ = write!(out, " {val:08x}");
+            count -= 1;
+        }
+    }
+    out.push('\n');
+}
+
+/// `seq_hex_dump(m, prefix, DUMP_PREFIX_OFFSET, 32, 4, buf, len, false)`.
+pub fn seq_hex_dump(out: &mut String, prefix: &str, words: &[u32]) {
+    for (row, chunk) in words.chunks(8).enumerate() {
+        let _ = write!(out, "{prefix}{:08x}:", row * 32);
+        for w in chunk {
+            let _ = write!(out, " {w:08x}");
+        }
+        out.push('\n');
+    }
+}
+
+fn hqd_block(regs: &[u32; HQD_N_REGS]) -> Vec<(u32, u32)> {
+    regs.iter()
+        .enumerate()
+        .map(|(i, &v)| ((GC_BASE_1 + CP_MQD_BASE_ADDR + i as u32) << 2, v))
+        .collect()
+}
+
+/// The VMID HWS gives a process: in runlist order of processes, from 8 (KFD's first VMID).
+fn vmid_of(g: &Gpu, pid: u32) -> u32 {
+    let mut pids: Vec<u32> = g.runlist.iter().map(|k| k.0).collect();
+    pids.dedup();
+    pids.iter()
+        .position(|&p| p == pid)
+        .map_or(0, |i| 8 + i as u32)
+}
+
+/// debugfs `mqds`.
+pub fn mqds(kfd: &Kfd) -> String {
+    let mut s = String::new();
+    for p in kfd.procs.values() {
+        // After the PASID rework the header's "PASID" is the pid in hex.
+        let _ = writeln!(s, "Process {} PASID 0x{:x}:", p.pid, p.pid);
+        let mut order: Vec<&Queue> = p.queues.values().collect();
+        order.sort_by_key(|q| std::cmp::Reverse(q.serial));
+        for q in order {
+            let mut words = vec![0u32; if q.is_compute() { 512 } else { 128 }];
+            if q.is_compute() {
+                let _ = writeln!(s, "  Compute queue on device {:x}", q.gpu_id);
+                let vmid = kfd.gpu(q.gpu_id).map_or(0, |g| vmid_of(g, p.pid));
+                words[128..128 + HQD_N_REGS].copy_from_slice(&hqd_regs(p, q, vmid, q.is_active()));
+            } else {
+                let _ = writeln!(s, "  SDMA queue on device {:x}", q.gpu_id);
+                words[0] = (q.ring_size / 4).trailing_zeros() << 1 | 1;
+                words[1] = (q.ring_base >> 8) as u32;
+                words[2] = (q.ring_base >> 40) as u32;
+            }
+            seq_hex_dump(&mut s, "    ", &words);
+        }
+    }
+    s
+}
+
+/// debugfs `hqds`.
+pub fn hqds(kfd: &Kfd) -> String {
+    let mut s = String::new();
+    for g in &kfd.gpus {
+        let _ = writeln!(s, "Node {}, gpu_id {:x}:", g.node_id, g.gpu_id);
+        let sp = &g.spec;
+        for inst in 0..sp.num_xcc {
+            // The HIQ: KFD_CIK_HIQ_PIPE 4 -> MEC 2, pipe 0, queue 0.
+            let _ = writeln!(s, "   Inst {inst}, HIQ on MEC 2 Pipe 0 Queue 0");
+            let mut hiq = [0u32; HQD_N_REGS];
+            hiq[reg::ACTIVE] = 1;
+            hiq[reg::PERSISTENT_STATE] = 0x0be0_5501;
+            hiq[reg::PQ_CONTROL] = 0x5030_8509;
+            seq_reg_dump(&mut s, &hqd_block(&hiq));
+            for slot in 0..g.slots.len() {
+                let (pipe, queue) = g.pipe_queue(slot);
+                let _ = writeln!(s, "   Inst {inst},  CP Pipe {pipe}, Queue {queue}");
+                let regs = match g.slots[slot] {
+                    Some(k) => match (kfd.procs.get(&k.0), kfd.queue(k)) {
+                        (Some(p), Some(q)) => hqd_regs(p, q, vmid_of(g, k.0), true),
+                        _ => [0; HQD_N_REGS],
+                    },
+                    None => [0; HQD_N_REGS],
+                };
+                seq_reg_dump(&mut s, &hqd_block(&regs));
+            }
+        }
+        // SDMA RLC queues (not emulated: idle registers).
+        for engine in 0..sp.num_sdma_engines + sp.num_sdma_xgmi_engines {
+            for rlc in 0..8u32 {
+                let _ = writeln!(s, "  SDMA Engine {engine}, RLC {rlc}");
+                let base = 0x4880 + engine * 0x800 + rlc * 0x80;
+                let regs: Vec<(u32, u32)> = (0..19).map(|i| ((base + i) << 2, 0)).collect();
+                seq_reg_dump(&mut s, &regs);
+            }
+        }
+    }
+    s
+}
+
+/// PM4 type-3 header for a packet of `ndw` dwords.
+fn pm4(opcode: u32, ndw: u32) -> u32 {
+    (3 << 30) | ((ndw - 2) << 16) | (opcode << 8)
+}
+const PM4_MAP_PROCESS: u32 = 0xA1;
+const PM4_MAP_QUEUES: u32 = 0xA2;
+const PM4_RUN_LIST: u32 = 0xA5;
+
+/// The runlist IB HWS would run: MAP_PROCESS per process, MAP_QUEUES per queue, and a chained
+/// RUN_LIST when oversubscribed.
+pub fn runlist_ib(kfd: &Kfd, g: &Gpu) -> Vec<u32> {
+    let mut ib = Vec::new();
+    let mut last = None;
+    for k in &g.runlist {
+        let (Some(p), Some(q)) = (kfd.procs.get(&k.0), kfd.queue(*k)) else {
+            continue;
+        };
+        if last != Some(k.0) {
+            last = Some(k.0);
+            let pasid = p.pdds.get(&g.gpu_id).map_or(0, |d| d.pasid);
+            let mut pkt = vec![pm4(PM4_MAP_PROCESS, 15), pasid & 0xffff];
+            pkt.extend([0u32; 13]);
+            ib.extend(pkt);
+        }
+        let mqd = mqd_addr(p, q);
+        let slot = g.slot_of(*k).unwrap_or(0);
+        let (pipe, queue) = g.pipe_queue(slot);
+        ib.extend([
+            pm4(PM4_MAP_QUEUES, 7),
+            (queue << 8) | (pipe << 16) | (1 << 29),
+            q.doorbell_off << 2,
+            mqd as u32,
+            (mqd >> 32) as u32,
+            q.wptr_addr as u32,
+            (q.wptr_addr >> 32) as u32,
+        ]);
+    }
+    if g.runlist.len() > g.slots.len() {
+        ib.extend([pm4(PM4_RUN_LIST, 4), 0, 0, ib.len() as u32 + 4]);
+    }
+    ib
+}
+
+/// debugfs `rls`.
+pub fn rls(kfd: &Kfd) -> String {
+    let mut s = String::new();
+    for g in &kfd.gpus {
+        let _ = writeln!(s, "Node {}, gpu_id {:x}:", g.node_id, g.gpu_id);
+        if g.runlist.is_empty() {
+            s.push_str("  No active runlist\n");
+        } else {
+            seq_hex_dump(&mut s, "  ", &runlist_ib(kfd, g));
+        }
+    }
+    s
+}
