@@ -17,8 +17,12 @@ use crate::model::{Gpu, Host, Kfd, QKey, Queue};
 pub struct Exec {
     /// Packets consumed: the read_dispatch_id written back to the queue.
     pub read_id: u64,
-    /// The last write_dispatch_id read from the queue.
+    /// The last write_dispatch_id read from the queue, and when.
     pub write_id: u64,
+    pub polled_at: u64,
+    /// The poll before that: packets below `seen_write` existed at `seen_at`.
+    pub seen_write: u64,
+    pub seen_at: u64,
     pub kernel: Option<Kernel>,
     /// Dispatches completed.
     pub completed: u64,
@@ -56,6 +60,7 @@ impl Exec {
         if host.read_mem(pid, q_rptr, &mut b).is_ok() {
             self.read_id = u64::from_le_bytes(b);
             self.write_id = self.read_id;
+            self.seen_write = self.read_id;
         }
     }
 }
@@ -146,111 +151,160 @@ fn read_u64(host: &mut dyn Host, pid: u32, addr: u64) -> Option<u64> {
     Some(u64::from_le_bytes(b))
 }
 
-/// Run the GPUs up to `now` (ns, monotonic).
+/// Run the GPUs up to `now` (ns, monotonic). Between two calls the model advances event by event
+/// (dispatch completions, stalls ending), so the result does not depend on how often it is called;
+/// only new packets are seen at call times (the emulated doorbell is a poll).
 pub fn advance(kfd: &mut Kfd, host: &mut dyn Host, now: u64) {
     for gi in 0..kfd.gpus.len() {
-        progress(kfd, gi, now);
-        complete_and_fetch(kfd, gi, host, now);
-        allocate(kfd, gi);
+        poll(kfd, gi, host, now);
+        loop {
+            let t = kfd.gpus[gi].exec.last;
+            start_heads(kfd, gi, host, t, now);
+            allocate(kfd, gi);
+            let next = next_event(kfd, gi).map_or(now, |e| e.clamp(t, now));
+            progress(kfd, gi, next);
+            let completed = complete(kfd, gi, host);
+            if next >= now && !completed {
+                break;
+            }
+        }
         rotate(kfd, gi, host, now);
     }
 }
 
-fn progress(kfd: &mut Kfd, gi: usize, now: u64) {
-    let g = &kfd.gpus[gi];
-    let start = g.exec.last.max(g.stall_until);
-    let keys: Vec<QKey> = g.slots.iter().flatten().copied().collect();
-    kfd.gpus[gi].exec.last = now;
-    if now <= start {
-        return;
-    }
+/// Read the write index of every mapped AQL queue (what the doorbell would tell the CP).
+fn poll(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, now: u64) {
+    let keys: Vec<QKey> = kfd.gpus[gi].slots.iter().flatten().copied().collect();
     for k in keys {
         let Some(q) = kfd.queue_mut(k) else { continue };
-        if q.exec.kernel.is_some() {
-            q.exec.busy_ns += now - start;
-        }
-        let Some(kern) = q.exec.kernel.as_mut() else {
-            continue;
-        };
-        if kern.alloc == 0 || kern.demand == 0 {
+        if !q.is_aql() {
             continue;
         }
-        let from = start.max(kern.resume_at);
-        if now > from {
-            let rate = f64::from(kern.alloc) / f64::from(kern.demand);
-            kern.remaining = (kern.remaining - (now - from) as f64 * rate).max(0.0);
+        if let Some(w) = read_u64(host, k.0, q.wptr_addr) {
+            q.exec.seen_write = q.exec.write_id;
+            q.exec.seen_at = q.exec.polled_at;
+            q.exec.write_id = w;
+            q.exec.polled_at = now;
         }
     }
 }
 
-fn complete_and_fetch(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, now: u64) {
+/// Start the head packet of every idle mapped queue whose packet existed at time `t`.
+fn start_heads(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, t: u64, now: u64) {
+    if t < kfd.gpus[gi].stall_until {
+        return;
+    }
     let (cus, waves) = {
         let s = &kfd.gpus[gi].spec;
         (s.cu_count, s.waves_per_cu())
     };
     let keys: Vec<QKey> = kfd.gpus[gi].slots.iter().flatten().copied().collect();
-    let stalled = now < kfd.gpus[gi].stall_until;
     for k in keys {
         let mut seq = kfd.gpus[gi].exec.seq;
         let Some(q) = kfd.queue_mut(k) else { continue };
-        if !q.is_aql() {
+        if q.exec.kernel.is_some() || !q.is_aql() || q.exec.read_id >= q.exec.write_id {
             continue;
         }
-        let mut polled = false;
-        for _ in 0..64 {
-            if let Some(kern) = &q.exec.kernel {
-                if kern.remaining > 0.0 || stalled {
-                    break;
-                }
-                q.exec.kernel = None;
-                q.exec.read_id += 1;
-                q.exec.completed += 1;
-                // The CP advances read_dispatch_id in the queue's own memory.
-                let _ = host.write_mem(k.0, q.rptr_addr, &q.exec.read_id.to_le_bytes());
-            }
-            if stalled {
-                break;
-            }
-            if q.exec.read_id >= q.exec.write_id {
-                if polled {
-                    break;
-                }
-                polled = true;
-                match read_u64(host, k.0, q.wptr_addr) {
-                    Some(w) => q.exec.write_id = w,
-                    None => break,
-                }
-                if q.exec.read_id >= q.exec.write_id {
-                    break;
-                }
-            }
-            let slots = u64::from(q.ring_size) / PACKET_BYTES as u64;
-            if slots == 0 {
-                break;
-            }
-            let at = q.ring_base + (q.exec.read_id % slots) * PACKET_BYTES as u64;
-            let mut p = [0u8; PACKET_BYTES];
-            if host.read_mem(k.0, at, &mut p).is_err() {
-                break;
-            }
-            let d = Dispatch::decode(&p);
-            let (demand, work) = match d.packet_type() {
-                aql::PACKET_TYPE_INVALID => break, // slot reserved, not yet written
-                aql::PACKET_TYPE_KERNEL_DISPATCH => (d.cu_demand(cus, waves), d.duration_ns as f64),
-                _ => (1, 0.0),
-            };
-            seq += 1;
-            q.exec.kernel = Some(Kernel {
-                seq,
-                demand,
-                alloc: 0,
-                remaining: work,
-                resume_at: now,
-                saved: false,
-                object: d.kernel_object,
-            });
+        // Packets seen by an earlier poll were there since then; newer ones since `now`.
+        let avail = if q.exec.read_id < q.exec.seen_write { q.exec.seen_at } else { now };
+        if avail > t {
+            continue;
         }
+        let slots = u64::from(q.ring_size) / PACKET_BYTES as u64;
+        if slots == 0 {
+            continue;
+        }
+        let at = q.ring_base + (q.exec.read_id % slots) * PACKET_BYTES as u64;
+        let mut p = [0u8; PACKET_BYTES];
+        if host.read_mem(k.0, at, &mut p).is_err() {
+            continue;
+        }
+        let d = Dispatch::decode(&p);
+        let (demand, work) = match d.packet_type() {
+            aql::PACKET_TYPE_INVALID => continue, // reserved, not yet written
+            aql::PACKET_TYPE_KERNEL_DISPATCH => (d.cu_demand(cus, waves), d.duration_ns as f64),
+            _ => (1, 0.0),
+        };
+        seq += 1;
+        q.exec.kernel = Some(Kernel {
+            seq,
+            demand,
+            alloc: 0,
+            remaining: work,
+            resume_at: t,
+            saved: false,
+            object: d.kernel_object,
+        });
         kfd.gpus[gi].exec.seq = seq;
+    }
+}
+
+/// Finish dispatches with no work left: the CP advances read_dispatch_id in the queue's memory.
+fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
+    let g = &kfd.gpus[gi];
+    if g.exec.last < g.stall_until {
+        return false;
+    }
+    let keys: Vec<QKey> = g.slots.iter().flatten().copied().collect();
+    let mut any = false;
+    for k in keys {
+        let Some(q) = kfd.queue_mut(k) else { continue };
+        if !q.exec.kernel.as_ref().is_some_and(|kern| kern.remaining <= 0.0) {
+            continue;
+        }
+        q.exec.kernel = None;
+        q.exec.read_id += 1;
+        q.exec.completed += 1;
+        let _ = host.write_mem(k.0, q.rptr_addr, &q.exec.read_id.to_le_bytes());
+        any = true;
+    }
+    any
+}
+
+/// The next time something changes on the device: a dispatch ends, a restore or stall ends.
+fn next_event(kfd: &Kfd, gi: usize) -> Option<u64> {
+    let g = &kfd.gpus[gi];
+    let mut best: Option<u64> = None;
+    let mut take = |t: u64| best = Some(best.map_or(t, |b| b.min(t)));
+    if g.stall_until > g.exec.last {
+        take(g.stall_until);
+    }
+    for k in g.slots.iter().flatten() {
+        let Some(kern) = kfd.queue(*k).and_then(|q| q.exec.kernel.as_ref()) else {
+            continue;
+        };
+        if kern.alloc == 0 {
+            continue;
+        }
+        let start = g.exec.last.max(g.stall_until).max(kern.resume_at);
+        take(start + (kern.remaining * f64::from(kern.demand) / f64::from(kern.alloc)).ceil() as u64);
+    }
+    best
+}
+
+/// Dispatches progress from the device's last time to `to` (none during a stall or a restore).
+fn progress(kfd: &mut Kfd, gi: usize, to: u64) {
+    let g = &kfd.gpus[gi];
+    let start = g.exec.last.max(g.stall_until);
+    let keys: Vec<QKey> = g.slots.iter().flatten().copied().collect();
+    kfd.gpus[gi].exec.last = to.max(kfd.gpus[gi].exec.last);
+    if to <= start {
+        return;
+    }
+    for k in keys {
+        let Some(q) = kfd.queue_mut(k) else { continue };
+        if q.exec.kernel.is_some() {
+            q.exec.busy_ns += to - start;
+        }
+        let Some(kern) = q.exec.kernel.as_mut() else { continue };
+        if kern.alloc == 0 || kern.demand == 0 {
+            continue;
+        }
+        let from = start.max(kern.resume_at);
+        if to > from {
+            let rate = f64::from(kern.alloc) / f64::from(kern.demand);
+            kern.remaining = (kern.remaining - (to - from) as f64 * rate).max(0.0);
+        }
     }
 }
 
@@ -332,24 +386,9 @@ fn rotate(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, now: u64) {
     stall(kfd, gi, now, 0, saved);
 }
 
-/// When the next dispatch could finish (ns), for the engine's sleep.
+/// When something next changes on any GPU (ns), for the engine's sleep.
 pub fn next_deadline(kfd: &Kfd) -> Option<u64> {
-    let mut best: Option<u64> = None;
-    for g in &kfd.gpus {
-        for k in g.slots.iter().flatten() {
-            let Some(kern) = kfd.queue(*k).and_then(|q| q.exec.kernel.as_ref()) else {
-                continue;
-            };
-            if kern.alloc == 0 {
-                continue;
-            }
-            let start = g.exec.last.max(g.stall_until).max(kern.resume_at);
-            let t =
-                start + (kern.remaining * f64::from(kern.demand) / f64::from(kern.alloc)) as u64;
-            best = Some(best.map_or(t, |b| b.min(t)));
-        }
-    }
-    best
+    (0..kfd.gpus.len()).filter_map(|gi| next_event(kfd, gi)).min()
 }
 
 /// CUs a process's dispatches hold on a GPU (sysfs `cu_occupancy`).

@@ -8,7 +8,11 @@
 //! produces is emulated.
 
 pub mod aql;
+pub mod device;
+pub mod host;
 pub mod gpu;
 pub mod model;
+pub mod run;
 pub mod spec;
 pub mod views;
+pub mod workload;

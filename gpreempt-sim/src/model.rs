@@ -39,6 +39,8 @@ pub trait Host {
     fn tracer(&mut self, pid: u32) -> Option<u32>;
     /// A duplicate of `fd` in `pid`'s fd table (what the kernel's `fget` in the caller's table gives).
     fn take_fd(&mut self, pid: u32, fd: u32) -> Result<OwnedFd, Errno>;
+    /// Whether `fd` is open in `pid`'s fd table.
+    fn fd_exists(&mut self, pid: u32, fd: u32) -> bool;
     /// Whether the process `pid` exists (for DBG_TRAP's pid lookup).
     fn process_exists(&mut self, pid: u32) -> bool;
 }
@@ -407,7 +409,7 @@ impl Kfd {
 
     fn acquire_vm(&mut self, pid: u32, a: AcquireVmArgs, host: &mut dyn Host) -> Outcome {
         // fget(drm_fd): the fd must exist in the caller's table (a render node on real hardware).
-        if host.take_fd(pid, a.drm_fd).is_err() {
+        if !host.fd_exists(pid, a.drm_fd) {
             return err(libc::EINVAL, a.as_bytes());
         }
         let p = self.process_mut(pid);

@@ -44,6 +44,59 @@ pub struct Cli {
 pub enum Command {
     /// Print KFD events (queue create/destroy/update, debug-trap calls, process exits) live.
     Trace(TraceArgs),
+    /// Run an emulated AMD GPU (KFD) and commands against it (default: the demo).
+    Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SimArgs {
+    #[command(subcommand)]
+    pub action: Option<SimAction>,
+    /// Number of emulated GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// GPU model: mi210 (104 CUs, gfx90a) or mi300x (304 CUs, gfx942).
+    #[arg(long, default_value = "mi210")]
+    pub model: gpreempt_sim::spec::Model,
+    /// Seed for everything the emulator derives (gpu_ids); runs with one seed are reproducible.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Command to run inside, after `--` (default: an online and an offline workload, watched).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SimAction {
+    /// An emulated GPU job replaying a measured kernel timeline (run it inside `sim`).
+    Workload(WorkloadArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct WorkloadArgs {
+    /// Timeline: resnet18_b1, resnet50_b8, resnet50_b1024, transformer_b8_s128,
+    /// seed_model_a_mlp_b32, seed_model_b_mlp_train_b64.
+    #[arg(long)]
+    pub profile: String,
+    /// Online: requests per second (latency is reported).
+    #[arg(long, conflicts_with = "offline", required_unless_present = "offline")]
+    pub rate: Option<f64>,
+    /// Offline: iterations back to back (throughput is reported).
+    #[arg(long)]
+    pub offline: bool,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// KFD queue priority (0..15; ROCr's normal priority is 7).
+    #[arg(long, default_value_t = 7)]
+    pub priority: u32,
+    /// GPU index in topology order.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Write the JSON report here instead of stdout.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -85,13 +138,15 @@ pub fn main() -> Result<ExitCode> {
         .format_timestamp(None)
         .target(env_logger::Target::Stderr)
         .init();
+    let args = match cli.command {
+        Command::Sim(ref args) => return crate::sim::main(&cli, args),
+        Command::Trace(ref args) => args,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    match cli.command {
-        Command::Trace(ref args) => rt.block_on(trace(&cli, args)),
-    }
+    rt.block_on(trace(&cli, args))
 }
 
 async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {

@@ -2,4 +2,5 @@
 pub mod cli;
 pub mod events;
 pub mod probe;
+pub mod sim;
 pub mod trace;

@@ -1,0 +1,299 @@
+//! `sim`: mount the emulated driver at the real paths in a private mount namespace, run commands
+//! there, and leave nothing behind.
+//!
+//! Cleanup does not depend on this process exiting cleanly: every mount lives only in its own
+//! mount namespace (gone with its last process), every child is in a cgroup, and a guardian
+//! process (outside the cgroup, in its own session) kills that cgroup and removes it and the
+//! mountpoint directory as soon as this process is gone, however it ended.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::mount::{mount, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+
+use crate::device::{Shared, SimFs, DEBUGFS_DIR, DEVICE, SYSFS_DIR};
+use crate::model::Kfd;
+use crate::spec::{Costs, Model, Spec};
+
+pub struct SimOptions {
+    pub gpus: u32,
+    pub model: Model,
+    pub seed: u64,
+}
+
+/// A process to start inside.
+pub struct ChildSpec {
+    pub argv: Vec<String>,
+    /// `sim` ends when the foreground child does; the others are stopped then.
+    pub foreground: bool,
+}
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn mount_flags(src: Option<&Path>, dst: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> Result<()> {
+    mount(src, dst, fstype, flags, data)
+        .with_context(|| format!("mounting {} on {}", src.map_or("-".into(), |s| s.display().to_string()), dst.display()))
+}
+
+fn bind(src: &Path, dst: &Path) -> Result<()> {
+    mount_flags(Some(src), dst, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
+}
+
+/// Mount points directly below `dir` (from /proc/self/mountinfo).
+fn submounts(dir: &str) -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let prefix = format!("{}/", dir.trim_end_matches('/'));
+    let mut v: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&prefix) && !m[prefix.len()..].contains('/'))
+        .map(PathBuf::from)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn fstype_at(path: &str) -> Option<String> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        (f.get(4) == Some(&path)).then(|| f.get(sep + 1).map(|s| s.to_string()))?
+    })
+}
+
+/// Make `entry` (a file or directory name) appear inside `dir` by stacking an overlay on `dir`
+/// (upper layer on our private tmpfs); what was mounted below `dir`, and the `keep` entries that
+/// an overlay cannot show (sysfs network classes), are put back on top.
+fn overlay_with(dir: &str, entry: &str, is_dir: bool, work: &Path, keep: &[&str]) -> Result<PathBuf> {
+    let target = Path::new(dir).join(entry);
+    if target.exists() {
+        return Ok(target);
+    }
+    let tag = dir.trim_matches('/').replace('/', "-");
+    let (upper, wdir, saved) = (work.join(format!("{tag}.u")), work.join(format!("{tag}.w")), work.join(format!("{tag}.keep")));
+    for d in [&upper, &wdir, &saved] {
+        fs::create_dir_all(d)?;
+    }
+    let mut moved = Vec::new();
+    let mut keep_paths: Vec<PathBuf> = submounts(dir);
+    keep_paths.extend(keep.iter().map(|k| Path::new(dir).join(k)).filter(|p| p.exists()));
+    for (i, m) in keep_paths.iter().enumerate() {
+        let hold = saved.join(i.to_string());
+        fs::create_dir_all(&hold)?;
+        bind(m, &hold)?;
+        moved.push((hold, m.clone()));
+    }
+    let opts = format!("lowerdir={dir},upperdir={},workdir={}", upper.display(), wdir.display());
+    mount_flags(Some(Path::new("overlay")), Path::new(dir), Some("overlay"), MsFlags::empty(), Some(&opts))?;
+    for (hold, m) in moved {
+        bind(&hold, &m)?;
+    }
+    if is_dir {
+        fs::create_dir_all(&target)?;
+    } else {
+        fs::File::create(&target)?;
+    }
+    Ok(target)
+}
+
+/// The cgroup v2 hierarchy's mount point.
+fn cgroup2_root() -> Result<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    info.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            (f.get(sep + 1) == Some(&"cgroup2")).then(|| PathBuf::from(f[4]))
+        })
+        .context("no cgroup v2 hierarchy is mounted (sim keeps its processes in one to clean up after itself)")
+}
+
+fn kill_cgroup(cg: &Path) {
+    let _ = fs::write(cg.join("cgroup.kill"), "1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match fs::read_to_string(cg.join("cgroup.procs")) {
+            Ok(s) if s.trim().is_empty() => break,
+            Err(_) => break,
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// The guardian: waits for the pipe to close (sim gone, however), then cleans up.
+fn guardian(read_fd: std::os::fd::OwnedFd, cg: &Path, dir: &Path) -> ! {
+    // SAFETY: setsid and signal dispositions in a freshly forked single-threaded child.
+    unsafe {
+        libc::setsid();
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(s, libc::SIG_IGN);
+        }
+    }
+    let mut f = fs::File::from(read_fd);
+    let mut b = [0u8; 1];
+    while matches!(f.read(&mut b), Ok(n) if n > 0) {}
+    kill_cgroup(cg);
+    let _ = fs::remove_dir(cg);
+    let _ = fs::remove_dir(dir);
+    // SAFETY: leaving the forked child without running the parent's destructors.
+    unsafe { libc::_exit(0) }
+}
+
+/// Run `children` against an emulated KFD mounted at the real paths; returns the foreground
+/// child's exit status.
+pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("sim needs root (it mounts /dev/kfd and the KFD sysfs/debugfs trees in a private mount namespace): run it with sudo");
+    }
+    anyhow::ensure!((1..=8).contains(&opts.gpus), "--gpus must be between 1 and 8");
+    let me = std::process::id();
+    let cg = cgroup2_root()?.join(format!("gpreempt-sim.{me}"));
+    fs::create_dir_all(&cg).with_context(|| format!("creating cgroup {}", cg.display()))?;
+    let dir = std::env::temp_dir().join(format!("gpreempt-sim.{me}"));
+    fs::create_dir_all(&dir)?;
+
+    // The guardian, forked before any thread exists.
+    let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // SAFETY: no other thread runs yet; the child only calls async-signal-safe functions and
+    // plain file operations before _exit.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            drop(wr);
+            guardian(rd, &cg, &dir);
+        }
+        nix::unistd::ForkResult::Parent { .. } => drop(rd),
+    }
+    let _guardian_pipe = wr; // closes when we are gone
+
+    unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
+    mount_flags(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)?;
+    mount_flags(Some(Path::new("tmpfs")), &dir, Some("tmpfs"), MsFlags::empty(), Some("mode=0755"))?;
+    let fuse_dir = dir.join("fs");
+    let work = dir.join("work");
+    fs::create_dir_all(&fuse_dir)?;
+    fs::create_dir_all(&work)?;
+
+    let spec = Spec::new(opts.model);
+    let shared = Shared::new(Kfd::new(&spec, opts.gpus, opts.seed, Costs::default()));
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("gpreempt-sim".into()),
+        fuser::MountOption::Subtype("kfd".into()),
+    ];
+    config.acl = fuser::SessionACL::All;
+    let session = fuser::spawn_mount(SimFs(Arc::clone(&shared)), &fuse_dir, &config)
+        .context("mounting the emulated KFD (FUSE)")?;
+
+    let dev = overlay_with("/dev", "kfd", false, &work, &[])?;
+    bind(&fuse_dir.join(DEVICE), &dev)?;
+    let class = overlay_with("/sys/class", "kfd", true, &work, &["net"])?;
+    bind(&fuse_dir.join(SYSFS_DIR), &class)?;
+    let debug = if fstype_at("/sys/kernel/debug").is_some() {
+        overlay_with("/sys/kernel/debug", "kfd", true, &work, &[])?
+    } else {
+        mount_flags(Some(Path::new("tmpfs")), Path::new("/sys/kernel/debug"), Some("tmpfs"), MsFlags::empty(), Some("mode=0700"))?;
+        let d = PathBuf::from("/sys/kernel/debug/kfd");
+        fs::create_dir_all(&d)?;
+        d
+    };
+    bind(&fuse_dir.join(DEBUGFS_DIR), &debug)?;
+
+    let engine = {
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("gpu".into())
+            .spawn(move || s.run_engine())?
+    };
+
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::signal(s, on_signal as *const () as libc::sighandler_t);
+        }
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+    }
+    eprintln!(
+        "gpreempt-sim: emulated {} x{} (seed {}) at /dev/kfd, /sys/class/kfd, /sys/kernel/debug/kfd; all figures are emulated",
+        spec.name(),
+        opts.gpus,
+        opts.seed
+    );
+    let status = run_children(&cg, children);
+    kill_cgroup(&cg);
+    shared.stop.store(true, Ordering::Relaxed);
+    let _ = engine.join();
+    drop(session);
+    status
+}
+
+fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
+    let procs = CString::new(cg.join("cgroup.procs").to_string_lossy().as_bytes())?;
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    // SAFETY: between fork and exec only async-signal-safe calls (open, write, close, prctl).
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(s, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("starting {}", argv.join(" ")))
+}
+
+fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
+    let mut fg: Option<Child> = None;
+    let mut bg = Vec::new();
+    for c in &children {
+        let child = spawn(cg, &c.argv)?;
+        if c.foreground {
+            fg = Some(child);
+        } else {
+            bg.push(child);
+        }
+    }
+    let Some(mut fg) = fg else {
+        bail!("nothing to run in the foreground");
+    };
+    let mut forwarded = false;
+    loop {
+        if let Some(st) = fg.try_wait()? {
+            for mut b in bg {
+                let _ = b.kill();
+                let _ = b.wait();
+            }
+            return Ok(st.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)));
+        }
+        let sig = SIGNALLED.load(Ordering::SeqCst);
+        if sig != 0 && !forwarded {
+            forwarded = true;
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(fg.id() as i32, libc::SIGTERM) };
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

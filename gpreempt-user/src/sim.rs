@@ -1,0 +1,90 @@
+//! `sim`: the emulated AMD GPU (gpreempt-sim) and its workloads, from the command line.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use gpreempt_sim::run::{ChildSpec, SimOptions};
+use gpreempt_sim::workload::{Mode, WorkloadOptions};
+
+use crate::cli::{Cli, SimAction, SimArgs, WorkloadArgs};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
+    if let Some(SimAction::Workload(w)) = &args.action {
+        return workload(cli, w);
+    }
+    let exe = std::env::current_exe().context("finding this executable")?;
+    let exe = exe.to_string_lossy().into_owned();
+    let children = if args.command.is_empty() {
+        demo(&exe)
+    } else {
+        vec![ChildSpec {
+            argv: args.command.clone(),
+            foreground: true,
+        }]
+    };
+    let opts = SimOptions {
+        gpus: args.gpus,
+        model: args.model,
+        seed: args.seed,
+    };
+    let code = gpreempt_sim::run::run(&opts, children)?;
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// The demo: the seeds' interference scenario (online ResNet-18 batch 1 at 20 req/s next to
+/// offline ResNet-50 batch 1024), watched live.
+fn demo(exe: &str) -> Vec<ChildSpec> {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    vec![
+        ChildSpec {
+            argv: s(&[exe, "sim", "workload", "--profile", "resnet18_b1", "--rate", "20", "--duration", "86400", "--priority", "15"]),
+            foreground: false,
+        },
+        ChildSpec {
+            argv: s(&[exe, "sim", "workload", "--profile", "resnet50_b1024", "--offline", "--duration", "86400", "--priority", "0"]),
+            foreground: false,
+        },
+        ChildSpec {
+            argv: s(&[exe, "trace"]),
+            foreground: true,
+        },
+    ]
+}
+
+fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        w.duration.is_finite() && w.duration > 0.0,
+        "--duration must be a positive number of seconds"
+    );
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        for s in [libc::SIGINT, libc::SIGTERM] {
+            libc::signal(s, on_stop as *const () as libc::sighandler_t);
+        }
+    }
+    let opts = WorkloadOptions {
+        profile: w.profile.clone(),
+        mode: match w.rate {
+            Some(rate) => Mode::Online { rate },
+            None => Mode::Offline,
+        },
+        duration: Duration::from_secs_f64(w.duration),
+        priority: w.priority,
+        gpu: w.gpu,
+    };
+    let report = gpreempt_sim::workload::run(&opts, &cli.kfd_device, &STOP)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    match &w.report {
+        Some(p) => std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{json}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
