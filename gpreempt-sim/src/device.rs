@@ -101,7 +101,9 @@ fn resolve(kfd: &Kfd, path: &str) -> Option<Node> {
         [DEVICE] => Node::Device,
         [SYSFS_DIR] => dir([d("kfd")]),
         [SYSFS_DIR, "kfd"] => dir([d("topology"), d("proc")]),
-        [SYSFS_DIR, "kfd", "topology"] => dir([f("generation_id"), f("system_properties"), d("nodes")]),
+        [SYSFS_DIR, "kfd", "topology"] => {
+            dir([f("generation_id"), f("system_properties"), d("nodes")])
+        }
         [SYSFS_DIR, "kfd", "topology", "generation_id"] => Node::Text("1\n".into()),
         [SYSFS_DIR, "kfd", "topology", "system_properties"] => {
             Node::Text("platform_oem 0\nplatform_id 0\nplatform_rev 0\n".into())
@@ -130,7 +132,11 @@ fn resolve(kfd: &Kfd, path: &str) -> Option<Node> {
                 [] => {
                     let mut e = vec![f("pasid"), d("queues")];
                     for g in p.pdds.keys() {
-                        e.extend([f(&format!("vram_{g}")), f(&format!("sdma_{g}")), d(&format!("stats_{g}"))]);
+                        e.extend([
+                            f(&format!("vram_{g}")),
+                            f(&format!("sdma_{g}")),
+                            d(&format!("stats_{g}")),
+                        ]);
                     }
                     Node::Dir(e)
                 }
@@ -273,8 +279,12 @@ impl Shared {
                 crate::gpu::advance(&mut kfd, &mut host, now);
                 if now - last_reap > 10_000_000 {
                     last_reap = now;
-                    let gone: Vec<u32> =
-                        kfd.procs.keys().copied().filter(|p| !host::process_alive(*p)).collect();
+                    let gone: Vec<u32> = kfd
+                        .procs
+                        .keys()
+                        .copied()
+                        .filter(|p| !host::process_alive(*p))
+                        .collect();
                     for pid in gone {
                         kfd.process_exit(pid, now);
                     }
@@ -298,10 +308,18 @@ impl SimFs {
         resolve(&self.0.lock(), path)
     }
     fn path(&self, ino: INodeNo) -> Option<String> {
-        self.0.inodes.lock().unwrap_or_else(|e| e.into_inner()).path(ino.0)
+        self.0
+            .inodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .path(ino.0)
     }
     fn ino(&self, path: &str) -> u64 {
-        self.0.inodes.lock().unwrap_or_else(|e| e.into_inner()).ino(path)
+        self.0
+            .inodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ino(path)
     }
 }
 
@@ -450,11 +468,25 @@ impl Filesystem for SimFs {
         reply.ok();
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lo: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let Some(path) = self.path(ino) else {
             return reply.error(Errno::ENOENT);
         };
@@ -467,7 +499,11 @@ impl Filesystem for SimFs {
             all.push((name, is_dir, i));
         }
         for (i, (name, is_dir, child)) in all.into_iter().enumerate().skip(offset as usize) {
-            let kind = if is_dir { FileType::Directory } else { FileType::RegularFile };
+            let kind = if is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
             if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
                 break;
             }

@@ -156,12 +156,14 @@ fn read_u64(host: &mut dyn Host, pid: u32, addr: u64) -> Option<u64> {
 /// only new packets are seen at call times (the emulated doorbell is a poll).
 pub fn advance(kfd: &mut Kfd, host: &mut dyn Host, now: u64) {
     for gi in 0..kfd.gpus.len() {
+        // Callers read the clock before taking the lock: never go back in time.
+        let now = now.max(kfd.gpus[gi].exec.last);
         poll(kfd, gi, host, now);
         loop {
             let t = kfd.gpus[gi].exec.last;
             start_heads(kfd, gi, host, t, now);
             allocate(kfd, gi);
-            let next = next_event(kfd, gi).map_or(now, |e| e.clamp(t, now));
+            let next = next_event(kfd, gi).map_or(now, |e| e.max(t).min(now));
             progress(kfd, gi, next);
             let completed = complete(kfd, gi, host);
             if next >= now && !completed {
@@ -206,7 +208,11 @@ fn start_heads(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, t: u64, now: u64) 
             continue;
         }
         // Packets seen by an earlier poll were there since then; newer ones since `now`.
-        let avail = if q.exec.read_id < q.exec.seen_write { q.exec.seen_at } else { now };
+        let avail = if q.exec.read_id < q.exec.seen_write {
+            q.exec.seen_at
+        } else {
+            now
+        };
         if avail > t {
             continue;
         }
@@ -249,7 +255,12 @@ fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
     let mut any = false;
     for k in keys {
         let Some(q) = kfd.queue_mut(k) else { continue };
-        if !q.exec.kernel.as_ref().is_some_and(|kern| kern.remaining <= 0.0) {
+        if !q
+            .exec
+            .kernel
+            .as_ref()
+            .is_some_and(|kern| kern.remaining <= 0.0)
+        {
             continue;
         }
         q.exec.kernel = None;
@@ -277,7 +288,9 @@ fn next_event(kfd: &Kfd, gi: usize) -> Option<u64> {
             continue;
         }
         let start = g.exec.last.max(g.stall_until).max(kern.resume_at);
-        take(start + (kern.remaining * f64::from(kern.demand) / f64::from(kern.alloc)).ceil() as u64);
+        take(
+            start + (kern.remaining * f64::from(kern.demand) / f64::from(kern.alloc)).ceil() as u64,
+        );
     }
     best
 }
@@ -296,7 +309,9 @@ fn progress(kfd: &mut Kfd, gi: usize, to: u64) {
         if q.exec.kernel.is_some() {
             q.exec.busy_ns += to - start;
         }
-        let Some(kern) = q.exec.kernel.as_mut() else { continue };
+        let Some(kern) = q.exec.kernel.as_mut() else {
+            continue;
+        };
         if kern.alloc == 0 || kern.demand == 0 {
             continue;
         }
@@ -388,7 +403,9 @@ fn rotate(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, now: u64) {
 
 /// When something next changes on any GPU (ns), for the engine's sleep.
 pub fn next_deadline(kfd: &Kfd) -> Option<u64> {
-    (0..kfd.gpus.len()).filter_map(|gi| next_event(kfd, gi)).min()
+    (0..kfd.gpus.len())
+        .filter_map(|gi| next_event(kfd, gi))
+        .min()
 }
 
 /// CUs a process's dispatches hold on a GPU (sysfs `cu_occupancy`).

@@ -13,14 +13,25 @@ const FUSE_SUPER_MAGIC: libc::__fsword_t = 0x6573_5546;
 pub struct RealHost;
 
 fn errno() -> Errno {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
-fn vm_io(pid: u32, addr: u64, ptr: *mut libc::c_void, len: usize, write: bool) -> Result<(), Errno> {
+fn vm_io(
+    pid: u32,
+    addr: u64,
+    ptr: *mut libc::c_void,
+    len: usize,
+    write: bool,
+) -> Result<(), Errno> {
     if len == 0 {
         return Ok(());
     }
-    let local = libc::iovec { iov_base: ptr, iov_len: len };
+    let local = libc::iovec {
+        iov_base: ptr,
+        iov_len: len,
+    };
     let remote = libc::iovec {
         iov_base: addr as *mut libc::c_void,
         iov_len: len,
@@ -62,7 +73,12 @@ impl Host for RealHost {
                 return Err(errno());
             }
             let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-            let fd = libc::syscall(libc::SYS_pidfd_getfd, std::os::fd::AsRawFd::as_raw_fd(&pidfd), fd as i32, 0);
+            let fd = libc::syscall(
+                libc::SYS_pidfd_getfd,
+                std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+                fd as i32,
+                0,
+            );
             if fd < 0 {
                 return Err(errno());
             }
@@ -70,7 +86,9 @@ impl Host for RealHost {
             // The FUSE server must never hold (and later close or write) a file of a FUSE mount:
             // the request would come back to the thread waiting for it.
             let mut st: libc::statfs = std::mem::zeroed();
-            if libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut st) == 0 && st.f_type == FUSE_SUPER_MAGIC {
+            if libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut st) == 0
+                && st.f_type == FUSE_SUPER_MAGIC
+            {
                 return Err(libc::EBADF);
             }
             Ok(fd)
@@ -103,7 +121,10 @@ pub fn tgid_of(tid: u32) -> Option<u32> {
 /// notifier keys on.
 pub fn process_alive(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => match s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next()) {
+        Ok(s) => match s
+            .rfind(')')
+            .and_then(|i| s[i + 1..].split_whitespace().next())
+        {
             Some(state) => !matches!(state, "Z" | "X"),
             None => false,
         },

@@ -9,8 +9,8 @@
 
 pub mod aql;
 pub mod device;
-pub mod host;
 pub mod gpu;
+pub mod host;
 pub mod model;
 pub mod run;
 pub mod spec;

@@ -43,13 +43,30 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNALLED.store(sig, Ordering::SeqCst);
 }
 
-fn mount_flags(src: Option<&Path>, dst: &Path, fstype: Option<&str>, flags: MsFlags, data: Option<&str>) -> Result<()> {
-    mount(src, dst, fstype, flags, data)
-        .with_context(|| format!("mounting {} on {}", src.map_or("-".into(), |s| s.display().to_string()), dst.display()))
+fn mount_flags(
+    src: Option<&Path>,
+    dst: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<()> {
+    mount(src, dst, fstype, flags, data).with_context(|| {
+        format!(
+            "mounting {} on {}",
+            src.map_or("-".into(), |s| s.display().to_string()),
+            dst.display()
+        )
+    })
 }
 
 fn bind(src: &Path, dst: &Path) -> Result<()> {
-    mount_flags(Some(src), dst, None, MsFlags::MS_BIND | MsFlags::MS_REC, None)
+    mount_flags(
+        Some(src),
+        dst,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+    )
 }
 
 /// Mount points directly below `dir` (from /proc/self/mountinfo).
@@ -81,27 +98,51 @@ fn fstype_at(path: &str) -> Option<String> {
 /// Make `entry` (a file or directory name) appear inside `dir` by stacking an overlay on `dir`
 /// (upper layer on our private tmpfs); what was mounted below `dir`, and the `keep` entries that
 /// an overlay cannot show (sysfs network classes), are put back on top.
-fn overlay_with(dir: &str, entry: &str, is_dir: bool, work: &Path, keep: &[&str]) -> Result<PathBuf> {
+fn overlay_with(
+    dir: &str,
+    entry: &str,
+    is_dir: bool,
+    work: &Path,
+    keep: &[&str],
+) -> Result<PathBuf> {
     let target = Path::new(dir).join(entry);
     if target.exists() {
         return Ok(target);
     }
     let tag = dir.trim_matches('/').replace('/', "-");
-    let (upper, wdir, saved) = (work.join(format!("{tag}.u")), work.join(format!("{tag}.w")), work.join(format!("{tag}.keep")));
+    let (upper, wdir, saved) = (
+        work.join(format!("{tag}.u")),
+        work.join(format!("{tag}.w")),
+        work.join(format!("{tag}.keep")),
+    );
     for d in [&upper, &wdir, &saved] {
         fs::create_dir_all(d)?;
     }
     let mut moved = Vec::new();
     let mut keep_paths: Vec<PathBuf> = submounts(dir);
-    keep_paths.extend(keep.iter().map(|k| Path::new(dir).join(k)).filter(|p| p.exists()));
+    keep_paths.extend(
+        keep.iter()
+            .map(|k| Path::new(dir).join(k))
+            .filter(|p| p.exists()),
+    );
     for (i, m) in keep_paths.iter().enumerate() {
         let hold = saved.join(i.to_string());
         fs::create_dir_all(&hold)?;
         bind(m, &hold)?;
         moved.push((hold, m.clone()));
     }
-    let opts = format!("lowerdir={dir},upperdir={},workdir={}", upper.display(), wdir.display());
-    mount_flags(Some(Path::new("overlay")), Path::new(dir), Some("overlay"), MsFlags::empty(), Some(&opts))?;
+    let opts = format!(
+        "lowerdir={dir},upperdir={},workdir={}",
+        upper.display(),
+        wdir.display()
+    );
+    mount_flags(
+        Some(Path::new("overlay")),
+        Path::new(dir),
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(&opts),
+    )?;
     for (hold, m) in moved {
         bind(&hold, &m)?;
     }
@@ -162,7 +203,10 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     if !nix::unistd::geteuid().is_root() {
         bail!("sim needs root (it mounts /dev/kfd and the KFD sysfs/debugfs trees in a private mount namespace): run it with sudo");
     }
-    anyhow::ensure!((1..=8).contains(&opts.gpus), "--gpus must be between 1 and 8");
+    anyhow::ensure!(
+        (1..=8).contains(&opts.gpus),
+        "--gpus must be between 1 and 8"
+    );
     let me = std::process::id();
     let cg = cgroup2_root()?.join(format!("gpreempt-sim.{me}"));
     fs::create_dir_all(&cg).with_context(|| format!("creating cgroup {}", cg.display()))?;
@@ -183,8 +227,20 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     let _guardian_pipe = wr; // closes when we are gone
 
     unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-    mount_flags(None, Path::new("/"), None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)?;
-    mount_flags(Some(Path::new("tmpfs")), &dir, Some("tmpfs"), MsFlags::empty(), Some("mode=0755"))?;
+    mount_flags(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )?;
+    mount_flags(
+        Some(Path::new("tmpfs")),
+        &dir,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("mode=0755"),
+    )?;
     let fuse_dir = dir.join("fs");
     let work = dir.join("work");
     fs::create_dir_all(&fuse_dir)?;
@@ -208,7 +264,13 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     let debug = if fstype_at("/sys/kernel/debug").is_some() {
         overlay_with("/sys/kernel/debug", "kfd", true, &work, &[])?
     } else {
-        mount_flags(Some(Path::new("tmpfs")), Path::new("/sys/kernel/debug"), Some("tmpfs"), MsFlags::empty(), Some("mode=0700"))?;
+        mount_flags(
+            Some(Path::new("tmpfs")),
+            Path::new("/sys/kernel/debug"),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("mode=0700"),
+        )?;
         let d = PathBuf::from("/sys/kernel/debug/kfd");
         fs::create_dir_all(&d)?;
         d
@@ -262,7 +324,8 @@ fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn().with_context(|| format!("starting {}", argv.join(" ")))
+    cmd.spawn()
+        .with_context(|| format!("starting {}", argv.join(" ")))
 }
 
 fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
@@ -286,7 +349,9 @@ fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
                 let _ = b.kill();
                 let _ = b.wait();
             }
-            return Ok(st.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)));
+            return Ok(st.code().unwrap_or_else(|| {
+                128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)
+            }));
         }
         let sig = SIGNALLED.load(Ordering::SeqCst);
         if sig != 0 && !forwarded {

@@ -412,3 +412,105 @@ pub fn rls(kfd: &Kfd) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::{World, TARGET};
+
+    #[test]
+    fn kernel_formats_for_a_known_state() {
+        let mut w = World::new();
+        w.process(TARGET, true, 1);
+        let gpu = w.gpu;
+        let k = &w.kfd;
+        assert_eq!(node_gpu_id(k, 1).unwrap(), format!("{gpu}\n"));
+        assert_eq!(node_gpu_id(k, 0).unwrap(), "0\n");
+        assert_eq!(node_name(k, 1).unwrap(), "aldebaran\n");
+        let props = node_properties(k, 1).unwrap();
+        assert!(
+            props.starts_with("cpu_cores_count 0\nsimd_count 416\nmem_banks_count 1\n"),
+            "{props}"
+        );
+        assert!(props.contains("\ngfx_target_version 90010\nvendor_id 4098\ndevice_id 29711\n"));
+        assert!(props.ends_with("num_xcc 1\nmax_engine_clk_ccompute 2400\n"));
+        let p = &k.procs[&TARGET];
+        let q = &p.queues[&0];
+        // queues/<qid>/* have no trailing newline; vram has one.
+        assert_eq!(
+            (queue_size(q), queue_type(q), queue_gpuid(q)),
+            ("65536".into(), "0".into(), gpu.to_string())
+        );
+        assert_eq!(vram(p, gpu).unwrap(), "0\n");
+        assert_eq!(proc_pasid(), "0\n");
+        let m = mqds(k);
+        let mut lines = m.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            format!("Process {TARGET} PASID 0x{TARGET:x}:")
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            format!("  Compute queue on device {gpu:x}")
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            "    00000000: 00000000 00000000 00000000 00000000 00000000 00000000 00000000 00000000"
+        );
+        assert_eq!(m.lines().count(), 2 + 64);
+        // MQD dword 136 (0x220) is CP_HQD_PQ_BASE = ring >> 8.
+        let row = m.lines().nth(2 + 0x220 / 32).unwrap();
+        assert!(
+            row.starts_with(&format!(
+                "    00000220: {:08x} 00000000 ",
+                0x11_0000u64 >> 8
+            )),
+            "{row}"
+        );
+        let h = hqds(k);
+        let mut lines = h.lines();
+        assert_eq!(lines.next().unwrap(), format!("Node 1, gpu_id {gpu:x}:"));
+        assert_eq!(
+            lines.next().unwrap(),
+            "   Inst 0, HIQ on MEC 2 Pipe 0 Queue 0"
+        );
+        assert!(lines.next().unwrap().starts_with("    00028914: "));
+        // The queue sits in pipe 0 queue 0: CP_HQD_ACTIVE = 1 and PQ_BASE = ring >> 8.
+        let at = h.find("   Inst 0,  CP Pipe 0, Queue 0\n").unwrap();
+        let block: Vec<&str> = h[at..].lines().skip(1).take(7).collect();
+        let first: Vec<&str> = block[0].split_whitespace().collect();
+        assert_eq!(first[0], "00028914:");
+        assert_eq!(first[3], "00000001", "CP_HQD_ACTIVE");
+        let second: Vec<&str> = block[1].split_whitespace().collect();
+        assert_eq!(second[0], "00028934:");
+        assert_eq!(
+            second[1],
+            format!("{:08x}", 0x11_0000u64 >> 8),
+            "CP_HQD_PQ_BASE"
+        );
+        assert!(h.contains("   Inst 0,  CP Pipe 3, Queue 7\n"));
+        assert!(h.contains("  SDMA Engine 4, RLC 7\n"));
+        let r = rls(k);
+        assert!(
+            r.starts_with(&format!("Node 1, gpu_id {gpu:x}:\n  00000000: c00da100 ")),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn reg_dump_breaks_lines_at_eight_and_at_gaps() {
+        let mut s = String::new();
+        let regs: Vec<(u32, u32)> = (0..9)
+            .map(|i| (0x100 + 4 * i, i))
+            .chain([(0x200, 9)])
+            .collect();
+        seq_reg_dump(&mut s, &regs);
+        assert_eq!(
+            s,
+            "    00000100: 00000000 00000001 00000002 00000003 00000004 00000005 00000006 00000007\n    00000120: 00000008\n    00000200: 00000009\n"
+        );
+        let mut s = String::new();
+        seq_hex_dump(&mut s, "  ", &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(s, "  00000000: 00000001 00000002 00000003 00000004 00000005 00000006 00000007 00000008\n  00000020: 00000009\n");
+    }
+}

@@ -134,9 +134,15 @@ impl Mapping {
             )
         };
         if ptr == libc::MAP_FAILED {
-            bail!("mmap of {len} bytes failed: {}", std::io::Error::last_os_error());
+            bail!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            );
         }
-        Ok(Mapping { ptr: ptr.cast(), len })
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
     }
     fn addr(&self) -> u64 {
         self.ptr as u64
@@ -173,11 +179,13 @@ impl AqlQueue {
     }
 
     pub fn read_index(&self) -> u64 {
-        self.field(amd_queue::READ_DISPATCH_ID).load(Ordering::Acquire)
+        self.field(amd_queue::READ_DISPATCH_ID)
+            .load(Ordering::Acquire)
     }
 
     pub fn write_index(&self) -> u64 {
-        self.field(amd_queue::WRITE_DISPATCH_ID).load(Ordering::Acquire)
+        self.field(amd_queue::WRITE_DISPATCH_ID)
+            .load(Ordering::Acquire)
     }
 
     /// Open the device and create the queue as ROCr would.
@@ -190,7 +198,11 @@ impl AqlQueue {
         let mut v = kfd::GetVersionArgs::default();
         kfd_ioctl(&fd, nr::GET_VERSION, &mut v).context("AMDKFD_IOC_GET_VERSION")?;
         if v.major_version != 1 || v.minor_version < 13 {
-            bail!("KFD {}.{} has no debugger API (needs 1.13+)", v.major_version, v.minor_version);
+            bail!(
+                "KFD {}.{} has no debugger API (needs 1.13+)",
+                v.major_version,
+                v.minor_version
+            );
         }
         let gpu_id = gpu_ids()?
             .get(gpu)
@@ -253,7 +265,8 @@ impl AqlQueue {
         }
         // Every ring slot starts INVALID.
         for i in 0..RING_PACKETS {
-            q.header(i).store(aql::PACKET_TYPE_INVALID, Ordering::Relaxed);
+            q.header(i)
+                .store(aql::PACKET_TYPE_INVALID, Ordering::Relaxed);
         }
         let mut c = kfd::CreateQueueArgs {
             ring_base_address: q.ring.addr(),
@@ -285,7 +298,8 @@ impl AqlQueue {
             flags: mf::USERPTR | mf::WRITABLE | mf::NO_SUBSTITUTE | mf::COHERENT,
             ..Default::default()
         };
-        kfd_ioctl(&self.fd, nr::ALLOC_MEMORY_OF_GPU, &mut a).context("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU")?;
+        kfd_ioctl(&self.fd, nr::ALLOC_MEMORY_OF_GPU, &mut a)
+            .context("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU")?;
         self.handles.push(a.handle);
         let devices = [self.gpu_id];
         let mut m = kfd::MapMemoryToGpuArgs {
@@ -294,7 +308,8 @@ impl AqlQueue {
             n_devices: 1,
             n_success: 0,
         };
-        kfd_ioctl(&self.fd, nr::MAP_MEMORY_TO_GPU, &mut m).context("AMDKFD_IOC_MAP_MEMORY_TO_GPU")?;
+        kfd_ioctl(&self.fd, nr::MAP_MEMORY_TO_GPU, &mut m)
+            .context("AMDKFD_IOC_MAP_MEMORY_TO_GPU")?;
         Ok(())
     }
 
@@ -307,7 +322,8 @@ impl AqlQueue {
             flags: mf::VRAM | mf::WRITABLE,
             ..Default::default()
         };
-        kfd_ioctl(&self.fd, nr::ALLOC_MEMORY_OF_GPU, &mut a).context("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU (VRAM)")?;
+        kfd_ioctl(&self.fd, nr::ALLOC_MEMORY_OF_GPU, &mut a)
+            .context("AMDKFD_IOC_ALLOC_MEMORY_OF_GPU (VRAM)")?;
         self.handles.push(a.handle);
         Ok(())
     }
@@ -320,7 +336,9 @@ impl AqlQueue {
 
     /// Reserve a slot, write the packet, then publish its header (as an AQL producer does).
     pub fn submit(&self, d: &Dispatch) {
-        let index = self.field(amd_queue::WRITE_DISPATCH_ID).fetch_add(1, Ordering::AcqRel);
+        let index = self
+            .field(amd_queue::WRITE_DISPATCH_ID)
+            .fetch_add(1, Ordering::AcqRel);
         while index - self.read_index() >= self.slots {
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -329,7 +347,11 @@ impl AqlQueue {
         // SAFETY: the slot is ours (reserved above and free: behind the read index); the header
         // is published last, with release ordering.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr().add(2), self.ring.ptr.add(off + 2), PACKET_BYTES - 2);
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr().add(2),
+                self.ring.ptr.add(off + 2),
+                PACKET_BYTES - 2,
+            );
         }
         self.header(index).store(d.header, Ordering::Release);
     }
@@ -367,7 +389,10 @@ pub fn gpu_ids() -> Result<Vec<u32>> {
     for n in 0.. {
         let p = nodes.join(n.to_string()).join("gpu_id");
         let Ok(s) = fs::read_to_string(&p) else { break };
-        let id: u32 = s.trim().parse().with_context(|| format!("parsing {}", p.display()))?;
+        let id: u32 = s
+            .trim()
+            .parse()
+            .with_context(|| format!("parsing {}", p.display()))?;
         if id != 0 {
             ids.push(id);
         }
@@ -424,7 +449,12 @@ pub unsafe extern "C" fn hipLaunchKernel(
     }
     // SAFETY: the caller's contract above.
     let (q, dur) = unsafe { (&*(stream as *const AqlQueue), *(*args as *const u64)) };
-    q.submit(&dispatch(function_address as u64, num_blocks, dim_blocks, dur));
+    q.submit(&dispatch(
+        function_address as u64,
+        num_blocks,
+        dim_blocks,
+        dur,
+    ));
     0
 }
 
@@ -453,9 +483,22 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
         return 1;
     }
     // SAFETY: the caller's contract.
-    let (q, dur) = unsafe { (&*(stream as *const AqlQueue), *(*kernel_params as *const u64)) };
-    let grid = Dim3 { x: grid_x, y: grid_y, z: grid_z };
-    let block = Dim3 { x: block_x, y: block_y, z: block_z };
+    let (q, dur) = unsafe {
+        (
+            &*(stream as *const AqlQueue),
+            *(*kernel_params as *const u64),
+        )
+    };
+    let grid = Dim3 {
+        x: grid_x,
+        y: grid_y,
+        z: grid_z,
+    };
+    let block = Dim3 {
+        x: block_x,
+        y: block_y,
+        z: block_z,
+    };
     q.submit(&dispatch(f as u64, grid, block, dur));
     0
 }
@@ -464,22 +507,55 @@ fn launch(q: &AqlQueue, index: usize, k: &Kernel, module: bool) {
     let mut dur = (k.dur_us * 1000.0) as u64;
     let mut params = [&mut dur as *mut u64 as *mut c_void];
     let stream = q as *const AqlQueue as *mut c_void;
-    let g = Dim3 { x: k.grid[0], y: k.grid[1], z: k.grid[2] };
-    let b = Dim3 { x: k.block[0], y: k.block[1], z: k.block[2] };
+    let g = Dim3 {
+        x: k.grid[0],
+        y: k.grid[1],
+        z: k.grid[2],
+    };
+    let b = Dim3 {
+        x: k.block[0],
+        y: k.block[1],
+        z: k.block[2],
+    };
     let object = 0x1000 + index as u64;
     // SAFETY: params[0] points to `dur`, alive for the call; stream is `q`.
     unsafe {
         if module {
-            hipModuleLaunchKernel(object as *mut c_void, g.x, g.y, g.z, b.x, b.y, b.z, 0, stream, params.as_mut_ptr(), std::ptr::null_mut());
+            hipModuleLaunchKernel(
+                object as *mut c_void,
+                g.x,
+                g.y,
+                g.z,
+                b.x,
+                b.y,
+                b.z,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            );
         } else {
-            hipLaunchKernel(object as *const c_void, g, b, params.as_mut_ptr(), 0, stream);
+            hipLaunchKernel(
+                object as *const c_void,
+                g,
+                b,
+                params.as_mut_ptr(),
+                0,
+                stream,
+            );
         }
     }
 }
 
 /// Submit one iteration paced like the measured timeline (kernel i no earlier than its start
 /// offset), and return the index that completes it.
-fn run_iteration(q: &AqlQueue, p: &Profile, t0: Instant, module: bool, stop: &AtomicBool) -> Option<u64> {
+fn run_iteration(
+    q: &AqlQueue,
+    p: &Profile,
+    t0: Instant,
+    module: bool,
+    stop: &AtomicBool,
+) -> Option<u64> {
     for (i, k) in p.kernels.iter().enumerate() {
         let due = t0 + Duration::from_secs_f64(k.start_us / 1e6);
         let now = Instant::now();
@@ -505,7 +581,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Run a workload to completion (or until `stop`), returning its report.
 pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<Report> {
     let p = profile(&opts.profile)?;
-    anyhow::ensure!(opts.priority <= kfd::KFD_MAX_QUEUE_PRIORITY, "--priority must be 0..15");
+    anyhow::ensure!(
+        opts.priority <= kfd::KFD_MAX_QUEUE_PRIORITY,
+        "--priority must be 0..15"
+    );
     let mut q = AqlQueue::open(device, opts.gpu, opts.priority)?;
     // Resident model + activations, roughly proportional to the work per iteration.
     q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(16 << 30))?;
@@ -537,7 +616,9 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
                 // A request that arrives while the previous one runs waits: latency counts from
                 // its arrival.
                 let t0 = Instant::now();
-                let Some(target) = run_iteration(&q, &p, t0, false, stop) else { break };
+                let Some(target) = run_iteration(&q, &p, t0, false, stop) else {
+                    break;
+                };
                 if !q.wait(target, stop) {
                     break;
                 }

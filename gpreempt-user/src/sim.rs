@@ -45,11 +45,34 @@ fn demo(exe: &str) -> Vec<ChildSpec> {
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     vec![
         ChildSpec {
-            argv: s(&[exe, "sim", "workload", "--profile", "resnet18_b1", "--rate", "20", "--duration", "86400", "--priority", "15"]),
+            argv: s(&[
+                exe,
+                "sim",
+                "workload",
+                "--profile",
+                "resnet18_b1",
+                "--rate",
+                "20",
+                "--duration",
+                "86400",
+                "--priority",
+                "15",
+            ]),
             foreground: false,
         },
         ChildSpec {
-            argv: s(&[exe, "sim", "workload", "--profile", "resnet50_b1024", "--offline", "--duration", "86400", "--priority", "0"]),
+            argv: s(&[
+                exe,
+                "sim",
+                "workload",
+                "--profile",
+                "resnet50_b1024",
+                "--offline",
+                "--duration",
+                "86400",
+                "--priority",
+                "0",
+            ]),
             foreground: false,
         },
         ChildSpec {
@@ -83,7 +106,9 @@ fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
     let report = gpreempt_sim::workload::run(&opts, &cli.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;
     match &w.report {
-        Some(p) => std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?,
+        Some(p) => {
+            std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?
+        }
         None => println!("{json}"),
     }
     Ok(ExitCode::SUCCESS)
