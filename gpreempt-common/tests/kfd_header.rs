@@ -5,7 +5,7 @@
 //! constants; every one must match the Rust side. Structs newer than the installed header
 //! (debug API, 1.12+) are checked against reference/kfd.md in the unit tests instead.
 
-use std::{collections::HashMap, process::Command};
+use std::{collections::HashMap, path::Path, process::Command};
 
 use gpreempt_common::kfd::{self, *};
 
@@ -292,21 +292,15 @@ fn rust_abi_matches_the_installed_kfd_header() {
         expected.insert(format!("const {name}"), val);
     }
     c += "return 0;\n}\n";
-    // kfd_ioctl.h includes <drm/drm.h> only for the __u32/__u64 types. Debian 12 ships that
-    // header in libdrm-dev, not linux-libc-dev: a fallback after the system dirs supplies the types.
-    std::fs::create_dir_all(dir.join("fallback/drm")).unwrap();
-    std::fs::write(
-        dir.join("fallback/drm/drm.h"),
-        "#include <linux/types.h>\n#include <linux/ioctl.h>\n",
-    )
-    .unwrap();
+    // A stand-in <drm/drm.h> for hosts without libdrm-dev (see the file).
+    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/c/fallback");
     let src = dir.join("kfd_header.c");
     let exe = dir.join("kfd_header");
     std::fs::write(&src, c).unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-idirafter"])
-        .arg(dir.join("fallback"))
+        .arg(&fallback)
         .arg("-o")
         .arg(&exe)
         .arg(&src)

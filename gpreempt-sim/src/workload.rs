@@ -91,6 +91,11 @@ pub struct Report {
     pub pid: u32,
     pub gpu_id: u32,
     pub queue_id: u32,
+    pub queue_priority: u32,
+    pub ring_base_address: u64,
+    pub read_pointer_address: u64,
+    pub write_pointer_address: u64,
+    pub doorbell_offset: u64,
     pub duration_s: f64,
     pub requests: u64,
     pub iterations: u64,
@@ -161,6 +166,7 @@ pub struct AqlQueue {
     fd: File,
     pub gpu_id: u32,
     pub queue_id: u32,
+    pub doorbell_offset: u64,
     queue: Mapping,
     ring: Mapping,
     slots: u64,
@@ -237,6 +243,7 @@ impl AqlQueue {
             fd,
             gpu_id,
             queue_id: 0,
+            doorbell_offset: 0,
             queue,
             ring,
             slots: RING_PACKETS,
@@ -286,6 +293,7 @@ impl AqlQueue {
         };
         kfd_ioctl(&q.fd, nr::CREATE_QUEUE, &mut c).context("AMDKFD_IOC_CREATE_QUEUE")?;
         q.queue_id = c.queue_id;
+        q.doorbell_offset = c.doorbell_offset;
         Ok(q)
     }
 
@@ -662,6 +670,11 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         pid: std::process::id(),
         gpu_id: q.gpu_id,
         queue_id: q.queue_id,
+        queue_priority: opts.priority,
+        ring_base_address: q.ring.addr(),
+        read_pointer_address: q.queue.addr() + amd_queue::READ_DISPATCH_ID as u64,
+        write_pointer_address: q.queue.addr() + amd_queue::WRITE_DISPATCH_ID as u64,
+        doorbell_offset: q.doorbell_offset,
         duration_s: elapsed,
         requests: if latency.is_some() { iterations } else { 0 },
         iterations,

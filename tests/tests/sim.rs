@@ -1,0 +1,311 @@
+//! The emulator end to end, as root: real processes drive the FUSE-served /dev/kfd inside
+//! `gpreempt-ebpf sim`, and the real eBPF tracer watches them.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tests::{bin, require_root, TempDir};
+
+/// One sim at a time: each test also checks that no sim left anything behind.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `gpreempt-ebpf sim -- sh -c SCRIPT` with $GP set to the binary; killed after `limit`.
+fn sim(script: &str, limit: Duration) -> Output {
+    require_root();
+    let gp = bin("gpreempt-ebpf");
+    let mut child = Command::new(&gp)
+        .args(["sim", "--seed", "3", "--", "sh", "-c", script])
+        .env("GP", &gp)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting sim");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "sim did not finish in {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(
+        out.status.success(),
+        "sim failed ({:?}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn report(p: &Path) -> Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).expect("report JSON")
+}
+
+/// No mount namespace, cgroup, directory or process of any sim is left.
+fn assert_nothing_left() {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("gpreempt-sim."))
+            .collect();
+        let cgroups = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(" - cgroup2 "))
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+            .flat_map(|root| std::fs::read_dir(root).into_iter().flatten())
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("gpreempt-sim."))
+            .count();
+        let procs = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("cmdline")).ok())
+            .filter(|c| c.contains("sim\0workload") || c.starts_with("kfd-client"))
+            .count();
+        if dirs.is_empty() && cgroups == 0 && procs == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: dirs {dirs:?}, {cgroups} cgroups, {procs} processes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn c_client_against_the_uapi_header_gets_kernel_results() {
+    let _one = serial();
+    let tmp = TempDir::new("cclient");
+    let exe = tmp.path("kfd-client");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/kfd_client.c");
+    let cc = Command::new("gcc")
+        .args(["-O1", "-Wall", "-Werror", "-idirafter"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("c/fallback"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("gcc (apt-get install gcc linux-libc-dev)");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = sim(&format!("{}", exe.display()), Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once(' ')).collect();
+    let gpu: u64 = kv["gpu_id"].parse().unwrap();
+    assert_eq!(kv["version"], "1.18", "{text}");
+    assert_eq!(kv["create_before_vm"], "-3", "no VM yet: ESRCH\n{text}");
+    assert_eq!(kv["acquire_vm"], "0");
+    assert_eq!(kv["runtime_enable"], "0");
+    // Queue ids from 0, doorbell offsets = 3 << 62 | gpu_id << 46 | doorbell_id * 8.
+    let creates: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("create 0 "))
+        .collect();
+    let db = |id: u64| format!("0x{:x}", (3u64 << 62) | (gpu << 46) | (id * 8));
+    assert_eq!(
+        creates,
+        vec![
+            format!("create 0 queue_id 0 doorbell_offset {}", db(0)).as_str(),
+            format!("create 0 queue_id 1 doorbell_offset {}", db(1)).as_str(),
+        ]
+    );
+    assert_eq!(kv["create_bad_priority"], "-22");
+    assert_eq!(kv["create_bad_type"], "-524", "ENOTSUPP, as the kernel");
+    assert_eq!(kv["runtime_enable_again"], "-16", "EBUSY");
+    assert_eq!(kv["destroy0"], "0");
+    assert_eq!(kv["destroy0_again"], "-22");
+    assert_eq!(
+        kv["recreate"], "0 queue_id 0",
+        "the lowest free id is reused"
+    );
+    assert_eq!(kv["unknown_nr"], "-25", "ENOTTY");
+    assert_nothing_left();
+}
+
+#[test]
+fn trace_inside_sim_sees_the_workload_queue_lifecycle() {
+    let _one = serial();
+    let tmp = TempDir::new("simtrace");
+    let (events, rep) = (tmp.path("trace.json"), tmp.path("report.json"));
+    let script = format!(
+        "\"$GP\" trace --json --output {ev} --duration 12 2>{ev}.err & \
+         for i in $(seq 100); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
+         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 1 --priority 11 --report {rep}; \
+         kill -INT %1; wait",
+        ev = events.display(),
+        rep = rep.display()
+    );
+    sim(&script, Duration::from_secs(60));
+    let r = report(&rep);
+    let pid = r["pid"].as_u64().unwrap();
+    assert!(r["requests"].as_u64().unwrap() >= 15, "{r}");
+    let evs: Vec<Value> = std::fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &Value| e["pid"].as_u64() == Some(pid))
+        .collect();
+    let names: Vec<&str> = evs.iter().filter_map(|e| e["event"].as_str()).collect();
+    for want in [
+        "get_version",
+        "acquire_vm",
+        "runtime_enable",
+        "alloc_memory_of_gpu",
+        "create_queue",
+        "destroy_queue",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    let create = evs.iter().find(|e| e["event"] == "create_queue").unwrap();
+    for k in [
+        "queue_id",
+        "ring_base_address",
+        "read_pointer_address",
+        "write_pointer_address",
+        "doorbell_offset",
+        "gpu_id",
+    ] {
+        assert_eq!(create[k], r[k], "{k}: trace {create} vs workload {r}");
+    }
+    assert_eq!(create["queue_priority"], 11);
+    assert_eq!(create["queue_type"], 2, "COMPUTE_AQL");
+    assert_eq!(create["ret"], 0);
+    let destroy = evs.iter().find(|e| e["event"] == "destroy_queue").unwrap();
+    assert_eq!(destroy["queue_id"], r["queue_id"]);
+    assert_eq!(destroy["ret"], 0);
+    assert_nothing_left();
+}
+
+#[test]
+fn sysfs_and_debugfs_show_a_live_queue() {
+    let _one = serial();
+    let tmp = TempDir::new("simviews");
+    let rep = tmp.path("report.json");
+    let script = format!(
+        "\"$GP\" sim workload --profile resnet50_b8 --rate 50 --duration 2 --report {rep} 2>{rep}.err & \
+         for i in $(seq 100); do grep -q ready {rep}.err && break; sleep 0.05; done; \
+         P=$(ls /sys/class/kfd/kfd/proc); echo pid $P; \
+         G=$(cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id); \
+         printf 'size %s\\ntype %s\\ngpuid %s\\n' $(cat /sys/class/kfd/kfd/proc/$P/queues/0/size) \
+           $(cat /sys/class/kfd/kfd/proc/$P/queues/0/type) $(cat /sys/class/kfd/kfd/proc/$P/queues/0/gpuid); \
+         echo vram $(cat /sys/class/kfd/kfd/proc/$P/vram_$G); \
+         grep -A1 'CP Pipe 0, Queue 0' /sys/kernel/debug/kfd/hqds | tail -1; \
+         head -2 /sys/kernel/debug/kfd/mqds; wait",
+        rep = rep.display()
+    );
+    let out = sim(&script, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let r = report(&rep);
+    let mut lines = text.lines();
+    assert_eq!(lines.next().unwrap(), format!("pid {}", r["pid"]), "{text}");
+    assert_eq!(lines.next().unwrap(), "size 65536");
+    assert_eq!(lines.next().unwrap(), "type 0");
+    assert_eq!(lines.next().unwrap(), format!("gpuid {}", r["gpu_id"]));
+    assert_ne!(
+        lines.next().unwrap(),
+        "vram 0",
+        "the model's VRAM is accounted"
+    );
+    // Mapped in HQD pipe 0 queue 0: CP_HQD_ACTIVE=1; CP_HQD_PQ_BASE = ring >> 8 on the next line.
+    let hqd: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!((hqd[0], hqd[3]), ("00028914:", "00000001"), "{text}");
+    assert_eq!(
+        lines.next().unwrap(),
+        format!(
+            "Process {} PASID 0x{:x}:",
+            r["pid"],
+            r["pid"].as_u64().unwrap()
+        )
+    );
+    assert_eq!(
+        lines.next().unwrap(),
+        format!(
+            "  Compute queue on device {:x}",
+            r["gpu_id"].as_u64().unwrap()
+        )
+    );
+    assert_nothing_left();
+}
+
+#[test]
+fn offline_work_raises_online_p99_emulated() {
+    let _one = serial();
+    let tmp = TempDir::new("siminterf");
+    let (solo, shared, off) = (
+        tmp.path("solo.json"),
+        tmp.path("shared.json"),
+        tmp.path("off.json"),
+    );
+    let script = format!(
+        "\"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 4 --report {solo} && \
+         {{ \"$GP\" sim workload --profile resnet50_b1024 --offline --duration 4.5 --report {off} & }} && sleep 0.5 && \
+         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 4 --report {shared}; wait",
+        solo = solo.display(),
+        shared = shared.display(),
+        off = off.display()
+    );
+    sim(&script, Duration::from_secs(60));
+    let p99 = |p: &Path| report(p)["latency"]["p99_ms"].as_f64().unwrap();
+    let (alone, with) = (p99(&solo), p99(&shared));
+    eprintln!("online resnet18_b1 p99 (emulated): alone {alone:.2} ms, with offline resnet50_b1024 {with:.2} ms");
+    assert!(
+        with > alone * 1.5,
+        "offline work should hurt online p99: {alone} -> {with}"
+    );
+    assert!(report(&off)["iterations"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn killing_sim_leaves_nothing_behind() {
+    let _one = serial();
+    require_root();
+    let gp = bin("gpreempt-ebpf");
+    let mut child = Command::new(&gp)
+        .args(["sim", "--", "sh", "-c"])
+        .arg(format!(
+            "{} sim workload --profile resnet50_b1024 --offline --duration 60",
+            gp.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Wait until the workload runs inside, then SIGKILL sim itself.
+    loop {
+        let running = std::fs::read_dir("/proc").unwrap().any(|e| {
+            e.ok()
+                .and_then(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+                .is_some_and(|c| c.contains("sim\0workload"))
+        });
+        if running {
+            break;
+        }
+        assert!(Instant::now() < deadline, "workload never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_nothing_left();
+}
