@@ -717,7 +717,7 @@ impl Kfd {
     }
 
     fn set_cu_mask(&mut self, pid: u32, a: SetCuMaskArgs, host: &mut dyn Host) -> Outcome {
-        if a.num_cu_mask == 0 || a.num_cu_mask % 32 != 0 {
+        if a.num_cu_mask == 0 || !a.num_cu_mask.is_multiple_of(32) {
             return err(libc::EINVAL, a.as_bytes());
         }
         let bits = a.num_cu_mask.min(1024);
@@ -1497,6 +1497,7 @@ pub mod tests {
         }
     }
 
+    #[allow(clippy::new_without_default)]
     impl World {
         pub fn new() -> Self {
             let kfd = Kfd::new(&Spec::new(Model::Mi210), 1, 7, Costs::default());
@@ -1945,7 +1946,7 @@ pub mod tests {
         w.queue(TARGET, 0x20_0000, 7);
         assert!(w.mapped(TARGET, 0));
         w.kfd.process_exit(TARGET, 0);
-        assert!(w.kfd.procs.get(&TARGET).is_none());
+        assert!(!w.kfd.procs.contains_key(&TARGET));
         assert!(w.kfd.gpus[0].slots.iter().all(Option::is_none));
         assert!(w.kfd.gpus[0].runlist.is_empty());
     }

@@ -104,32 +104,17 @@ fn main() -> Result<()> {
     }
 }
 
-/// Until the emulator lands: trace a process that issues KFD-encoded ioctls on a stand-in file.
+/// The main job on a machine without an AMD GPU: the emulated GPU with the seeds' online and
+/// offline workloads, watched live (Ctrl-C ends it and cleans everything up).
 fn demo() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("gpreempt-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let dev = dir.join("kfd");
-    std::fs::write(&dev, b"")?;
-    let bin = root().join("target/release");
-    let mut tracer = Command::new(bin.join("gpreempt-ebpf"))
-        .args(["trace", "--duration", "3"])
-        .arg("--kfd-device")
-        .arg(&dev)
-        .spawn()
-        .context("starting gpreempt-ebpf trace")?;
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let poke = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "(echo go; sleep 1) | {} {} script",
-            bin.join("kfd-poke").display(),
-            dev.display()
-        ))
-        .status()?;
-    let status = tracer.wait()?;
-    let _ = std::fs::remove_dir_all(&dir);
-    if !poke.success() || !status.success() {
-        bail!("demo failed (kfd-poke {poke}, tracer {status})");
+    let bin = root().join("target/release/gpreempt-ebpf");
+    let status = Command::new(&bin)
+        .arg("sim")
+        .status()
+        .with_context(|| format!("running {} sim", bin.display()))?;
+    // 130: ended with Ctrl-C, the normal way out.
+    if !status.success() && status.code() != Some(130) {
+        bail!("demo failed: {status}");
     }
     Ok(())
 }
