@@ -514,18 +514,15 @@ impl Kfd {
         now: u64,
     ) -> Outcome {
         // set_queue_properties_from_user, in the kernel's order.
-        if a.queue_percentage & 0xff > kfd::KFD_MAX_QUEUE_PERCENTAGE
-            || a.queue_priority > kfd::KFD_MAX_QUEUE_PRIORITY
-        {
-            return err(libc::EINVAL, a.as_bytes());
+        match ring_props(
+            a.queue_percentage,
+            a.queue_priority,
+            a.ring_base_address,
+            a.ring_size,
+        ) {
+            Ok(size) => a.ring_size = size,
+            Err(e) => return err(e, a.as_bytes()),
         }
-        if a.ring_base_address != 0 && !user_range_ok(a.ring_base_address, 8) {
-            return err(libc::EFAULT, a.as_bytes());
-        }
-        if a.ring_size != 0 && !a.ring_size.is_power_of_two() {
-            return err(libc::EINVAL, a.as_bytes());
-        }
-        a.ring_size = a.ring_size.max(kfd::KFD_MIN_QUEUE_RING_SIZE);
         if !user_range_ok(a.read_pointer_address, 4)
             || !user_range_ok(a.write_pointer_address, 4)
             || (a.eop_buffer_address != 0 && !user_range_ok(a.eop_buffer_address, 4))
@@ -686,18 +683,15 @@ impl Kfd {
     }
 
     fn update_queue(&mut self, pid: u32, mut a: UpdateQueueArgs, now: u64) -> Outcome {
-        if a.queue_percentage & 0xff > kfd::KFD_MAX_QUEUE_PERCENTAGE
-            || a.queue_priority > kfd::KFD_MAX_QUEUE_PRIORITY
-        {
-            return err(libc::EINVAL, a.as_bytes());
+        match ring_props(
+            a.queue_percentage,
+            a.queue_priority,
+            a.ring_base_address,
+            a.ring_size,
+        ) {
+            Ok(size) => a.ring_size = size,
+            Err(e) => return err(e, a.as_bytes()),
         }
-        if a.ring_base_address != 0 && !user_range_ok(a.ring_base_address, 8) {
-            return err(libc::EFAULT, a.as_bytes());
-        }
-        if a.ring_size != 0 && !a.ring_size.is_power_of_two() {
-            return err(libc::EINVAL, a.as_bytes());
-        }
-        a.ring_size = a.ring_size.max(kfd::KFD_MIN_QUEUE_RING_SIZE);
         let Some(q) = self
             .procs
             .get_mut(&pid)
@@ -1391,6 +1385,21 @@ fn q_array_invalidate(ids: &mut [u32]) {
 /// The queue id of an array entry (status bits ignored).
 fn queue_of(entry: u32) -> u32 {
     entry & !(KFD_DBG_QUEUE_INVALID_MASK | KFD_DBG_QUEUE_ERROR_MASK)
+}
+
+/// The checks CREATE_QUEUE and UPDATE_QUEUE share (kernel order): percentage and priority, ring
+/// address, ring size (a power of two; below 1024 raised to 1024). Returns the ring size to use.
+fn ring_props(percent: u32, priority: u32, ring: u64, size: u32) -> Result<u32, Errno> {
+    if percent & 0xff > kfd::KFD_MAX_QUEUE_PERCENTAGE || priority > kfd::KFD_MAX_QUEUE_PRIORITY {
+        return Err(libc::EINVAL);
+    }
+    if ring != 0 && !user_range_ok(ring, 8) {
+        return Err(libc::EFAULT);
+    }
+    if size != 0 && !size.is_power_of_two() {
+        return Err(libc::EINVAL);
+    }
+    Ok(size.max(kfd::KFD_MIN_QUEUE_RING_SIZE))
 }
 
 /// `access_ok`: only kernel or non-canonical user ranges fail (NULL passes).
