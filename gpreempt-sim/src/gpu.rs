@@ -9,8 +9,8 @@
 //! the whole device; a queue taken off the hardware saves its running dispatch (CWSR) and pays a
 //! restore cost when it runs again.
 
-use crate::aql::{self, amd_queue, Dispatch, PACKET_BYTES};
-use crate::model::{Gpu, Host, Kfd, QKey, Queue};
+use crate::aql::{self, Dispatch, PACKET_BYTES};
+use crate::model::{Gpu, Host, Kfd, QKey};
 
 /// Per-queue execution state.
 #[derive(Debug, Default, Clone)]
@@ -24,11 +24,7 @@ pub struct Exec {
     pub seen_write: u64,
     pub seen_at: u64,
     pub kernel: Option<Kernel>,
-    /// Dispatches completed.
-    pub completed: u64,
     pub mapped_since: u64,
-    /// Busy time (a dispatch present), ns.
-    pub busy_ns: u64,
 }
 
 /// A dispatch on the GPU.
@@ -43,7 +39,6 @@ pub struct Kernel {
     pub resume_at: u64,
     /// Saved by CWSR while its queue was off the hardware.
     pub saved: bool,
-    pub object: u64,
 }
 
 /// Per-GPU execution state.
@@ -239,7 +234,6 @@ fn start_heads(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, t: u64, now: u64) 
             remaining: work,
             resume_at: t,
             saved: false,
-            object: d.kernel_object,
         });
         kfd.gpus[gi].exec.seq = seq;
     }
@@ -265,7 +259,6 @@ fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
         }
         q.exec.kernel = None;
         q.exec.read_id += 1;
-        q.exec.completed += 1;
         let _ = host.write_mem(k.0, q.rptr_addr, &q.exec.read_id.to_le_bytes());
         any = true;
     }
@@ -306,9 +299,6 @@ fn progress(kfd: &mut Kfd, gi: usize, to: u64) {
     }
     for k in keys {
         let Some(q) = kfd.queue_mut(k) else { continue };
-        if q.exec.kernel.is_some() {
-            q.exec.busy_ns += to - start;
-        }
         let Some(kern) = q.exec.kernel.as_mut() else {
             continue;
         };
@@ -417,11 +407,6 @@ pub fn cu_occupancy(kfd: &Kfd, gi: usize, pid: u32) -> u32 {
         .filter(|k| k.0 == pid)
         .filter_map(|k| kfd.queue(*k)?.exec.kernel.as_ref().map(|k| k.alloc))
         .sum()
-}
-
-/// The `amd_queue_t` base of a queue (what the sampler validates).
-pub fn amd_queue_base(q: &Queue) -> u64 {
-    q.rptr_addr.wrapping_sub(amd_queue::READ_DISPATCH_ID as u64)
 }
 
 /// Account progress up to `now` without touching process memory (before a state change).

@@ -1671,7 +1671,6 @@ pub mod tests {
         let q0 = w.kfd.queue((TARGET, 0)).unwrap();
         assert_eq!(q0.doorbell_id, 0);
         assert!(w.mapped(TARGET, 0) && w.mapped(TARGET, 1));
-        // doorbell_offset = type 3 << 62 | gpu_id << 46 | doorbell_id * 8.
         let c = CreateQueueArgs {
             gpu_id: w.gpu,
             ring_size: 1000,

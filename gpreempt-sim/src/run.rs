@@ -35,6 +35,8 @@ pub struct ChildSpec {
     pub argv: Vec<String>,
     /// `sim` ends when the foreground child does; the others are stopped then.
     pub foreground: bool,
+    /// Started this long after `sim` (e.g. once a tracer in the foreground is attached).
+    pub delay: Duration,
 }
 
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
@@ -329,14 +331,15 @@ fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
 }
 
 fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
+    let start = Instant::now();
     let mut fg: Option<Child> = None;
     let mut bg = Vec::new();
-    for c in &children {
-        let child = spawn(cg, &c.argv)?;
+    let mut pending: Vec<ChildSpec> = Vec::new();
+    for c in children {
         if c.foreground {
-            fg = Some(child);
+            fg = Some(spawn(cg, &c.argv)?);
         } else {
-            bg.push(child);
+            pending.push(c);
         }
     }
     let Some(mut fg) = fg else {
@@ -344,6 +347,14 @@ fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
     };
     let mut forwarded = false;
     loop {
+        let mut i = 0;
+        while i < pending.len() {
+            if start.elapsed() >= pending[i].delay {
+                bg.push(spawn(cg, &pending.remove(i).argv)?);
+            } else {
+                i += 1;
+            }
+        }
         if let Some(st) = fg.try_wait()? {
             for mut b in bg {
                 let _ = b.kill();

@@ -81,7 +81,8 @@ pub enum KfdCall {
     Other,
 }
 
-/// Marker for the KFD argument structs: `#[repr(C)]`, integers only, valid for every bit pattern.
+/// Marker for the ring-buffer records: `#[repr(C)]`, integers only, valid for every bit pattern.
+/// (KFD argument structs have their own byte views in `gpreempt_common::kfd`.)
 ///
 /// # Safety
 /// Implement only for types made of integer fields and arrays of them, without implicit padding
@@ -90,31 +91,14 @@ pub(crate) unsafe trait Plain: Copy + Default {}
 
 macro_rules! plain {
     ($($t:ty),* $(,)?) => { $(
-        // SAFETY: KFD uapi structs: integer fields only (checked against the header in
-        // gpreempt-common's tests), so any byte pattern is a valid value.
+        // SAFETY: records shared with the eBPF programs: integer fields only, so any byte
+        // pattern is a valid value.
         unsafe impl Plain for $t {}
     )* };
 }
-plain!(
-    kfd::GetVersionArgs,
-    kfd::CreateQueueArgs,
-    kfd::DestroyQueueArgs,
-    kfd::UpdateQueueArgs,
-    kfd::SetCuMaskArgs,
-    kfd::GetQueueWaveStateArgs,
-    kfd::AcquireVmArgs,
-    kfd::AllocMemoryOfGpuArgs,
-    kfd::FreeMemoryOfGpuArgs,
-    kfd::SmiEventsArgs,
-    kfd::RuntimeEnableArgs,
-    kfd::DbgTrapArgs,
-    IoctlRecord,
-    ProcessExitRecord,
-    RecordHeader,
-);
+plain!(IoctlRecord, ProcessExitRecord, RecordHeader,);
 
-/// Reads a `T` from the front of `bytes`; missing tail bytes read as zero (as the kernel zero-fills
-/// a short argument struct).
+/// Reads a `T` from the front of `bytes`; missing tail bytes read as zero.
 fn read_plain<T: Plain>(bytes: &[u8]) -> T {
     let mut v = T::default();
     let n = bytes.len().min(std::mem::size_of::<T>());
@@ -211,21 +195,25 @@ pub fn decode_ioctl(r: &IoctlRecord) -> IoctlEvent {
 fn decode_call(nr: u32, size: u32, b: &[u8]) -> KfdCall {
     use kfd::nr;
     match nr {
-        nr::GET_VERSION => KfdCall::GetVersion(read_plain(b)),
+        nr::GET_VERSION => KfdCall::GetVersion(kfd::GetVersionArgs::from_bytes(b)),
         nr::CREATE_QUEUE => KfdCall::CreateQueue {
-            args: read_plain(b),
+            args: kfd::CreateQueueArgs::from_bytes(b),
             args_size: size,
         },
-        nr::DESTROY_QUEUE => KfdCall::DestroyQueue(read_plain(b)),
-        nr::UPDATE_QUEUE => KfdCall::UpdateQueue(read_plain(b)),
-        nr::SET_CU_MASK => KfdCall::SetCuMask(read_plain(b)),
-        nr::GET_QUEUE_WAVE_STATE => KfdCall::GetQueueWaveState(read_plain(b)),
-        nr::ACQUIRE_VM => KfdCall::AcquireVm(read_plain(b)),
-        nr::ALLOC_MEMORY_OF_GPU => KfdCall::AllocMemoryOfGpu(read_plain(b)),
-        nr::FREE_MEMORY_OF_GPU => KfdCall::FreeMemoryOfGpu(read_plain(b)),
-        nr::SMI_EVENTS => KfdCall::SmiEvents(read_plain(b)),
-        nr::RUNTIME_ENABLE => KfdCall::RuntimeEnable(read_plain(b)),
-        nr::DBG_TRAP => KfdCall::DbgTrap(read_plain(b)),
+        nr::DESTROY_QUEUE => KfdCall::DestroyQueue(kfd::DestroyQueueArgs::from_bytes(b)),
+        nr::UPDATE_QUEUE => KfdCall::UpdateQueue(kfd::UpdateQueueArgs::from_bytes(b)),
+        nr::SET_CU_MASK => KfdCall::SetCuMask(kfd::SetCuMaskArgs::from_bytes(b)),
+        nr::GET_QUEUE_WAVE_STATE => {
+            KfdCall::GetQueueWaveState(kfd::GetQueueWaveStateArgs::from_bytes(b))
+        }
+        nr::ACQUIRE_VM => KfdCall::AcquireVm(kfd::AcquireVmArgs::from_bytes(b)),
+        nr::ALLOC_MEMORY_OF_GPU => {
+            KfdCall::AllocMemoryOfGpu(kfd::AllocMemoryOfGpuArgs::from_bytes(b))
+        }
+        nr::FREE_MEMORY_OF_GPU => KfdCall::FreeMemoryOfGpu(kfd::FreeMemoryOfGpuArgs::from_bytes(b)),
+        nr::SMI_EVENTS => KfdCall::SmiEvents(kfd::SmiEventsArgs::from_bytes(b)),
+        nr::RUNTIME_ENABLE => KfdCall::RuntimeEnable(kfd::RuntimeEnableArgs::from_bytes(b)),
+        nr::DBG_TRAP => KfdCall::DbgTrap(kfd::DbgTrapArgs::from_bytes(b)),
         _ => KfdCall::Other,
     }
 }
@@ -395,9 +383,8 @@ pub(crate) mod tests {
         .to_vec()
     }
 
-    fn put<T: Plain>(dst: &mut [u8], v: &T) -> u32 {
-        let b = bytes_of(v);
-        dst[..b.len()].copy_from_slice(&b);
+    fn put(dst: &mut [u8], b: &[u8]) -> u32 {
+        dst[..b.len()].copy_from_slice(b);
         b.len() as u32
     }
 
@@ -436,8 +423,8 @@ pub(crate) mod tests {
         let r = record(
             kfd::cmd::CREATE_QUEUE,
             ret,
-            &bytes_of(&input),
-            &bytes_of(&output),
+            input.as_bytes(),
+            output.as_bytes(),
         );
         match decode(&bytes_of(&r)).unwrap() {
             Event::Ioctl(i) => i,
@@ -482,7 +469,7 @@ pub(crate) mod tests {
             queue_priority: 2,
             ..Default::default()
         };
-        let b = bytes_of(&input);
+        let b = input.as_bytes();
         let r = record(kfd::cmd::CREATE_QUEUE_V1, -25, &b[..88], &[]);
         let Event::Ioctl(ev) = decode(&bytes_of(&r)).unwrap() else {
             panic!()
@@ -510,7 +497,7 @@ pub(crate) mod tests {
             },
         );
         let mut buf = [0u8; 96];
-        let n = put(&mut buf, &dbg);
+        let n = put(&mut buf, dbg.as_bytes());
         let r = record(
             kfd::cmd::DBG_TRAP,
             2,

@@ -28,6 +28,7 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
         vec![ChildSpec {
             argv: args.command.clone(),
             foreground: true,
+            delay: Duration::ZERO,
         }]
     };
     let opts = SimOptions {
@@ -42,42 +43,36 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
 /// The demo: the seeds' interference scenario (online ResNet-18 batch 1 at 20 req/s next to
 /// offline ResNet-50 batch 1024), watched live.
 fn demo(exe: &str) -> Vec<ChildSpec> {
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let workload = |args: &[&str]| ChildSpec {
+        argv: [exe, "sim", "workload", "--duration", "86400"]
+            .iter()
+            .chain(args)
+            .map(|x| x.to_string())
+            .collect(),
+        foreground: false,
+        // The tracer in the foreground attaches first, so the queues' creation is shown.
+        delay: Duration::from_secs(2),
+    };
     vec![
+        workload(&[
+            "--profile",
+            "resnet18_b1",
+            "--rate",
+            "20",
+            "--priority",
+            "15",
+        ]),
+        workload(&[
+            "--profile",
+            "resnet50_b1024",
+            "--offline",
+            "--priority",
+            "0",
+        ]),
         ChildSpec {
-            argv: s(&[
-                exe,
-                "sim",
-                "workload",
-                "--profile",
-                "resnet18_b1",
-                "--rate",
-                "20",
-                "--duration",
-                "86400",
-                "--priority",
-                "15",
-            ]),
-            foreground: false,
-        },
-        ChildSpec {
-            argv: s(&[
-                exe,
-                "sim",
-                "workload",
-                "--profile",
-                "resnet50_b1024",
-                "--offline",
-                "--duration",
-                "86400",
-                "--priority",
-                "0",
-            ]),
-            foreground: false,
-        },
-        ChildSpec {
-            argv: s(&[exe, "trace"]),
+            argv: vec![exe.to_string(), "trace".to_string()],
             foreground: true,
+            delay: Duration::ZERO,
         },
     ]
 }
