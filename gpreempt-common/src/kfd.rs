@@ -585,6 +585,11 @@ pub const KFD_MIN_QUEUE_RING_SIZE: u32 = 1024;
 pub const KFD_MAX_NUM_OF_QUEUES_PER_PROCESS: u32 = 1024;
 pub const KFD_INVALID_FD: u32 = 0xffff_ffff;
 
+/// Bytes of one process's doorbell slice on SOC15 (64-bit doorbells x
+/// KFD_MAX_NUM_OF_QUEUES_PER_PROCESS, `kfd_doorbell_process_slice`). CREATE_QUEUE's `doorbell_offset`
+/// carries the queue's byte offset inside it; the HQD's DOORBELL_OFFSET (dwords) is absolute.
+pub const DOORBELL_PROCESS_SLICE_BYTES: u64 = 8 * KFD_MAX_NUM_OF_QUEUES_PER_PROCESS as u64;
+
 /// mmap offsets returned by CREATE_QUEUE (`doorbell_offset`) and ALLOC_MEMORY_OF_GPU.
 pub const KFD_MMAP_TYPE_SHIFT: u32 = 62;
 pub const KFD_MMAP_TYPE_DOORBELL: u64 = 3 << KFD_MMAP_TYPE_SHIFT;
@@ -1404,4 +1409,54 @@ mod tests {
             CREATE_QUEUE_ARGS_SIZE_V1
         );
     }
+}
+
+/// GFX9 HQD register image: what debugfs `hqds` prints per slot (`kgd_gfx_v9_hqd_dump`, 56
+/// consecutive registers from mmCP_MQD_BASE_ADDR) and what `mqds` holds from v9_mqd dword 128 on.
+/// GFX10+ dump other ranges; these indices are for GFX9 (gfx9xx, incl. MI100/MI200/MI300).
+pub mod gfx9_hqd {
+    /// `mmCP_MQD_BASE_ADDR`, GC segment 1 (dword register offset).
+    pub const CP_MQD_BASE_ADDR: u32 = 0x245;
+    /// `HQD_N_REGS`: CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI.
+    pub const HQD_N_REGS: usize = 56;
+    /// v9_mqd dword where the register image starts.
+    pub const MQD_REG_DWORD: usize = 128;
+    /// v9_mqd size in dwords (one per XCC in `mqds`).
+    pub const MQD_DWORDS: usize = 512;
+    pub const MQD_BASE_LO: usize = 0;
+    pub const MQD_BASE_HI: usize = 1;
+    /// Bit 0: the slot holds a mapped queue.
+    pub const ACTIVE: usize = 2;
+    pub const VMID: usize = 3;
+    pub const PERSISTENT_STATE: usize = 4;
+    pub const PIPE_PRIORITY: usize = 5;
+    pub const QUEUE_PRIORITY: usize = 6;
+    pub const QUANTUM: usize = 7;
+    /// Ring VA >> 8.
+    pub const PQ_BASE: usize = 8;
+    pub const PQ_BASE_HI: usize = 9;
+    pub const PQ_RPTR: usize = 10;
+    /// User VA of the read pointer (= CREATE_QUEUE read_pointer_address).
+    pub const PQ_RPTR_REPORT_ADDR: usize = 11;
+    pub const PQ_RPTR_REPORT_ADDR_HI: usize = 12;
+    /// User VA of the write pointer (= CREATE_QUEUE write_pointer_address).
+    pub const PQ_WPTR_POLL_ADDR: usize = 13;
+    pub const PQ_WPTR_POLL_ADDR_HI: usize = 14;
+    /// Bits 27:2 DOORBELL_OFFSET (dword index in the doorbell BAR), bit 30 DOORBELL_EN.
+    pub const PQ_DOORBELL_CONTROL: usize = 15;
+    pub const DOORBELL_OFFSET_SHIFT: u32 = 2;
+    pub const DOORBELL_OFFSET_MASK: u32 = 0x0fff_fffc;
+    /// Low 6 bits: log2(ring size in dwords) - 1.
+    pub const PQ_CONTROL: usize = 17;
+    pub const EOP_BASE_ADDR: usize = 37;
+    pub const EOP_BASE_ADDR_HI: usize = 38;
+    pub const EOP_CONTROL: usize = 39;
+    pub const CTX_SAVE_BASE_ADDR_LO: usize = 43;
+    pub const CTX_SAVE_BASE_ADDR_HI: usize = 44;
+    pub const CNTL_STACK_SIZE: usize = 47;
+    pub const CTX_SAVE_SIZE: usize = 49;
+    pub const AQL_CONTROL: usize = 53;
+    /// 64-bit write pointer in dwords (AQL: packet index x 16).
+    pub const PQ_WPTR_LO: usize = 54;
+    pub const PQ_WPTR_HI: usize = 55;
 }

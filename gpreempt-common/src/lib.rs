@@ -1,9 +1,10 @@
 //! Shared between the eBPF programs (`gpreempt-ebpf`, bpfel) and user space: the fixed-size records
-//! the programs emit, the maps' key/value types, and every KFD ABI fact (`kfd`).
+//! the programs emit, the maps' key/value types, and every KFD ABI fact (`kfd`), and the ROCr queue layout (`aql`).
 #![no_std]
 
 #[cfg(test)]
 extern crate std;
 
+pub mod aql;
 pub mod kfd;
 pub mod record;

@@ -4,17 +4,7 @@
 //! Emulator convention: a dispatch packet's `reserved2` carries the kernel's duration in ns when it
 //! runs alone; the CUs it wants follow from its own geometry (work-groups x waves per group).
 
-/// `amd_queue_t` offsets (reference: ROCr amd_hsa_queue.h).
-pub mod amd_queue {
-    pub const SIZE: usize = 256;
-    pub const BASE_ADDRESS: usize = 0x08;
-    pub const SIZE_PACKETS: usize = 0x18;
-    pub const WRITE_DISPATCH_ID: usize = 0x38;
-    pub const READ_DISPATCH_ID: usize = 0x80;
-    pub const READ_DISPATCH_ID_FIELD_BASE_BYTE_OFFSET: usize = 0x88;
-}
-
-pub const PACKET_BYTES: usize = 64;
+pub use gpreempt_common::aql::{amd_queue, PACKET_BYTES};
 pub const PACKET_TYPE_INVALID: u16 = 1;
 pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = 2;
 pub const PACKET_TYPE_BARRIER_AND: u16 = 3;

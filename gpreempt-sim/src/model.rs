@@ -598,7 +598,7 @@ impl Kfd {
             }
         };
         // A process's doorbell slice is two pages of 64-bit doorbells; doorbell_off is a dword index.
-        let slice_dw = p.doorbell_slice * (8192 / 4);
+        let slice_dw = p.doorbell_slice * (kfd::DOORBELL_PROCESS_SLICE_BYTES as u32 / 4);
         let doorbell_off = slice_dw + doorbell_id * 2;
         a.queue_id = qid;
         a.doorbell_offset = kfd::doorbell_mmap_offset(a.gpu_id, u64::from(doorbell_id) * 8);
@@ -1413,7 +1413,7 @@ fn notify(fd: &OwnedFd) {
     let _ = unsafe { libc::write(fd.as_raw_fd(), b".".as_ptr().cast(), 1) };
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testkit"))]
 pub mod tests {
     //! The debug-trap and queue rules, driven through `ioctl` with a fake host.
     use super::*;
@@ -1659,8 +1659,11 @@ pub mod tests {
         }
     }
 
+    #[cfg(test)]
     const NEW: u64 = ec_mask(ec::QUEUE_NEW);
+    #[cfg(test)]
     const RUNTIME: u64 = ec_mask(ec::PROCESS_RUNTIME);
+    #[cfg(test)]
     const INVALID: u32 = KFD_DBG_QUEUE_INVALID_MASK;
 
     #[test]

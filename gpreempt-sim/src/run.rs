@@ -311,6 +311,8 @@ fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
     let procs = CString::new(cg.join("cgroup.procs").to_string_lossy().as_bytes())?;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    // Tools that show figures (gpreempt-ebpf top's title) say they come from an emulated GPU.
+    cmd.env("GPREEMPT_LABEL", "emulated GPU");
     // SAFETY: between fork and exec only async-signal-safe calls (open, write, close, prctl).
     unsafe {
         cmd.pre_exec(move || {

@@ -161,41 +161,9 @@ pub fn cu_occupancy(kfd: &Kfd, p: &Process, gpu_id: u32) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // debugfs
 
-/// GFX9 `mmCP_MQD_BASE_ADDR` in GC segment 1, and that segment's base (single-XCC parts).
-const CP_MQD_BASE_ADDR: u32 = 0x245;
+/// GC segment 1's base on single-XCC GFX9 parts (inferred, reference/kfd.md §4.1).
 const GC_BASE_1: u32 = 0xA000;
-/// `HQD_N_REGS`: CP_MQD_BASE_ADDR .. CP_HQD_PQ_WPTR_HI.
-pub const HQD_N_REGS: usize = 56;
-/// Index of each register in the dump (= v9_mqd dword 128 + index).
-pub mod reg {
-    pub const MQD_BASE_LO: usize = 0;
-    pub const MQD_BASE_HI: usize = 1;
-    pub const ACTIVE: usize = 2;
-    pub const VMID: usize = 3;
-    pub const PERSISTENT_STATE: usize = 4;
-    pub const PIPE_PRIORITY: usize = 5;
-    pub const QUEUE_PRIORITY: usize = 6;
-    pub const QUANTUM: usize = 7;
-    pub const PQ_BASE: usize = 8;
-    pub const PQ_BASE_HI: usize = 9;
-    pub const PQ_RPTR: usize = 10;
-    pub const PQ_RPTR_REPORT_ADDR: usize = 11;
-    pub const PQ_RPTR_REPORT_ADDR_HI: usize = 12;
-    pub const PQ_WPTR_POLL_ADDR: usize = 13;
-    pub const PQ_WPTR_POLL_ADDR_HI: usize = 14;
-    pub const PQ_DOORBELL_CONTROL: usize = 15;
-    pub const PQ_CONTROL: usize = 17;
-    pub const EOP_BASE_ADDR: usize = 37;
-    pub const EOP_BASE_ADDR_HI: usize = 38;
-    pub const EOP_CONTROL: usize = 39;
-    pub const CTX_SAVE_BASE_ADDR_LO: usize = 43;
-    pub const CTX_SAVE_BASE_ADDR_HI: usize = 44;
-    pub const CNTL_STACK_SIZE: usize = 47;
-    pub const CTX_SAVE_SIZE: usize = 49;
-    pub const AQL_CONTROL: usize = 53;
-    pub const PQ_WPTR_LO: usize = 54;
-    pub const PQ_WPTR_HI: usize = 55;
-}
+use gpreempt_common::kfd::gfx9_hqd::{self as reg, CP_MQD_BASE_ADDR, HQD_N_REGS};
 
 /// The GPU address of a queue's MQD (emulated; the kernel allocates it in GTT).
 fn mqd_addr(p: &Process, q: &Queue) -> u64 {

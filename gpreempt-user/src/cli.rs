@@ -42,6 +42,10 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Live view of every GPU compute queue: processes, queues, HQD slots, state, activity.
+    Top(TopArgs),
+    /// The PID -> queue -> HQD map once, as a table or JSON.
+    Queues(QueuesArgs),
     /// Print KFD events (queue create/destroy/update, debug-trap calls, process exits) live.
     Trace(TraceArgs),
     /// Run an emulated AMD GPU (KFD) and commands against it (default: the demo).
@@ -100,6 +104,32 @@ pub struct WorkloadArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Screen refresh interval in milliseconds.
+    #[arg(long, default_value_t = 100, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub interval: u64,
+    /// How often to read debugfs `hqds` for HQD slots (ms; not free on real GPUs).
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub hqd_interval: u64,
+    /// How often to read the queues' dispatch ids (ms; one syscall per process).
+    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub sample_interval: u64,
+    /// How often to reconcile with sysfs and /proc (ms).
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub reconcile_interval: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct QueuesArgs {
+    /// One JSON document (schema in README).
+    #[arg(long)]
+    pub json: bool,
+    /// Time between the two reads of dispatch ids that give dispatch rates (ms).
+    #[arg(long, default_value_t = 200, value_name = "MS")]
+    pub sample_gap: u64,
+}
+
+#[derive(Args, Debug)]
 pub struct TraceArgs {
     /// JSON Lines, one object per event (schema in README).
     #[arg(long)]
@@ -138,15 +168,35 @@ pub fn main() -> Result<ExitCode> {
         .format_timestamp(None)
         .target(env_logger::Target::Stderr)
         .init();
-    let args = match cli.command {
-        Command::Sim(ref args) => return crate::sim::main(&cli, args),
-        Command::Trace(ref args) => args,
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    rt.block_on(trace(&cli, args))
+    match cli.command {
+        Command::Sim(ref args) => crate::sim::main(&cli, args),
+        Command::Queues(ref args) => queues(args),
+        Command::Top(ref args) => rt()?.block_on(crate::top::main(&cli, args)),
+        Command::Trace(ref args) => rt()?.block_on(trace(&cli, args)),
+    }
+}
+
+fn queues(args: &QueuesArgs) -> Result<ExitCode> {
+    let (state, warnings) = crate::watch::Watcher::snapshot(
+        &crate::kfd::Paths::default(),
+        Duration::from_millis(args.sample_gap),
+    )?;
+    let text = if args.json {
+        crate::queues::to_json(&state, &warnings).context("serialising the map")? + "\n"
+    } else {
+        crate::queues::to_table(&state, &warnings)
+    };
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        return write_failed(e);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {

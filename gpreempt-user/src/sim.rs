@@ -50,7 +50,7 @@ fn demo(exe: &str) -> Vec<ChildSpec> {
             .map(|x| x.to_string())
             .collect(),
         foreground: false,
-        // The tracer in the foreground attaches first, so the queues' creation is shown.
+        // `top` in the foreground attaches first, so the queues' creation is in its event log.
         delay: Duration::from_secs(2),
     };
     vec![
@@ -70,7 +70,7 @@ fn demo(exe: &str) -> Vec<ChildSpec> {
             "0",
         ]),
         ChildSpec {
-            argv: vec![exe.to_string(), "trace".to_string()],
+            argv: vec![exe.to_string(), "top".to_string()],
             foreground: true,
             delay: Duration::ZERO,
         },

@@ -4,7 +4,7 @@
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio},
     sync::{mpsc, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -250,5 +250,80 @@ impl Drop for Poke {
         drop(self.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One sim at a time (per test binary): each test also checks that no sim left anything behind.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `gpreempt-ebpf sim -- sh -c SCRIPT` with $GP set to the binary; killed after `limit`.
+pub fn sim(script: &str, limit: Duration) -> Output {
+    require_root();
+    let gp = bin("gpreempt-ebpf");
+    let mut child = Command::new(&gp)
+        .args(["sim", "--seed", "3", "--", "sh", "-c", script])
+        .env("GP", &gp)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting sim");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "sim did not finish in {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(
+        out.status.success(),
+        "sim failed ({:?}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// No mount namespace, cgroup, directory or process of any sim is left.
+pub fn assert_nothing_left() {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("gpreempt-sim."))
+            .collect();
+        let cgroups = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(" - cgroup2 "))
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+            .flat_map(|root| std::fs::read_dir(root).into_iter().flatten())
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("gpreempt-sim."))
+            .count();
+        let procs = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("cmdline")).ok())
+            .filter(|c| c.contains("sim\0workload") || c.starts_with("kfd-client"))
+            .count();
+        if dirs.is_empty() && cgroups == 0 && procs == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: dirs {dirs:?}, {cgroups} cgroups, {procs} processes"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -32,7 +32,7 @@ enum Task {
     Ci,
     /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput.
     Bench(bench::BenchArgs),
-    /// The main job: build, then trace a process issuing KFD ioctls.
+    /// The main job: build, then `top` on the emulated GPU with an online and an offline workload.
     Demo,
 }
 
@@ -63,6 +63,30 @@ fn setup() -> Result<()> {
     run(Command::new("bash").arg(root().join("xtask/setup-toolchain.sh")))
 }
 
+/// Debian packages the tests use, installed when missing: gcc + linux-libc-dev (the KFD header
+/// conformance test), util-linux (setpriv, the non-root test), tmux (the `top` end-to-end test).
+fn test_packages() -> Result<()> {
+    let have = |p: &str| Path::new(p).exists();
+    let missing: Vec<&str> = [
+        ("gcc", "/usr/bin/gcc"),
+        ("linux-libc-dev", "/usr/include/linux/kfd_ioctl.h"),
+        ("util-linux", "/usr/bin/setpriv"),
+        ("tmux", "/usr/bin/tmux"),
+    ]
+    .into_iter()
+    .filter(|(_, f)| !have(f))
+    .map(|(p, _)| p)
+    .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -80,6 +104,7 @@ fn main() -> Result<()> {
             if !is_root() {
                 bail!("the kernel tests load eBPF programs and must run as root: sudo -E cargo xtask test");
             }
+            test_packages()?;
             // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
             run(cargo().args(["build", "--bins"]))?;
             run(cargo()

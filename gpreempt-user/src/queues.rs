@@ -1,0 +1,130 @@
+//! `gpreempt-ebpf queues`: the PID -> queue -> HQD map once, as a table or JSON (schema in
+//! README "queues JSON").
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{
+    procinfo::ProcInfo,
+    state::{Gpu, Queue, State},
+};
+
+#[derive(Serialize)]
+struct ProcOut<'a> {
+    pid: u32,
+    #[serde(flatten)]
+    info: Option<&'a ProcInfo>,
+    class: Option<&'a str>,
+    debugger: Option<u32>,
+    queues: Vec<&'a Queue>,
+}
+
+#[derive(Serialize)]
+struct Out<'a> {
+    gpus: &'a [Gpu],
+    processes: Vec<ProcOut<'a>>,
+    warnings: &'a [String],
+}
+
+/// The JSON document.
+pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String> {
+    let processes = state
+        .procs
+        .values()
+        .filter(|p| p.exited_ns.is_none())
+        .map(|p| ProcOut {
+            pid: p.pid,
+            info: p.info.as_ref(),
+            class: p.class.as_deref(),
+            debugger: p.debugger,
+            queues: p.live_queues().collect(),
+        })
+        .collect();
+    serde_json::to_string_pretty(&Out {
+        gpus: &state.gpus,
+        processes,
+        warnings,
+    })
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+/// The readable table: GPUs, then one line per queue (processes without queues get one line).
+pub fn to_table(state: &State, warnings: &[String]) -> String {
+    let mut s = String::new();
+    if state.gpus.is_empty() {
+        s.push_str("no GPUs in /sys/class/kfd/kfd/topology\n");
+    }
+    for g in &state.gpus {
+        let _ = writeln!(
+            s,
+            "GPU {} {} ({}) {} CUs, HQDs used {}/{}{}",
+            g.node.gpu_id,
+            g.gfx_target,
+            g.node.name,
+            g.node.cu_count,
+            opt(g.hqds_used),
+            g.hqds_total,
+            if g.stopped { ", scheduler stopped" } else { "" }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n{:>7} {:>6} {:<15} {:<12} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+        "PID",
+        "NSPID",
+        "COMM",
+        "CONTAINER",
+        "GPU",
+        "QID",
+        "TYPE",
+        "PRIO",
+        "HQD",
+        "STATE",
+        "DISP/S",
+        "BACKLOG"
+    );
+    let mut rows = 0;
+    for p in state.procs.values().filter(|p| p.exited_ns.is_none()) {
+        let info = p.info.as_ref();
+        let head = format!(
+            "{:>7} {:>6} {:<15} {:<12}",
+            p.pid,
+            opt(info.and_then(|i| i.ns_pid)),
+            p.comm(),
+            info.and_then(|i| i.container.clone())
+                .unwrap_or_else(|| "-".into()),
+        );
+        let mut any = false;
+        for q in p.live_queues() {
+            any = true;
+            rows += 1;
+            let _ = writeln!(
+                s,
+                "{head} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+                q.gpu_id,
+                q.queue_id,
+                q.kind.label(),
+                opt(q.priority),
+                opt(q.hqd),
+                q.state.label(),
+                opt(q.activity.dispatches_per_s.map(|d| format!("{d:.1}"))),
+                opt(q.activity.backlog),
+            );
+        }
+        if !any {
+            rows += 1;
+            let _ = writeln!(s, "{head} {:>6}", "(no queues)");
+        }
+    }
+    if rows == 0 {
+        s.push_str("no KFD processes\n");
+    }
+    for w in warnings {
+        let _ = writeln!(s, "warning: {w}");
+    }
+    s
+}

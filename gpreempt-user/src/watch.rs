@@ -1,0 +1,376 @@
+//! The live map: eBPF events applied to the model as they arrive, reconciled with sysfs, debugfs
+//! `hqds`/`mqds` and the queues' own dispatch ids on their intervals. `top` and `queues` read it.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use gpreempt_common::kfd::{self, dbg_op};
+use nix::{sys::uio::RemoteIoVec, unistd::Pid};
+
+use crate::{
+    clock::monotonic_ns,
+    events::{Event, EventSource, FdCheck, KfdCall},
+    kfd::{debugfs, sysfs, Paths},
+    probe::{ProbeOptions, Probes},
+    procinfo, sampler,
+    state::{State, Update},
+};
+
+/// How often each source is read.
+#[derive(Clone, Debug)]
+pub struct Intervals {
+    /// sysfs processes/queues and /proc facts.
+    pub reconcile: Duration,
+    /// debugfs `hqds`: not free on real hardware (it selects every HQD through GRBM).
+    pub hqds: Duration,
+    /// The queues' dispatch ids (one process_vm_readv per process).
+    pub sample: Duration,
+}
+
+impl Default for Intervals {
+    fn default() -> Self {
+        Self {
+            reconcile: Duration::from_secs(1),
+            hqds: Duration::from_secs(1),
+            sample: Duration::from_millis(500),
+        }
+    }
+}
+
+struct Timers {
+    reconcile: tokio::time::Interval,
+    hqds: tokio::time::Interval,
+    sample: tokio::time::Interval,
+}
+
+impl Timers {
+    fn new(iv: &Intervals) -> Self {
+        let interval = |d: Duration| {
+            let mut i = tokio::time::interval_at(tokio::time::Instant::now() + d, d);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        };
+        Self {
+            reconcile: interval(iv.reconcile),
+            hqds: interval(iv.hqds),
+            sample: interval(iv.sample),
+        }
+    }
+}
+
+/// The model plus the readers that keep it current.
+pub struct Watcher {
+    pub state: State,
+    paths: Paths,
+    /// Problems worth showing (missing debugfs, lost records); each once.
+    pub warnings: Vec<String>,
+    events: Option<(Probes, EventSource)>,
+    batch: Vec<Event>,
+    /// The periodic reads (only with events: they need the runtime).
+    timers: Option<Timers>,
+    hqds_warned: bool,
+    lost_reported: u64,
+}
+
+impl Watcher {
+    /// Reads everything once; no eBPF, no timers (for `queues`). Two samples `gap` apart give
+    /// activity rates.
+    pub fn snapshot(paths: &Paths, gap: Duration) -> Result<(State, Vec<String>)> {
+        let mut w = Self::without_events(paths.clone())?;
+        w.read_all(true);
+        std::thread::sleep(gap);
+        w.sample_now();
+        Ok((w.state, w.warnings))
+    }
+
+    fn without_events(paths: Paths) -> Result<Self> {
+        let mut state = State::new();
+        let gpus = sysfs::read_topology(&paths.sysfs)?;
+        state.apply(Update::Topology(gpus));
+        Ok(Self {
+            state,
+            paths,
+            warnings: Vec::new(),
+            events: None,
+            batch: Vec::with_capacity(256),
+            timers: None,
+            hqds_warned: false,
+            lost_reported: 0,
+        })
+    }
+
+    /// Attaches the eBPF programs, then reads the current state (queues that existed before).
+    /// Must run inside a tokio runtime.
+    pub fn start(paths: Paths, kfd_device: &std::path::Path, iv: Intervals) -> Result<Self> {
+        // Events first, so nothing created between the sysfs read and the attach is missed.
+        let mut probes = Probes::attach(&ProbeOptions::default())?;
+        let source = EventSource::new(probes.take_events()?, FdCheck::new(kfd_device))
+            .context("watching the ring buffer")?;
+        let mut w = Self::without_events(paths)?;
+        w.events = Some((probes, source));
+        w.timers = Some(Timers::new(&iv));
+        w.read_all(true);
+        Ok(w)
+    }
+
+    /// sysfs, /proc, mqds, hqds and a sample, now.
+    fn read_all(&mut self, mqds: bool) {
+        self.reconcile_now(mqds);
+        self.hqds_now();
+        self.sample_now();
+    }
+
+    fn warn_once(&mut self, w: String) {
+        if !self.warnings.contains(&w) {
+            log::info!("{w}");
+            self.state.apply(Update::Warning {
+                ts_ns: monotonic_ns(),
+                text: w.clone(),
+            });
+            self.warnings.push(w);
+        }
+    }
+
+    fn reconcile_now(&mut self, force_mqds: bool) {
+        match sysfs::read_procs(&self.paths.sysfs) {
+            Ok(s) => self.state.apply(Update::Procs(s)),
+            Err(e) => self.warn_once(format!("{e:#}")),
+        }
+        // Pid reuse and processes gone without an exit event.
+        let pids: Vec<(u32, Option<u64>)> = self
+            .state
+            .procs
+            .values()
+            .filter(|p| p.exited_ns.is_none())
+            .map(|p| (p.pid, p.info.as_ref().map(|i| i.start_time)))
+            .collect();
+        for (pid, known) in pids {
+            match procinfo::start_time(&self.paths.proc, pid) {
+                Ok(t) if known == Some(t) => {}
+                Ok(_) => self.proc_info(pid),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    self.state.apply(Update::ProcGone { pid })
+                }
+                Err(_) => {}
+            }
+        }
+        let need_mqds = self.state.procs.values().any(|p| {
+            p.live_queues()
+                .any(|q| q.kind.is_compute() && q.ring_base_address.is_none())
+        });
+        if force_mqds || need_mqds {
+            let path = self.paths.debugfs.join("mqds");
+            match std::fs::read_to_string(&path) {
+                Ok(t) => match debugfs::parse_mqds(&t) {
+                    Ok(m) => self.state.apply(Update::Mqds(m)),
+                    Err(e) => self.warn_once(format!("{}: {e:#}", path.display())),
+                },
+                Err(e) if need_mqds => self.warn_once(format!(
+                    "cannot read {} ({e}): rings of queues created before the tool started stay unknown",
+                    path.display()
+                )),
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn proc_info(&mut self, pid: u32) {
+        match procinfo::read(&self.paths.proc, pid) {
+            Ok(info) => self.state.apply(Update::ProcInfo { pid, info }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.state.apply(Update::ProcGone { pid })
+            }
+            Err(e) => log::debug!("pid {pid}: {e}"),
+        }
+    }
+
+    fn hqds_now(&mut self) {
+        let path = self.paths.debugfs.join("hqds");
+        let taken_ns = monotonic_ns();
+        match std::fs::read_to_string(&path) {
+            Ok(t) => match debugfs::parse_hqds(&t) {
+                Ok(nodes) => self.state.apply(Update::Hqds { taken_ns, nodes }),
+                Err(e) => self.warn_once(format!("{}: {e:#}", path.display())),
+            },
+            Err(e) => {
+                if !self.hqds_warned {
+                    self.hqds_warned = true;
+                    self.warn_once(format!(
+                        "cannot read {} ({e}): HQD slots unknown; as root, mount debugfs \
+                         (mount -t debugfs none /sys/kernel/debug)",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+
+    fn sample_now(&mut self) {
+        let samples = sampler::sample(&self.state);
+        if !samples.is_empty() {
+            self.state.apply(Update::Samples {
+                ts_ns: monotonic_ns(),
+                samples,
+            });
+        }
+    }
+
+    /// Applies a batch of events, with what only user space can add: the queue ids of a
+    /// DBG_TRAP suspend/resume (read from the caller's array) and /proc facts of new processes.
+    fn apply_events(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        for ev in &batch {
+            let extra = suspend_update(ev);
+            self.state.apply(Update::Event(ev.clone()));
+            if let Some(u) = extra {
+                self.state.apply(u);
+            }
+        }
+        self.batch = batch;
+        let new: Vec<u32> = self
+            .state
+            .procs
+            .values()
+            .filter(|p| p.info.is_none() && p.exited_ns.is_none())
+            .map(|p| p.pid)
+            .collect();
+        for pid in new {
+            self.proc_info(pid);
+        }
+    }
+
+    /// Waits for the next events or timer and applies it. Cancel-safe: everything after an await
+    /// point runs without awaiting again.
+    pub async fn pump(&mut self) -> Result<()> {
+        enum Due {
+            Events(std::io::Result<()>),
+            Reconcile,
+            Hqds,
+            Sample,
+        }
+        let Self {
+            events,
+            batch,
+            timers,
+            ..
+        } = self;
+        let Some(Timers {
+            reconcile,
+            hqds,
+            sample,
+        }) = timers
+        else {
+            return std::future::pending().await;
+        };
+        let next_events = async {
+            match events.as_mut() {
+                Some((_, src)) => src.next_batch(batch).await,
+                None => std::future::pending().await,
+            }
+        };
+        let due = tokio::select! {
+            r = next_events => Due::Events(r),
+            _ = reconcile.tick() => Due::Reconcile,
+            _ = hqds.tick() => Due::Hqds,
+            _ = sample.tick() => Due::Sample,
+        };
+        match due {
+            Due::Events(r) => {
+                r.context("reading the ring buffer")?;
+                self.apply_events();
+            }
+            Due::Reconcile => {
+                self.reconcile_now(false);
+                self.state.apply(Update::Tick {
+                    now_ns: monotonic_ns(),
+                });
+                self.check_lost()?;
+            }
+            Due::Hqds => self.hqds_now(),
+            Due::Sample => self.sample_now(),
+        }
+        Ok(())
+    }
+
+    fn check_lost(&mut self) -> Result<()> {
+        let Some((probes, _)) = self.events.as_mut() else {
+            return Ok(());
+        };
+        let lost = probes.stats()?.lost();
+        if lost > self.lost_reported {
+            self.lost_reported = lost;
+            let w =
+                format!("{lost} KFD records lost in the kernel; reconciliation repairs the map");
+            self.warnings.retain(|x| !x.contains("KFD records lost"));
+            self.warn_once(w);
+        }
+        Ok(())
+    }
+}
+
+/// For a successful DBG_TRAP SUSPEND/RESUME_QUEUES: which queues it acted on. The kernel writes
+/// status bits into the caller's queue array; entries without ERROR/INVALID were acted on.
+fn suspend_update(ev: &Event) -> Option<Update> {
+    let Event::Ioctl(i) = ev else { return None };
+    let KfdCall::DbgTrap(a) = &i.call else {
+        return None;
+    };
+    if i.ret < 0 {
+        return None;
+    }
+    let (ptr, n) = match a.op {
+        dbg_op::SUSPEND_QUEUES => {
+            let p: kfd::DbgTrapSuspendQueuesArgs = a.payload();
+            (p.queue_array_ptr, p.num_queues)
+        }
+        dbg_op::RESUME_QUEUES => {
+            let p: kfd::DbgTrapResumeQueuesArgs = a.payload();
+            (p.queue_array_ptr, p.num_queues)
+        }
+        _ => return None,
+    };
+    let queues = read_ids(i.origin.pid, ptr, n).map(|ids| {
+        ids.into_iter()
+            .filter(|id| {
+                id & (kfd::KFD_DBG_QUEUE_ERROR_MASK | kfd::KFD_DBG_QUEUE_INVALID_MASK) == 0
+            })
+            .collect()
+    });
+    let (ts_ns, by, target) = (i.origin.ts_ns, i.origin.pid, a.pid);
+    Some(if a.op == dbg_op::SUSPEND_QUEUES {
+        Update::Suspended {
+            ts_ns,
+            by,
+            target,
+            queues,
+        }
+    } else {
+        Update::Resumed {
+            ts_ns,
+            by,
+            target,
+            queues,
+        }
+    })
+}
+
+/// `n` u32 queue ids at `ptr` in `pid`'s memory.
+fn read_ids(pid: u32, ptr: u64, n: u32) -> Option<Vec<u32>> {
+    let n = n.min(kfd::KFD_MAX_NUM_OF_QUEUES_PER_PROCESS) as usize;
+    let mut buf = vec![0u8; n * 4];
+    let remote = [RemoteIoVec {
+        base: ptr as usize,
+        len: buf.len(),
+    }];
+    let got = nix::sys::uio::process_vm_readv(
+        Pid::from_raw(pid as i32),
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &remote,
+    )
+    .ok()?;
+    (got == buf.len()).then(|| {
+        buf.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    })
+}

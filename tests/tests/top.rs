@@ -1,0 +1,256 @@
+//! `queues` and `top` end to end inside `sim`, as root: real workloads create queues on the
+//! emulated KFD; `queues --json` must agree with sysfs, debugfs and the workloads' own reports, and
+//! `top` (driven in tmux) must show every workload queue with its HQD slot and state, then lose it
+//! when the workload exits.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{assert_nothing_left, serial, sim, TempDir};
+
+fn json(p: &Path) -> Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}\n{s}", p.display()))
+}
+
+/// Compute HQD slots of a `hqds` dump: (gpu_id, "inst.pipe.queue") -> register values.
+fn hqd_slots(text: &str) -> HashMap<(u64, String), Vec<u64>> {
+    let mut out = HashMap::new();
+    let mut gpu = 0;
+    let mut cur: Option<(u64, String)> = None;
+    for l in text.lines() {
+        let t = l.trim();
+        if let Some(rest) = t.strip_prefix("Node ") {
+            let id = rest.split("gpu_id ").nth(1).unwrap().trim_end_matches(':');
+            gpu = u64::from_str_radix(id, 16).unwrap();
+            cur = None;
+        } else if t.starts_with("Inst ") && t.contains("CP Pipe") {
+            let n: Vec<u64> = t
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap())
+                .collect();
+            let key = (gpu, format!("{}.{}.{}", n[0], n[1], n[2]));
+            out.insert(key.clone(), Vec::new());
+            cur = Some(key);
+        } else if t.contains(": ") && cur.is_some() && t.as_bytes()[0].is_ascii_hexdigit() {
+            let vals = t.split_once(": ").unwrap().1;
+            out.get_mut(cur.as_ref().unwrap()).unwrap().extend(
+                vals.split_whitespace()
+                    .map(|v| u64::from_str_radix(v, 16).unwrap()),
+            );
+        } else {
+            cur = None;
+        }
+    }
+    out
+}
+
+const WORKLOADS: &str = r#"
+$GP sim workload --profile resnet18_b1 --rate 40 --duration $DUR --priority 12 --report $T/online.json &
+$GP sim workload --profile resnet50_b1024 --offline --duration $DUR --priority 2 --report $T/offline.json &
+"#;
+
+#[test]
+fn queues_json_agrees_with_sysfs_debugfs_and_the_workloads() {
+    let _one = serial();
+    let tmp = TempDir::new("queues");
+    let script = format!(
+        r#"set -e
+T={t}; DUR=4
+{WORKLOADS}
+sleep 2
+$GP queues --json > $T/during.json
+$GP queues > $T/during.txt
+for d in /sys/class/kfd/kfd/proc/*/queues/*; do
+  echo "$d $(cat $d/gpuid) $(cat $d/type) $(cat $d/size)"
+done > $T/sysfs.txt
+cat /sys/kernel/debug/kfd/hqds > $T/hqds.txt
+wait
+$GP queues --json > $T/after.json
+"#,
+        t = tmp.0.display()
+    );
+    sim(&script, Duration::from_secs(60));
+    let during = json(&tmp.path("during.json"));
+    let hqds = hqd_slots(&std::fs::read_to_string(tmp.path("hqds.txt")).unwrap());
+    let sysfs = std::fs::read_to_string(tmp.path("sysfs.txt")).unwrap();
+    let table = std::fs::read_to_string(tmp.path("during.txt")).unwrap();
+
+    let gpus = during["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 1, "{during:#}");
+    let active_slots = hqds.values().filter(|r| r[2] & 1 == 1).count() as u64;
+    assert_eq!(gpus[0]["hqds_used"], active_slots, "{during:#}");
+    assert_eq!(gpus[0]["hqds_total"], hqds.len() as u64);
+    assert_eq!(gpus[0]["gfx_target"], "gfx90a");
+    assert_eq!(gpus[0]["cu_count"], 104);
+
+    for name in ["online", "offline"] {
+        let rep = json(&tmp.path(&format!("{name}.json")));
+        let pid = rep["pid"].as_u64().unwrap();
+        let qid = rep["queue_id"].as_u64().unwrap();
+        let p = during["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("{name} pid {pid} missing:\n{during:#}"));
+        assert!(
+            p["cmdline"].as_str().unwrap().contains("sim workload"),
+            "{p:#}"
+        );
+        let qs = p["queues"].as_array().unwrap();
+        assert_eq!(qs.len(), 1, "{p:#}");
+        let q = &qs[0];
+        assert_eq!(q["queue_id"], qid);
+        assert_eq!(q["gpu_id"], rep["gpu_id"]);
+        assert_eq!(q["state"], "active");
+        // `queues` has no events: ring and pointers come from debugfs mqds.
+        assert_eq!(q["source"], "sysfs");
+        assert_eq!(q["pointers_from_mqds"], true);
+        assert_eq!(q["type"], "compute_aql");
+        for f in [
+            "ring_base_address",
+            "read_pointer_address",
+            "write_pointer_address",
+        ] {
+            assert_eq!(q[f], rep[f], "{name} {f}: {q:#}");
+        }
+        assert_eq!(q["priority"], rep["queue_priority"]);
+        // sysfs has the queue with this gpu and size.
+        let line = format!("/proc/{pid}/queues/{qid} {}", rep["gpu_id"]);
+        assert!(sysfs.contains(&line), "{line} not in sysfs:\n{sysfs}");
+        assert!(
+            sysfs.contains(&format!("{line} 0 {}", q["ring_size"])),
+            "{sysfs}"
+        );
+        // The HQD the map names holds this ring in debugfs.
+        let hqd = q["hqd"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no HQD: {q:#}"));
+        let slot = format!("{}.{}.{}", hqd["inst"], hqd["pipe"], hqd["queue"]);
+        let regs = &hqds[&(rep["gpu_id"].as_u64().unwrap(), slot.clone())];
+        let ring = rep["ring_base_address"].as_u64().unwrap();
+        assert_eq!(regs[2] & 1, 1, "{slot} not active");
+        assert_eq!(
+            regs[8] | regs[9] << 32,
+            ring >> 8,
+            "{slot} holds another ring"
+        );
+        // Activity from the dispatch ids.
+        assert_eq!(q["activity"]["status"], "valid", "{q:#}");
+        assert!(
+            q["activity"]["dispatches_per_s"].as_f64().unwrap() > 0.0,
+            "{q:#}"
+        );
+        // The table shows the same row.
+        let row = table
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{pid} ")))
+            .unwrap_or_else(|| panic!("pid {pid} not in table:\n{table}"));
+        assert!(row.contains(&slot) && row.contains("active"), "{row}");
+    }
+    let after = json(&tmp.path("after.json"));
+    assert_eq!(after["processes"].as_array().unwrap().len(), 0, "{after:#}");
+    assert_eq!(after["gpus"][0]["hqds_used"], 0, "{after:#}");
+    drop(tmp);
+    assert_nothing_left();
+}
+
+/// `top` in a tmux pane inside sim; captures are written while the workloads run and after.
+#[test]
+fn top_shows_workload_queues_with_hqd_slots_then_loses_them() {
+    let _one = serial();
+    let tmp = TempDir::new("top");
+    let script = format!(
+        r#"set -e
+T={t}; DUR=5
+export TERM=xterm-256color
+S="tmux -L gptop"
+$S new-session -d -x 120 -y 36 "$GP top --interval 100 --hqd-interval 200 --sample-interval 200 2>$T/top.err; echo TOP_EXIT=\$?; sleep 30"
+i=0; until $S capture-pane -p | grep -q "GPU "; do i=$((i+1)); [ $i -lt 100 ] || {{ $S capture-pane -p; cat $T/top.err; exit 1; }}; sleep 0.1; done
+{WORKLOADS}
+sleep 2.5
+$GP queues --json > $T/queues.json
+sleep 0.5
+$S capture-pane -p > $T/during.txt
+wait
+sleep 5
+$S capture-pane -p > $T/after.txt
+$S send-keys q
+i=0; until $S capture-pane -p | grep -q TOP_EXIT; do i=$((i+1)); [ $i -lt 50 ] || exit 1; sleep 0.1; done
+$S capture-pane -p > $T/exit.txt
+$S kill-server
+"#,
+        t = tmp.0.display()
+    );
+    sim(&script, Duration::from_secs(90));
+    let during = std::fs::read_to_string(tmp.path("during.txt")).unwrap();
+    let after = std::fs::read_to_string(tmp.path("after.txt")).unwrap();
+    // The process table: everything above the event log pane.
+    let table_of = |screen: &str| -> String {
+        screen
+            .lines()
+            .take_while(|l| !l.contains(" events "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let after_table = table_of(&after);
+    assert!(
+        during.contains("[emulated GPU]"),
+        "title labels the GPU:\n{during}"
+    );
+    assert!(after_table.contains("no KFD processes"), "{after}");
+    assert!(
+        after.contains("exit"),
+        "the event log shows the exits:\n{after}"
+    );
+    let exit = std::fs::read_to_string(tmp.path("exit.txt")).unwrap();
+    let queues = json(&tmp.path("queues.json"));
+    for name in ["online", "offline"] {
+        let rep = json(&tmp.path(&format!("{name}.json")));
+        let pid = rep["pid"].as_u64().unwrap();
+        let qid = rep["queue_id"].as_u64().unwrap();
+        let q = queues["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .map(|p| p["queues"][0].clone())
+            .unwrap_or_else(|| panic!("{pid} not in queues:\n{queues:#}"));
+        let hqd = &q["hqd"];
+        let slot = format!("{}.{}.{}", hqd["inst"], hqd["pipe"], hqd["queue"]);
+        // The process row, then its queue row with the same HQD slot and state.
+        let lines: Vec<&str> = during.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| {
+                l.contains(&format!(" {pid} ")) || l.trim_start().starts_with(&pid.to_string())
+            })
+            .unwrap_or_else(|| panic!("pid {pid} not shown:\n{during}"));
+        let qrow = lines[at + 1..]
+            .iter()
+            .find(|l| l.contains(&slot))
+            .unwrap_or_else(|| panic!("queue {qid} of {pid} with HQD {slot} not shown:\n{during}"));
+        assert!(qrow.contains("active"), "{qrow}");
+        assert!(qrow.contains(&format!(" {qid} ")), "queue id {qid}: {qrow}");
+        assert!(
+            !after_table.contains(&pid.to_string()),
+            "pid {pid} still shown:\n{after}"
+        );
+    }
+    assert!(
+        during.contains("create"),
+        "event log shows creates:\n{during}"
+    );
+    assert!(
+        exit.contains("TOP_EXIT=0"),
+        "top did not exit cleanly on q:\n{exit}"
+    );
+    // The terminal was restored: the TUI's header is gone from the pane.
+    assert!(!exit.contains("HQD"), "{exit}");
+    drop(tmp);
+    assert_nothing_left();
+}
