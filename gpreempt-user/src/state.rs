@@ -52,6 +52,15 @@ impl QueueKind {
             _ => Self::Other,
         }
     }
+    /// The sysfs `type` value of this kind (inverse of `from_sysfs`, up to the XGMI numbering).
+    pub fn sysfs_type(self) -> u32 {
+        match self {
+            Self::ComputeAql | Self::Compute => 0,
+            Self::Sdma => 1,
+            Self::SdmaXgmi => 3,
+            Self::Other => u32::MAX,
+        }
+    }
     pub fn is_compute(self) -> bool {
         matches!(self, Self::ComputeAql | Self::Compute)
     }

@@ -132,7 +132,17 @@ impl Watcher {
     }
 
     fn reconcile_now(&mut self, force_mqds: bool) {
-        match sysfs::read_procs(&self.paths.sysfs) {
+        let state = &self.state;
+        let known = |pid: u32, qid: u32| {
+            let q = state.queue(pid, qid).filter(|q| q.alive())?;
+            Some(sysfs::SysQueue {
+                queue_id: qid,
+                gpu_id: q.gpu_id,
+                kind: q.kind.sysfs_type(),
+                size: q.ring_size,
+            })
+        };
+        match sysfs::read_procs(&self.paths.sysfs, known) {
             Ok(s) => self.state.apply(Update::Procs(s)),
             Err(e) => self.warn_once(format!("{e:#}")),
         }

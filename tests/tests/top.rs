@@ -182,6 +182,14 @@ $S capture-pane -p > $T/after.txt
 $S send-keys q
 i=0; until $S capture-pane -p | grep -q TOP_EXIT; do i=$((i+1)); [ $i -lt 50 ] || exit 1; sleep 0.1; done
 $S capture-pane -p > $T/exit.txt
+# Ctrl-C (a key in raw mode) and SIGTERM end it the same way.
+for how in ctrlc term; do
+  $S new-window -n $how "$GP top 2>>$T/top.err; echo EXIT_$how=\$?; sleep 30"
+  i=0; until $S capture-pane -p -t :$how | grep -q "GPU "; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.1; done
+  if [ $how = ctrlc ]; then $S send-keys -t :$how C-c; else pkill -TERM -f "^$GP top\$"; fi
+  i=0; until $S capture-pane -p -t :$how | grep -q EXIT_$how; do i=$((i+1)); [ $i -lt 50 ] || exit 1; sleep 0.1; done
+  $S capture-pane -p -t :$how > $T/exit_$how.txt
+done
 $S kill-server
 "#,
         t = tmp.0.display()
@@ -253,4 +261,36 @@ $S kill-server
     assert!(!exit.contains("HQD"), "{exit}");
     drop(tmp);
     assert_nothing_left();
+}
+
+/// On a host without the KFD (this machine, outside `sim`), both commands fail with one sentence
+/// that says what is missing; `top` without privileges says to use sudo.
+#[test]
+fn without_a_kfd_or_root_the_errors_say_what_to_do() {
+    let gp = tests::bin("gpreempt-ebpf");
+    assert!(
+        !Path::new("/sys/class/kfd/kfd").exists(),
+        "this test expects a host without amdgpu"
+    );
+    for cmd in [&["queues"][..], &["queues", "--json"], &["top"]] {
+        let out = std::process::Command::new(&gp).args(cmd).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{cmd:?}: {err}");
+        assert!(
+            err.contains("/sys/class/kfd/kfd/topology/nodes (is amdgpu loaded"),
+            "{cmd:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{cmd:?}");
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&gp)
+        .arg("top")
+        .output()
+        .expect("setpriv (util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
 }

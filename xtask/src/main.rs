@@ -64,7 +64,8 @@ fn setup() -> Result<()> {
 }
 
 /// Debian packages the tests use, installed when missing: gcc + linux-libc-dev (the KFD header
-/// conformance test), util-linux (setpriv, the non-root test), tmux (the `top` end-to-end test).
+/// conformance test), util-linux (setpriv, the non-root test), tmux and procps (the `top`
+/// end-to-end test drives it in a tmux pane and signals it with pkill).
 fn test_packages() -> Result<()> {
     let have = |p: &str| Path::new(p).exists();
     let missing: Vec<&str> = [
@@ -72,6 +73,7 @@ fn test_packages() -> Result<()> {
         ("linux-libc-dev", "/usr/include/linux/kfd_ioctl.h"),
         ("util-linux", "/usr/bin/setpriv"),
         ("tmux", "/usr/bin/tmux"),
+        ("procps", "/usr/bin/pkill"),
     ]
     .into_iter()
     .filter(|(_, f)| !have(f))

@@ -140,8 +140,13 @@ pub struct ProcSnapshot {
 }
 
 /// Reads `root/proc`. A process or queue that vanishes while being read is left out: the kernel
-/// removes the directories as it tears them down.
-pub fn read_procs(root: &Path) -> Result<ProcSnapshot> {
+/// removes the directories as it tears them down. `known(pid, qid)` returns queues the caller
+/// already knows: their files are not read again (a queue's gpu, type and size never change), so
+/// a steady host costs one readdir per process.
+pub fn read_procs(
+    root: &Path,
+    known: impl Fn(u32, u32) -> Option<SysQueue>,
+) -> Result<ProcSnapshot> {
     let taken_ns = crate::clock::monotonic_ns();
     let dir = root.join("proc");
     let mut procs = Vec::new();
@@ -150,7 +155,7 @@ pub fn read_procs(root: &Path) -> Result<ProcSnapshot> {
         let Ok(qs) = numbered(&qdir) else { continue };
         let mut queues = Vec::with_capacity(qs.len());
         for (qid, d) in qs {
-            if let Some(q) = read_queue(qid, &d) {
+            if let Some(q) = known(pid, qid).or_else(|| read_queue(qid, &d)) {
                 queues.push(q);
             }
         }
