@@ -2,7 +2,7 @@
 //! change comes through [`State::apply`], from KFD events (eBPF) or from reconciliation with what
 //! the kernel shows (sysfs, debugfs, the queues' own `amd_queue_t`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use gpreempt_common::kfd::{self, dbg_op, queue_type, DOORBELL_PROCESS_SLICE_BYTES};
 use serde::Serialize;
@@ -916,38 +916,92 @@ impl State {
     fn hqds(&mut self, taken: u64, nodes: &[HqdNode]) {
         self.touch(taken);
         self.hqds_ns = Some(taken);
-        for node in nodes {
-            let gpu_id = node.gpu_id;
-            // Which queue sits in each active slot.
-            let mut assign: Vec<((u32, u32), HqdId)> = Vec::new();
-            let mut used = 0;
+        /// An active slot and the live queues that match it.
+        struct Slot<'a> {
+            node: usize,
+            gpu_id: u32,
+            id: HqdId,
+            regs: &'a Regs,
+            matches: u32,
+            queue: (u32, u32),
+        }
+        let mut slots = Vec::new();
+        // Active slots by (GPU, ring): each queue is checked against the slots holding its ring
+        // only, in one pass over the queues (not slots x queues).
+        let mut by_ring: HashMap<(u32, u64), Vec<usize>> = HashMap::new();
+        for (n, node) in nodes.iter().enumerate() {
             for slot in node.slots.iter().filter(|s| s.regs.active()) {
-                used += 1;
-                let cands: Vec<(u32, u32)> = self
-                    .procs
-                    .values()
-                    .flat_map(|p| p.live_queues().map(move |q| (p.pid, q)))
-                    .filter(|(_, q)| q.gpu_id == gpu_id && q.matches_slot(&slot.regs))
-                    .map(|(pid, q)| (pid, q.queue_id))
-                    .collect();
-                match cands.as_slice() {
-                    [one] => assign.push((*one, slot.id())),
-                    [] => {}
-                    _ => self.corrections.hqd_ambiguous += 1,
+                if let Some(ring) = slot.regs.ring_base() {
+                    by_ring
+                        .entry((node.gpu_id, ring))
+                        .or_default()
+                        .push(slots.len());
+                }
+                slots.push(Slot {
+                    node: n,
+                    gpu_id: node.gpu_id,
+                    id: slot.id(),
+                    regs: &slot.regs,
+                    matches: 0,
+                    queue: (0, 0),
+                });
+            }
+        }
+        if !by_ring.is_empty() {
+            for p in self.procs.values() {
+                for q in p.live_queues() {
+                    let Some(ring) = q.ring_base_address else {
+                        continue;
+                    };
+                    for &i in by_ring.get(&(q.gpu_id, ring)).into_iter().flatten() {
+                        let s = &mut slots[i];
+                        if q.matches_slot(s.regs) {
+                            s.matches += 1;
+                            s.queue = (p.pid, q.queue_id);
+                        }
+                    }
                 }
             }
-            if let Some(g) = self.gpus.iter_mut().find(|g| g.node.gpu_id == gpu_id) {
+        }
+        // A GPU listed twice keeps its last node's map: each node resets its GPU's queues.
+        let mut last: HashMap<u32, usize> = HashMap::new();
+        for (n, node) in nodes.iter().enumerate() {
+            let used = slots.iter().filter(|s| s.node == n).count() as u32;
+            if let Some(g) = self.gpus.iter_mut().find(|g| g.node.gpu_id == node.gpu_id) {
                 g.hqds_used = Some(used);
                 g.hqds_total = node.slots.len() as u32;
                 g.stopped = node.stopped;
             }
-            for p in self.procs.values_mut() {
-                for q in p.queues.values_mut().filter(|q| q.gpu_id == gpu_id) {
-                    q.hqd = assign
-                        .iter()
-                        .find(|(k, _)| *k == (p.pid, q.queue_id))
-                        .map(|(_, id)| *id);
+            last.insert(node.gpu_id, n);
+        }
+        // (GPU, pid, queue id) -> its slot: the first when a queue matches two.
+        let mut assign: HashMap<(u32, u32, u32), HqdId> = HashMap::new();
+        for s in &slots {
+            match s.matches {
+                0 => {}
+                1 if last.get(&s.gpu_id) == Some(&s.node) => {
+                    let (pid, qid) = s.queue;
+                    assign.entry((s.gpu_id, pid, qid)).or_insert(s.id);
                 }
+                1 => {}
+                _ => self.corrections.hqd_ambiguous += 1,
+            }
+        }
+        // Every queue of a listed GPU is in no slot, except those just assigned one.
+        let mut listed: Vec<u32> = last.into_keys().collect();
+        listed.sort_unstable();
+        for q in self.procs.values_mut().flat_map(|p| p.queues.values_mut()) {
+            if listed.binary_search(&q.gpu_id).is_ok() {
+                q.hqd = None;
+            }
+        }
+        for ((_, pid, qid), id) in assign {
+            if let Some(q) = self
+                .procs
+                .get_mut(&pid)
+                .and_then(|p| p.queues.get_mut(&qid))
+            {
+                q.hqd = Some(id);
             }
         }
     }
@@ -1021,12 +1075,13 @@ impl State {
 
     fn samples(&mut self, ts: u64, samples: Vec<(u32, u32, SampleRead)>) {
         self.touch(ts);
+        // The sampler lists queues process by process: one process lookup per run of them.
+        let mut proc: Option<&mut Process> = None;
         for (pid, qid, s) in samples {
-            let Some(q) = self
-                .procs
-                .get_mut(&pid)
-                .and_then(|p| p.queues.get_mut(&qid))
-            else {
+            if proc.as_ref().is_none_or(|p| p.pid != pid) {
+                proc = self.procs.get_mut(&pid);
+            }
+            let Some(q) = proc.as_mut().and_then(|p| p.queues.get_mut(&qid)) else {
                 continue;
             };
             let a = &mut q.activity;

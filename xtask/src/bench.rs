@@ -7,6 +7,10 @@
 //!   tracepoints ran).
 //! - Ring-buffer throughput: one flooding producer per CPU under `gpreempt-ebpf trace`, with the
 //!   delivered / lost accounting from the tracer's summary.
+//! - `top`: CPU and memory of the model + render loop at 10 Hz (`top-load`: synthetic events, a
+//!   160x48 screen drawn to a sink) for an empty host, 100 processes x 10 queues and 1,000 x 10,
+//!   against the goal for 10,000 queues: under 2% of one core and 50 MB. `--top-only` runs just
+//!   this part (no root needed).
 use std::{
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
@@ -30,6 +34,12 @@ pub struct BenchArgs {
     /// ioctls per producer in the throughput test.
     #[arg(long, default_value_t = 1_000_000)]
     pub flood: u64,
+    /// Run only the `top` model + render benchmark.
+    #[arg(long)]
+    pub top_only: bool,
+    /// Seconds per `top` scenario.
+    #[arg(long, default_value_t = 10.0)]
+    pub top_seconds: f64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -244,7 +254,30 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `machine: CPU model, N CPUs, kernel K`.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "machine: {cpu}, {} CPUs, kernel {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel.trim()
+    )
+}
+
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.top_only {
+        return top(args.top_seconds);
+    }
     run_cmd(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
             "build",
@@ -285,28 +318,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|k| k.into_iter().map(median).collect())
         .collect();
 
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!(
         "\nioctl cost, ns per call (median of {} runs; {} calls each, strace {}):",
         args.repeat,
         args.iterations,
         args.iterations / 10
     );
-    println!(
-        "machine: {cpu}, {} CPUs, kernel {}",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
-        kernel.trim()
-    );
+    println!("{}", machine());
     println!(
         "{:<24} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "tracer", "KFD ioctl", "x untraced", "non-KFD", "x untraced", "'K' non-KFD", "x untraced"
@@ -335,7 +353,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     throughput(args.flood, &dev)?;
     let _ = std::fs::remove_file(dir.join("trace.out"));
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
+    top(args.top_seconds)
 }
 
 /// One producer per CPU floods KFD ioctls; the tracer's accounting must cover every one.
@@ -385,5 +403,156 @@ fn throughput(per_producer: u64, dev: &Path) -> Result<()> {
         written as f64 / wall / 1e6,
         issued as i64 - written as i64 - lost as i64
     );
+    Ok(())
+}
+
+/// The `top` goal for 10,000 queues at 10 Hz: CPU, % of one core, and peak RSS, MB.
+const TOP_CPU_GOAL_PCT: f64 = 2.0;
+const TOP_RSS_GOAL_MB: f64 = 50.0;
+const TOP_HZ: u32 = 10;
+
+/// What `top-load` measured for one scenario.
+struct TopRun {
+    label: String,
+    queues: u64,
+    cpu_pct: f64,
+    peak_rss_mb: f64,
+    rss_after_build_mb: f64,
+    model_mean_ms: f64,
+    model_max_ms: f64,
+    render_mean_ms: f64,
+    render_max_ms: f64,
+    late_ticks: u64,
+}
+
+impl TopRun {
+    fn met(&self) -> bool {
+        self.cpu_pct < TOP_CPU_GOAL_PCT && self.peak_rss_mb < TOP_RSS_GOAL_MB
+    }
+}
+
+/// Runs `top-load` for `procs` x `per_proc` queues; parses its JSON line.
+fn top_load(procs: u32, per_proc: u32, seconds: f64) -> Result<TopRun> {
+    let out = Command::new(release_bin("top-load"))
+        .args(["--procs", &procs.to_string()])
+        .args(["--queues-per-proc", &per_proc.to_string()])
+        .args(["--seconds", &seconds.to_string()])
+        .args(["--hz", &TOP_HZ.to_string()])
+        .args(["--gpus", "8"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running top-load")?;
+    if !out.status.success() {
+        bail!("top-load failed: {}", out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("top-load printed no JSON line")?;
+    let v: serde_json::Value = serde_json::from_str(line).context("top-load's JSON line")?;
+    let f = |k: &str| -> Result<f64> {
+        v.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .with_context(|| format!("no {k} in top-load's output"))
+    };
+    let mb = |kb: f64| kb * 1024.0 / 1e6;
+    let queues = u64::from(procs) * u64::from(per_proc);
+    let label = if procs == 0 {
+        "empty host".to_string()
+    } else {
+        format!("{procs} procs x {per_proc} = {queues} queues")
+    };
+    Ok(TopRun {
+        label,
+        queues,
+        cpu_pct: f("cpu_pct_one_core")?,
+        peak_rss_mb: mb(f("peak_rss_kb")?),
+        rss_after_build_mb: mb(f("rss_after_build_kb")?),
+        model_mean_ms: f("model_ms_mean")?,
+        model_max_ms: f("model_ms_max")?,
+        render_mean_ms: f("render_ms_mean")?,
+        render_max_ms: f("render_ms_max")?,
+        late_ticks: f("late_ticks")? as u64,
+    })
+}
+
+/// The `top` model + render loop at 10 Hz under synthetic load, one scenario after the other.
+fn top(seconds: f64) -> Result<()> {
+    run_cmd(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
+            "build",
+            "--release",
+            "-p",
+            "tests",
+            "--bin",
+            "top-load",
+        ]),
+    )?;
+    let scenarios = [(0u32, 10u32), (100, 10), (1000, 10)];
+    let mut runs = Vec::new();
+    for (procs, per_proc) in scenarios {
+        eprintln!("bench: top-load {procs} x {per_proc} for {seconds} s");
+        runs.push(top_load(procs, per_proc, seconds)?);
+    }
+    println!(
+        "\ntop: model + render loop at {TOP_HZ} Hz, 8 GPUs, 160x48 screen to a sink, synthetic \
+         events ({seconds} s per scenario; churn 1% of the queues per second, samples at 2 Hz, \
+         hqds + sysfs reconcile at 1 Hz)"
+    );
+    println!("{}", machine());
+    println!(
+        "goal: under {TOP_CPU_GOAL_PCT}% of one core and {TOP_RSS_GOAL_MB} MB (ratios below 1 \
+         meet it)"
+    );
+    println!(
+        "{:<32} {:>7} {:>8} {:>9} {:>8} {:>10} {:>17} {:>17} {:>5} {:>8}",
+        "scenario",
+        "CPU %",
+        "x goal",
+        "peak MB",
+        "x goal",
+        "built MB",
+        "model ms mean/max",
+        "render ms mean/max",
+        "late",
+        "goals"
+    );
+    for r in &runs {
+        println!(
+            "{:<32} {:>7.2} {:>8.2} {:>9.1} {:>8.2} {:>10.1} {:>17} {:>17} {:>5} {:>8}",
+            r.label,
+            r.cpu_pct,
+            r.cpu_pct / TOP_CPU_GOAL_PCT,
+            r.peak_rss_mb,
+            r.peak_rss_mb / TOP_RSS_GOAL_MB,
+            r.rss_after_build_mb,
+            format!("{:.3}/{:.2}", r.model_mean_ms, r.model_max_ms),
+            format!("{:.3}/{:.2}", r.render_mean_ms, r.render_max_ms),
+            r.late_ticks,
+            if r.met() { "met" } else { "NOT met" }
+        );
+    }
+    let base = &runs[0];
+    if let Some(big) = runs.iter().max_by_key(|r| r.queues) {
+        println!(
+            "{}: {:.1}x the empty host's CPU, +{:.1} MB peak RSS",
+            big.label,
+            big.cpu_pct / base.cpu_pct,
+            big.peak_rss_mb - base.peak_rss_mb
+        );
+        if big.met() {
+            println!(
+                "top goal for {} queues: met ({:.2}% < {TOP_CPU_GOAL_PCT}% of one core, {:.1} MB < {TOP_RSS_GOAL_MB} MB)",
+                big.queues, big.cpu_pct, big.peak_rss_mb
+            );
+        } else {
+            println!(
+                "top goal for {} queues: NOT met ({:.2}% of one core, goal {TOP_CPU_GOAL_PCT}%; {:.1} MB, goal {TOP_RSS_GOAL_MB} MB)",
+                big.queues, big.cpu_pct, big.peak_rss_mb
+            );
+        }
+    }
     Ok(())
 }

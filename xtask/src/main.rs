@@ -30,7 +30,8 @@ enum Task {
     },
     /// What CI runs: setup, fmt check, clippy, then `test`.
     Ci,
-    /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput.
+    /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput;
+    /// `top`'s CPU and memory with 10,000 queues (`--top-only`: just that).
     Bench(bench::BenchArgs),
     /// The main job: build, then `top` on the emulated GPU with an online and an offline workload.
     Demo,

@@ -247,7 +247,8 @@ impl App {
         self.sync_rows(&rows);
     }
 
-    fn sync_rows(&mut self, rows: &[TreeRow]) {
+    /// [`App::sync`] with the rows already computed.
+    pub fn sync_rows(&mut self, rows: &[TreeRow]) {
         match self.resolve(rows) {
             Some(i) => self.select(rows, i),
             None => self.selected = None,
@@ -547,16 +548,20 @@ pub fn queue_matches(q: &Queue, needle: &str) -> bool {
 /// the queues that match, or left out.
 pub fn rows(app: &App, state: &State) -> Vec<TreeRow> {
     let needle = app.filter.trim().to_lowercase();
-    let mut procs: Vec<(&Process, Vec<&Queue>)> = state
+    // The queues shown of each process; None: all of them (no list built per process).
+    let mut procs: Vec<(&Process, Option<Vec<&Queue>>)> = state
         .procs
         .values()
         .filter_map(|p| {
-            let all = p.queues.values();
             if process_matches(p, &needle) {
-                return Some((p, all.collect()));
+                return Some((p, None));
             }
-            let qs: Vec<&Queue> = all.filter(|q| queue_matches(q, &needle)).collect();
-            (!qs.is_empty()).then_some((p, qs))
+            let qs: Vec<&Queue> = p
+                .queues
+                .values()
+                .filter(|q| queue_matches(q, &needle))
+                .collect();
+            (!qs.is_empty()).then_some((p, Some(qs)))
         })
         .collect();
     procs.sort_by(|(a, _), (b, _)| {
@@ -564,18 +569,45 @@ pub fn rows(app: &App, state: &State) -> Vec<TreeRow> {
             .apply(cmp_procs(app.sort, a, b))
             .then(a.pid.cmp(&b.pid))
     });
-    let mut out = Vec::with_capacity(procs.iter().map(|(_, q)| q.len() + 1).sum());
-    for (p, mut qs) in procs {
-        qs.sort_by(|a, b| {
-            app.dir
-                .apply(cmp_queues(app.sort, a, b))
-                .then(a.queue_id.cmp(&b.queue_id))
-        });
+    // Other columns leave queues in queue id order: the map's own, nothing to sort.
+    let sorts_queues = matches!(
+        app.sort,
+        SortColumn::Rate | SortColumn::State | SortColumn::Age
+    );
+    let n = procs
+        .iter()
+        .map(|(p, qs)| 1 + qs.as_ref().map_or(p.queues.len(), Vec::len))
+        .sum();
+    let mut out = Vec::with_capacity(n);
+    let mut qs: Vec<&Queue> = Vec::new();
+    for (p, shown) in procs {
         out.push(TreeRow {
             pid: p.pid,
             queue: None,
             last: false,
         });
+        if shown.is_none() && !sorts_queues {
+            // All queues in id order: the map's keys (the queues themselves are not read).
+            let n = p.queues.len();
+            out.extend(p.queues.keys().enumerate().map(|(i, &qid)| TreeRow {
+                pid: p.pid,
+                queue: Some(qid),
+                last: i + 1 == n,
+            }));
+            continue;
+        }
+        qs.clear();
+        match shown {
+            Some(v) => qs.extend(v),
+            None => qs.extend(p.queues.values()),
+        }
+        if sorts_queues {
+            qs.sort_by(|a, b| {
+                app.dir
+                    .apply(cmp_queues(app.sort, a, b))
+                    .then(a.queue_id.cmp(&b.queue_id))
+            });
+        }
         let n = qs.len();
         out.extend(qs.iter().enumerate().map(|(i, q)| TreeRow {
             pid: p.pid,

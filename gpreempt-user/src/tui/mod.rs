@@ -151,11 +151,27 @@ fn redraw<B: Backend>(
     state: &State,
 ) -> anyhow::Result<()> {
     let size = terminal.size().context("reading the terminal size")?;
-    app.page = render::table_page(Rect::new(0, 0, size.width, size.height), app, state);
-    app.sync(state);
-    terminal
-        .draw(|f| render::draw(f, app, state))
-        .context("drawing the screen")?;
+    frame(
+        terminal,
+        app,
+        state,
+        Rect::new(0, 0, size.width, size.height),
+    )
+    .context("drawing the screen")
+}
+
+/// One frame of a terminal of `area` (its size): the rows PageUp / PageDown move, the selection
+/// kept on its row, then the screen. The table's rows are computed once for both.
+pub fn frame<B: Backend>(
+    terminal: &mut Terminal<B>,
+    app: &mut App,
+    state: &State,
+    area: Rect,
+) -> io::Result<()> {
+    app.page = render::table_page(area, app, state);
+    let rows = app::rows(app, state);
+    app.sync_rows(&rows);
+    terminal.draw(|f| render::draw_rows(f, app, state, &rows))?;
     Ok(())
 }
 

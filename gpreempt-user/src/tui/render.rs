@@ -4,7 +4,7 @@
 //! Readable on dark and light terminals: modifiers (BOLD, REVERSED, DIM) and the basic
 //! Red / Yellow / Green only, never a white or black foreground or background.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use ratatui::{
     layout::{Constraint, Rect},
@@ -402,9 +402,13 @@ pub fn table_page(area: Rect, app: &App, state: &State) -> usize {
     if too_small(area) {
         return 1;
     }
-    let rows = app::rows(app, state);
-    let detail = detail(app, state, &rows, area.width);
-    let n = detail.as_ref().map_or(0, |d| d.lines.len());
+    // The rows matter only for the detail pane's height.
+    let n = if app.detail {
+        let rows = app::rows(app, state);
+        detail(app, state, &rows, area.width).map_or(0, |d| d.lines.len())
+    } else {
+        0
+    };
     let a = split(area, app, state, u16::try_from(n).unwrap_or(u16::MAX));
     usize::from(a.table.height.saturating_sub(1)).max(1)
 }
@@ -413,6 +417,16 @@ pub fn table_page(area: Rect, app: &App, state: &State) -> usize {
 
 /// Draws the whole screen.
 pub fn draw(f: &mut Frame, app: &App, state: &State) {
+    let rows = if too_small(f.area()) {
+        Vec::new()
+    } else {
+        app::rows(app, state)
+    };
+    draw_rows(f, app, state, &rows);
+}
+
+/// [`draw`] with the table's rows already computed: [`app::rows`] of `app` and `state`.
+pub fn draw_rows(f: &mut Frame, app: &App, state: &State, rows: &[TreeRow]) {
     let area = f.area();
     if too_small(area) {
         let msg = format!(
@@ -422,14 +436,16 @@ pub fn draw(f: &mut Frame, app: &App, state: &State) {
         f.render_widget(Paragraph::new(msg), area);
         return;
     }
-    let rows = app::rows(app, state);
-    let detail = detail(app, state, &rows, area.width);
+    let detail = detail(app, state, rows, area.width);
     let n = detail.as_ref().map_or(0, |d| d.lines.len());
     let a = split(area, app, state, u16::try_from(n).unwrap_or(u16::MAX));
-    draw_title(f, a.title, app, state);
-    draw_gpus(f, a.gpus, state);
+    // One pass over the queues for the title and the GPU lines.
+    let counts = gpu_counts(state);
+    let queues = counts.values().map(|c| c.live).sum();
+    draw_title(f, a.title, app, state, queues);
+    draw_gpus(f, a.gpus, state, &counts);
     draw_hqd_line(f, a.hqd, state);
-    draw_table(f, a.table, app, state, &rows);
+    draw_table(f, a.table, app, state, rows);
     if let (Some(r), Some(d)) = (a.detail, detail) {
         let block = Block::new()
             .borders(Borders::TOP)
@@ -445,13 +461,13 @@ pub fn draw(f: &mut Frame, app: &App, state: &State) {
     }
 }
 
-fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State) {
+/// `queues`: live queues in all.
+fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, queues: usize) {
     let procs = state
         .procs
         .values()
         .filter(|p| p.exited_ns.is_none())
         .count();
-    let queues: usize = state.procs.values().map(app::live_count).sum();
     let mut spans = vec![
         Span::styled("gpreempt-ebpf top", bold()),
         Span::raw(format!(
@@ -474,26 +490,39 @@ fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State) {
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
-fn gpu_line(g: &crate::state::Gpu, state: &State) -> Line<'static> {
+/// Live, suspended and busy queues of a GPU.
+#[derive(Clone, Copy, Default)]
+struct GpuCounts {
+    live: usize,
+    suspended: usize,
+    busy: usize,
+}
+
+/// [`GpuCounts`] of every GPU queues are on, in one pass over the queues.
+fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
+    let mut m: BTreeMap<u32, GpuCounts> = BTreeMap::new();
+    for q in state.procs.values().flat_map(|p| p.live_queues()) {
+        let c = m.entry(q.gpu_id).or_default();
+        c.live += 1;
+        c.suspended += usize::from(q.state == QueueState::Suspended);
+        c.busy += usize::from(q.activity.busy == Some(true));
+    }
+    m
+}
+
+fn gpu_line(g: &crate::state::Gpu, counts: GpuCounts) -> Line<'static> {
     let id = g.node.gpu_id;
-    let live: Vec<&Queue> = state.queues_on(id).collect();
-    let suspended = live
-        .iter()
-        .filter(|q| q.state == QueueState::Suspended)
-        .count();
-    let busy = live
-        .iter()
-        .filter(|q| q.activity.busy == Some(true))
-        .count();
+    let GpuCounts {
+        live,
+        suspended,
+        busy,
+    } = counts;
     let used = opt(g.hqds_used).replace('-', "?");
     let mut spans = vec![
         Span::styled(format!("GPU {id}"), bold()),
         Span::raw(format!(
             " {} {}CU  HQD {used}/{}  queues {}  ",
-            g.gfx_target,
-            g.node.cu_count,
-            g.hqds_total,
-            live.len()
+            g.gfx_target, g.node.cu_count, g.hqds_total, live
         )),
         Span::styled(
             format!("suspended {suspended}"),
@@ -511,7 +540,7 @@ fn gpu_line(g: &crate::state::Gpu, state: &State) -> Line<'static> {
     Line::from(spans)
 }
 
-fn draw_gpus(f: &mut Frame, area: Rect, state: &State) {
+fn draw_gpus(f: &mut Frame, area: Rect, state: &State, counts: &BTreeMap<u32, GpuCounts>) {
     let lines: Vec<Line> = if state.gpus.is_empty() {
         vec![Line::styled(
             "no GPUs found (no GPU node in /sys/class/kfd/kfd/topology)",
@@ -523,7 +552,7 @@ fn draw_gpus(f: &mut Frame, area: Rect, state: &State) {
         let shown = if n > room { room.saturating_sub(1) } else { n };
         let mut v: Vec<Line> = state.gpus[..shown]
             .iter()
-            .map(|g| gpu_line(g, state))
+            .map(|g| gpu_line(g, counts.get(&g.node.gpu_id).copied().unwrap_or_default()))
             .collect();
         if shown < n {
             v.push(Line::styled(
@@ -562,22 +591,33 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, state: &State, rows: &[TreeR
     }))
     .style(bold());
     let widths: Vec<Constraint> = cols.iter().map(|(_, w)| Constraint::Length(*w)).collect();
-    let body: Vec<Row> = rows.iter().map(|r| table_row(r, &cols, state)).collect();
-    let table = Table::new(body, widths)
-        .header(header)
-        .column_spacing(1)
-        .highlight_spacing(HighlightSpacing::Never)
-        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
     let visible = usize::from(area.height.saturating_sub(1));
     let offset = app
         .scroll
         .get()
         .min(rows.len().saturating_sub(visible.max(1)));
-    let mut ts = TableState::default()
-        .with_offset(offset)
-        .with_selected(app.resolve(rows));
+    let selected = app.resolve(rows);
+    // Only the rows on screen are built (building all of them costs tens of ms per frame with
+    // 10,000 queues): the same window the table would pick from the whole list.
+    let (start, end) = if area.is_empty() || rows.is_empty() {
+        (offset, offset)
+    } else {
+        row_bounds(rows.len(), selected, offset, visible)
+    };
+    let body: Vec<Row> = rows
+        .get(start..end)
+        .unwrap_or_default()
+        .iter()
+        .map(|r| table_row(r, &cols, state))
+        .collect();
+    let table = Table::new(body, widths)
+        .header(header)
+        .column_spacing(1)
+        .highlight_spacing(HighlightSpacing::Never)
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
+    let mut ts = TableState::default().with_selected(selected.map(|i| i.saturating_sub(start)));
     f.render_stateful_widget(table, area, &mut ts);
-    app.scroll.set(ts.offset());
+    app.scroll.set(start);
     if rows.is_empty() && area.height > 1 {
         let msg = if state.procs.is_empty() {
             "no KFD processes (no process has /dev/kfd open)".to_string()
@@ -587,6 +627,41 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, state: &State, rows: &[TreeR
         let r = Rect::new(area.x, area.y + 1, area.width, 1);
         f.render_widget(Paragraph::new(Line::styled(msg, dim())), r);
     }
+}
+
+/// The rows `[start, end)` a [`Table`] shows of `len` one-line rows in a body `height` lines
+/// high, from `offset` and with `selected` kept visible: ratatui's `Table::get_row_bounds` (0.29),
+/// so that a table of just these rows draws the same screen.
+fn row_bounds(len: usize, selected: Option<usize>, offset: usize, height: usize) -> (usize, usize) {
+    if len == 0 {
+        return (0, 0);
+    }
+    let offset = offset.min(len - 1);
+    let mut start = offset;
+    let mut end = offset + height.min(len - offset);
+    let Some(selected) = selected else {
+        return (start, end);
+    };
+    let selected = selected.min(len - 1);
+    // Scroll down until the selected row is visible, then up.
+    let mut h = end - start;
+    while selected >= end {
+        h += 1;
+        end += 1;
+        while h > height {
+            h -= 1;
+            start += 1;
+        }
+    }
+    while selected < start {
+        start -= 1;
+        h += 1;
+        while h > height {
+            end -= 1;
+            h -= 1;
+        }
+    }
+    (start, end)
 }
 
 // ---- detail pane ----
@@ -1360,5 +1435,38 @@ mod tests {
         app.handle(Action::Up, &st);
         render(&app, &st, 80, 24);
         assert_eq!(app.scroll.get(), first);
+    }
+
+    /// `row_bounds` picks the rows ratatui's `Table` shows, so a table of just those rows draws
+    /// the same screen and keeps the same offset.
+    #[test]
+    fn the_row_window_is_the_tables_own() {
+        let full = |len: usize, sel: Option<usize>, off: usize, h: u16| {
+            let rows = (0..len).map(|i| Row::new([i.to_string()]));
+            let t = Table::new(rows, [Constraint::Length(6)]).header(Row::new(["H"]));
+            let mut ts = TableState::default().with_offset(off).with_selected(sel);
+            let mut b = Buffer::empty(Rect::new(0, 0, 6, h));
+            ratatui::widgets::StatefulWidget::render(t, b.area, &mut b, &mut ts);
+            (ts.offset(), b)
+        };
+        for len in [1usize, 2, 5, 9, 30] {
+            for h in [1u16, 2, 4, 7, 12] {
+                let body = usize::from(h - 1);
+                for off in 0..len + 2 {
+                    for sel in (0..len + 1).map(Some).chain([None]) {
+                        let (offset, want) = full(len, sel, off, h);
+                        let (start, end) = row_bounds(len, sel, off, body);
+                        assert_eq!(start, offset, "len {len} h {h} off {off} sel {sel:?}");
+                        let rows = (start..end).map(|i| Row::new([i.to_string()]));
+                        let t = Table::new(rows, [Constraint::Length(6)]).header(Row::new(["H"]));
+                        let mut ts = TableState::default()
+                            .with_selected(sel.map(|s| s.min(len - 1).saturating_sub(start)));
+                        let mut got = Buffer::empty(Rect::new(0, 0, 6, h));
+                        ratatui::widgets::StatefulWidget::render(t, got.area, &mut got, &mut ts);
+                        assert_eq!(got, want, "len {len} h {h} off {off} sel {sel:?}");
+                    }
+                }
+            }
+        }
     }
 }
