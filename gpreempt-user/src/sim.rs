@@ -43,11 +43,18 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
 /// The demo: the seeds' interference scenario (online ResNet-18 batch 1 at 20 req/s next to
 /// offline ResNet-50 batch 1024), watched live.
 fn demo(exe: &str) -> Vec<ChildSpec> {
+    // The workloads' own output would tear top's screen (and they end with the demo, killed,
+    // before any report).
     let workload = |args: &[&str]| ChildSpec {
-        argv: [exe, "sim", "workload", "--duration", "86400"]
+        argv: ["sh", "-c", "exec \"$0\" \"$@\" >/dev/null 2>&1", exe]
             .iter()
-            .chain(args)
             .map(|x| x.to_string())
+            .chain(
+                ["sim", "workload", "--duration", "86400"]
+                    .iter()
+                    .chain(args)
+                    .map(|x| x.to_string()),
+            )
             .collect(),
         foreground: false,
         // `top` in the foreground attaches first, so the queues' creation is in its event log.
