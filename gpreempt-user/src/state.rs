@@ -657,6 +657,10 @@ impl State {
         let Some(t) = self.procs.get_mut(&target) else {
             return;
         };
+        // Only the debugger can suspend: this names it when its ENABLE came before the tool.
+        if suspend && t.debugger.is_none() {
+            t.debugger = Some(by);
+        }
         let Some(ids) = ids else {
             self.log(
                 ts,

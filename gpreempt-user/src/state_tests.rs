@@ -2091,3 +2091,18 @@ fn emulator_suspend_unmaps_and_debugger_exit_remaps() {
     assert_eq!(model_slots(&s), emulator_slots(&w));
     assert_eq!(model_slots(&s).len(), 1);
 }
+
+/// A debugger whose ENABLE predates the tool is learnt from its suspend, so its exit still
+/// resumes the queues (the kernel disables the trap when the debugger's mm goes away).
+#[test]
+fn a_suspend_names_an_unknown_debugger_and_its_exit_resumes() {
+    let mut s = State::new();
+    s.apply(create(A, 0, SEC, 0x10_0000));
+    assert_eq!(proc_(&s, A).debugger, None);
+    s.apply(suspended(DEBUGGER, A, 2 * SEC, Some(&[0])));
+    assert_eq!(proc_(&s, A).debugger, Some(DEBUGGER));
+    assert_eq!(states(&s, A), vec![(0, QueueState::Suspended)]);
+    s.apply(exit(DEBUGGER, 3 * SEC));
+    assert_eq!(states(&s, A), vec![(0, QueueState::Active)]);
+    assert_eq!(proc_(&s, A).debugger, None);
+}
