@@ -1238,7 +1238,8 @@ mod tests {
             ("ns pid", "7"),
             ("uid", "1000"),
             ("container", "abcdef123456"),
-            ("debugger", "-"),
+            // Learnt from its suspend of queue 1.
+            ("debugger", "999"),
             ("class", "online"),
             ("queues", "2 live, 3 listed"),
             ("cgroup", "/system.slice/x.scope"),
