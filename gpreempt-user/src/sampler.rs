@@ -41,7 +41,17 @@ fn plan_for(q: &Queue) -> Option<Plan> {
     })
 }
 
-fn u32_at(b: &[u8], off: usize) -> u32 {
+/// Reads `remote` ranges of `pid`'s memory back to back into `buf` in one syscall; returns the
+/// bytes read (the kernel stops at the first range that faults).
+pub fn read_remote(pid: u32, remote: &[RemoteIoVec], buf: &mut [u8]) -> nix::Result<usize> {
+    nix::sys::uio::process_vm_readv(
+        Pid::from_raw(pid as i32),
+        &mut [IoSliceMut::new(buf)],
+        remote,
+    )
+}
+
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
@@ -114,11 +124,7 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
             .collect();
         let total: usize = remote.iter().map(|r| r.len).sum();
         let mut buf = vec![0u8; total];
-        let got = match nix::sys::uio::process_vm_readv(
-            Pid::from_raw(p.pid as i32),
-            &mut [IoSliceMut::new(&mut buf)],
-            &remote,
-        ) {
+        let got = match read_remote(p.pid, &remote, &mut buf) {
             Ok(n) => n,
             Err(e) => {
                 for pl in chunk {

@@ -223,21 +223,11 @@ fn gpu_node(gpu_id: u32, hqd_slots: u32, num_xcc: u32) -> GpuNode {
 /// A GFX9 HQD register image (56 values) of a mapped queue: ring, pointers, and the doorbell at
 /// `doorbell_in_slice` bytes into doorbell slice `slice` of the BAR.
 fn hqd_regs(ring: u64, rptr: u64, wptr: u64, doorbell_in_slice: u64, slice: u64) -> Regs {
-    let mut r = vec![0u32; reg::HQD_N_REGS];
-    r[reg::ACTIVE] = 1;
-    r[reg::VMID] = 8;
-    r[reg::QUEUE_PRIORITY] = 9;
-    r[reg::PQ_BASE] = (ring >> 8) as u32;
-    r[reg::PQ_BASE_HI] = (ring >> 40) as u32;
-    r[reg::PQ_RPTR_REPORT_ADDR] = rptr as u32;
-    r[reg::PQ_RPTR_REPORT_ADDR_HI] = (rptr >> 32) as u32;
-    r[reg::PQ_WPTR_POLL_ADDR] = wptr as u32;
-    r[reg::PQ_WPTR_POLL_ADDR_HI] = (wptr >> 32) as u32;
     let dw = slice * (DOORBELL_PROCESS_SLICE_BYTES / 4) + doorbell_in_slice / 4;
-    r[reg::PQ_DOORBELL_CONTROL] = ((dw as u32) << reg::DOORBELL_OFFSET_SHIFT) | (1 << 30);
-    // 64 KiB = 2^14 dwords.
-    r[reg::PQ_CONTROL] = 13 | (1 << 8);
-    Regs(r)
+    let mut r = Regs::mapped(ring, rptr, wptr, dw as u32, 0x1_0000);
+    r.0[reg::VMID] = 8;
+    r.0[reg::QUEUE_PRIORITY] = 9;
+    r
 }
 
 /// The HQD image of the queue CREATE_QUEUE made with `a`, in doorbell slice `slice`.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use gpreempt_common::kfd::{self, dbg_op};
-use nix::{sys::uio::RemoteIoVec, unistd::Pid};
+use nix::sys::uio::RemoteIoVec;
 
 use crate::{
     clock::monotonic_ns,
@@ -16,7 +16,7 @@ use crate::{
     state::{State, Update},
 };
 
-/// How often each source is read.
+/// How often each source is read (defaults: `top`'s options).
 #[derive(Clone, Debug)]
 pub struct Intervals {
     /// sysfs processes/queues and /proc facts.
@@ -25,16 +25,6 @@ pub struct Intervals {
     pub hqds: Duration,
     /// The queues' dispatch ids (one process_vm_readv per process).
     pub sample: Duration,
-}
-
-impl Default for Intervals {
-    fn default() -> Self {
-        Self {
-            reconcile: Duration::from_secs(1),
-            hqds: Duration::from_secs(1),
-            sample: Duration::from_millis(500),
-        }
-    }
 }
 
 struct Timers {
@@ -68,7 +58,6 @@ pub struct Watcher {
     batch: Vec<Event>,
     /// The periodic reads (only with events: they need the runtime).
     timers: Option<Timers>,
-    hqds_warned: bool,
     lost_reported: u64,
 }
 
@@ -94,7 +83,6 @@ impl Watcher {
             events: None,
             batch: Vec::with_capacity(256),
             timers: None,
-            hqds_warned: false,
             lost_reported: 0,
         })
     }
@@ -203,14 +191,11 @@ impl Watcher {
                 Err(e) => self.warn_once(format!("{}: {e:#}", path.display())),
             },
             Err(e) => {
-                if !self.hqds_warned {
-                    self.hqds_warned = true;
-                    self.warn_once(format!(
-                        "cannot read {} ({e}): HQD slots unknown; as root, mount debugfs \
-                         (mount -t debugfs none /sys/kernel/debug)",
-                        path.display()
-                    ));
-                }
+                self.warn_once(format!(
+                    "cannot read {} ({e}): HQD slots unknown; as root, mount debugfs \
+                     (mount -t debugfs none /sys/kernel/debug)",
+                    path.display()
+                ));
             }
         }
     }
@@ -228,24 +213,35 @@ impl Watcher {
     /// Applies a batch of events, with what only user space can add: the queue ids of a
     /// DBG_TRAP suspend/resume (read from the caller's array) and /proc facts of new processes.
     fn apply_events(&mut self) {
-        let batch = std::mem::take(&mut self.batch);
-        for ev in &batch {
-            let extra = suspend_update(ev);
-            self.state.apply(Update::Event(ev.clone()));
+        let mut batch = std::mem::take(&mut self.batch);
+        // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
+        let mut pids = Vec::new();
+        for ev in batch.drain(..) {
+            if let Event::Ioctl(i) = &ev {
+                pids.push(i.origin.pid);
+                if let KfdCall::DbgTrap(a) = &i.call {
+                    pids.push(a.pid);
+                }
+            }
+            let extra = suspend_update(&ev);
+            self.state.apply(Update::Event(ev));
             if let Some(u) = extra {
                 self.state.apply(u);
             }
         }
         self.batch = batch;
-        let new: Vec<u32> = self
-            .state
-            .procs
-            .values()
-            .filter(|p| p.info.is_none() && p.exited_ns.is_none())
-            .map(|p| p.pid)
-            .collect();
-        for pid in new {
-            self.proc_info(pid);
+        // /proc facts of new processes only (not a walk over every process per batch).
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            let new = self
+                .state
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.info.is_none() && p.exited_ns.is_none());
+            if new {
+                self.proc_info(pid);
+            }
         }
     }
 
@@ -372,15 +368,6 @@ fn read_ids(pid: u32, ptr: u64, n: u32) -> Option<Vec<u32>> {
         base: ptr as usize,
         len: buf.len(),
     }];
-    let got = nix::sys::uio::process_vm_readv(
-        Pid::from_raw(pid as i32),
-        &mut [std::io::IoSliceMut::new(&mut buf)],
-        &remote,
-    )
-    .ok()?;
-    (got == buf.len()).then(|| {
-        buf.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    })
+    let got = sampler::read_remote(pid, &remote, &mut buf).ok()?;
+    (got == buf.len()).then(|| (0..n).map(|i| sampler::u32_at(&buf, 4 * i)).collect())
 }

@@ -12,6 +12,27 @@ use serde::Serialize;
 pub struct Regs(pub Vec<u32>);
 
 impl Regs {
+    /// The image a GFX9 slot shows for a mapped queue (the inverse of the accessors below; tests
+    /// and the load benchmark build dumps with it): active, ring, user rptr/wptr addresses,
+    /// doorbell dword index with DOORBELL_EN, ring size.
+    pub fn mapped(ring: u64, rptr: u64, wptr: u64, doorbell_dw: u32, ring_size: u64) -> Self {
+        let mut r = vec![0u32; reg::HQD_N_REGS];
+        let lo = |v: u64| v as u32;
+        let hi = |v: u64| (v >> 32) as u32;
+        r[reg::ACTIVE] = 1;
+        r[reg::PQ_BASE] = lo(ring >> 8);
+        r[reg::PQ_BASE_HI] = hi(ring >> 8);
+        r[reg::PQ_RPTR_REPORT_ADDR] = lo(rptr);
+        r[reg::PQ_RPTR_REPORT_ADDR_HI] = hi(rptr);
+        r[reg::PQ_WPTR_POLL_ADDR] = lo(wptr);
+        r[reg::PQ_WPTR_POLL_ADDR_HI] = hi(wptr);
+        r[reg::PQ_DOORBELL_CONTROL] =
+            ((doorbell_dw << reg::DOORBELL_OFFSET_SHIFT) & reg::DOORBELL_OFFSET_MASK) | (1 << 30);
+        // log2(ring size in dwords) - 1.
+        r[reg::PQ_CONTROL] = (ring_size / 4).max(2).trailing_zeros() - 1;
+        Self(r)
+    }
+
     fn get(&self, i: usize) -> Option<u32> {
         (self.0.len() == reg::HQD_N_REGS).then(|| self.0[i])
     }
@@ -325,6 +346,11 @@ mod tests {
         regs[reg::PQ_WPTR_POLL_ADDR] = 0x5038;
         regs[reg::PQ_DOORBELL_CONTROL] = ((2048 + 6) << 2) | (1 << 30);
         regs[reg::PQ_CONTROL] = 9 | (1 << 8);
+        // The encoder the tests and the load benchmark use gives the same image.
+        let mut m = Regs::mapped(0x7f12_3400, 0x5080, 0x5038, 2048 + 6, 4096).0;
+        m[reg::VMID] = 8;
+        m[reg::PQ_CONTROL] |= 1 << 8;
+        assert_eq!(m, regs);
         let mut text =
             String::from("Node 1, gpu_id 3039:\n   Inst 0, HIQ on MEC 2 Pipe 0 Queue 0\n");
         text += "    00028914: 00000000 00000001\n\n";

@@ -697,26 +697,18 @@ pub(crate) mod tests {
         let mut slots = Vec::new();
         for pipe in 0..4 {
             for queue in 0..8 {
-                let mut r = vec![0u32; reg::HQD_N_REGS];
-                if (pipe, queue) == (1, 2) {
+                let r = if (pipe, queue) == (1, 2) {
                     let rb = ring(pid, qid);
-                    let rp = rb + 0x800;
-                    let wp = rb + 0x7b8;
-                    r[reg::ACTIVE] = 1;
-                    r[reg::PQ_BASE] = (rb >> 8) as u32;
-                    r[reg::PQ_BASE_HI] = (rb >> 40) as u32;
-                    r[reg::PQ_RPTR_REPORT_ADDR] = rp as u32;
-                    r[reg::PQ_RPTR_REPORT_ADDR_HI] = (rp >> 32) as u32;
-                    r[reg::PQ_WPTR_POLL_ADDR] = wp as u32;
-                    r[reg::PQ_WPTR_POLL_ADDR_HI] = (wp >> 32) as u32;
                     // dword index qid*2 -> byte offset qid*8 in the slice.
-                    r[reg::PQ_DOORBELL_CONTROL] = (qid * 2) << reg::DOORBELL_OFFSET_SHIFT;
-                }
+                    Regs::mapped(rb, rb + 0x800, rb + 0x7b8, qid * 2, 0x1_0000)
+                } else {
+                    Regs(vec![0u32; reg::HQD_N_REGS])
+                };
                 slots.push(HqdSlot {
                     inst: 0,
                     pipe,
                     queue,
-                    regs: Regs(r),
+                    regs: r,
                 });
             }
         }

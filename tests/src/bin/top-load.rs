@@ -148,26 +148,19 @@ impl DrvQueue {
 
     /// The HQD register image of this queue mapped in a slot.
     fn regs(&self, wptr_packets: u64) -> Regs {
-        let mut r = vec![0u32; reg::HQD_N_REGS];
-        let base = self.ring >> 8;
-        r[reg::ACTIVE] = 1;
-        r[reg::VMID] = 8;
-        r[reg::QUEUE_PRIORITY] = 7;
-        r[reg::PQ_BASE] = base as u32;
-        r[reg::PQ_BASE_HI] = (base >> 32) as u32;
-        r[reg::PQ_RPTR_REPORT_ADDR] = self.rptr as u32;
-        r[reg::PQ_RPTR_REPORT_ADDR_HI] = (self.rptr >> 32) as u32;
-        r[reg::PQ_WPTR_POLL_ADDR] = self.wptr as u32;
-        r[reg::PQ_WPTR_POLL_ADDR_HI] = (self.wptr >> 32) as u32;
-        r[reg::PQ_DOORBELL_CONTROL] = ((self.doorbell_dw << reg::DOORBELL_OFFSET_SHIFT)
-            & reg::DOORBELL_OFFSET_MASK)
-            | (1 << 30);
-        // log2(ring dwords) - 1
-        r[reg::PQ_CONTROL] = (RING_SIZE / 4).trailing_zeros() - 1;
+        let mut r = Regs::mapped(
+            self.ring,
+            self.rptr,
+            self.wptr,
+            self.doorbell_dw,
+            u64::from(RING_SIZE),
+        );
+        r.0[reg::VMID] = 8;
+        r.0[reg::QUEUE_PRIORITY] = 7;
         let wptr_dw = wptr_packets * 16;
-        r[reg::PQ_WPTR_LO] = wptr_dw as u32;
-        r[reg::PQ_WPTR_HI] = (wptr_dw >> 32) as u32;
-        Regs(r)
+        r.0[reg::PQ_WPTR_LO] = wptr_dw as u32;
+        r.0[reg::PQ_WPTR_HI] = (wptr_dw >> 32) as u32;
+        r
     }
 }
 
