@@ -72,6 +72,8 @@ pub struct WorkloadOptions {
     pub priority: u32,
     /// Which GPU (topology order, 0-based).
     pub gpu: usize,
+    /// Create a second (idle) queue this long after the start, as a runtime adding a stream.
+    pub second_queue_after: Option<Duration>,
 }
 
 #[derive(Serialize, Debug)]
@@ -235,6 +237,15 @@ impl AqlQueue {
                 }
             };
         }
+        Self::create(fd, gpu_id, priority)
+    }
+
+    /// Another queue of the same process (the runtime is already up).
+    pub fn another(&self, priority: u32) -> Result<Self> {
+        Self::create(self.fd.try_clone()?, self.gpu_id, priority)
+    }
+
+    fn create(fd: File, gpu_id: u32, priority: u32) -> Result<Self> {
         let queue = Mapping::new(4096)?;
         let ring = Mapping::new((RING_PACKETS as usize) * PACKET_BYTES)?;
         let eop = Mapping::new(4096)?;
@@ -609,6 +620,23 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
     );
     let start = Instant::now();
     let end = start + opts.duration;
+    // The second queue lives on its own thread: the main loop may sit in a wait for a long
+    // time (its queue suspended, say) and the new queue must come regardless.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let second = opts.second_queue_after.map(|d| {
+        let fd = q.fd.try_clone();
+        let (gpu_id, priority) = (q.gpu_id, opts.priority);
+        std::thread::spawn(move || -> Result<()> {
+            if done_rx.recv_timeout(d).is_ok() {
+                return Ok(());
+            }
+            let s = AqlQueue::create(fd?, gpu_id, priority)?;
+            eprintln!("workload: second queue {} ready", s.queue_id);
+            let _ = done_rx.recv();
+            drop(s);
+            Ok(())
+        })
+    });
     let mut lat = Vec::new();
     let mut iterations = 0u64;
     match opts.mode {
@@ -683,6 +711,13 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         items_per_s: (iterations * batch_of(&p.workload)) as f64 / elapsed.max(1e-9),
         kernels,
     };
+    drop(done_tx);
+    if let Some(t) = second {
+        match t.join() {
+            Ok(r) => r.context("the second queue")?,
+            Err(_) => anyhow::bail!("the second queue's thread panicked"),
+        }
+    }
     drop(q);
     Ok(report)
 }

@@ -50,6 +50,67 @@ pub enum Command {
     Trace(TraceArgs),
     /// Run an emulated AMD GPU (KFD) and commands against it (default: the demo).
     Sim(SimArgs),
+    /// The controller: classify processes by a policy and suspend offline queues while online
+    /// work runs.
+    Run(RunArgs),
+    /// Suspend a process's queues (held until Ctrl-C, `resume`, --for or --max-suspend).
+    Suspend(SuspendArgs),
+    /// Resume a process's queues.
+    Resume(ResumeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The policy file (TOML; see examples/ and README).
+    #[arg(long, value_name = "FILE")]
+    pub policy: PathBuf,
+    /// Decide and log, act on nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Append every decision and its outcome here, as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// How often the policy decides (ms).
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub tick: u64,
+    /// How often the queues' dispatch ids are read (ms): how fast online work is noticed.
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub sample_interval: u64,
+    /// How often to reconcile with sysfs and /proc (ms).
+    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub reconcile_interval: u64,
+    /// How often to read debugfs `hqds` (ms).
+    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub hqd_interval: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct SuspendArgs {
+    /// The process (host pid).
+    #[arg(long)]
+    pub pid: u32,
+    /// Only these queue ids (repeatable; default: every queue, including new ones).
+    #[arg(long)]
+    pub queue: Vec<u32>,
+    /// Preemption grace period in the kernel's units (1K GPU clocks; default: the kernel's).
+    #[arg(long)]
+    pub grace: Option<u32>,
+    /// Resume after this long (e.g. 500ms, 30s, 5m).
+    #[arg(long = "for", value_name = "DURATION")]
+    pub for_: Option<crate::manual::DurationArg>,
+    /// The watchdog: nothing stays suspended longer than this.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub max_suspend: crate::manual::DurationArg,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// The process (host pid).
+    #[arg(long)]
+    pub pid: u32,
+    /// Only these queue ids (repeatable; default: all).
+    #[arg(long)]
+    pub queue: Vec<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -98,6 +159,9 @@ pub struct WorkloadArgs {
     /// GPU index in topology order.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
+    /// Create a second (idle) queue after this many seconds, as a runtime adding a stream.
+    #[arg(long, value_name = "SECONDS")]
+    pub second_queue_after: Option<f64>,
     /// Write the JSON report here instead of stdout.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -168,6 +232,14 @@ pub fn main() -> Result<ExitCode> {
         .format_timestamp(None)
         .target(env_logger::Target::Stderr)
         .init();
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Suspend(_) | Command::Resume(_) | Command::Top(_)
+    ) {
+        // The control thread takes its tracees' stops from a signalfd: SIGCHLD must be blocked
+        // in every thread, so before the runtime starts any.
+        crate::control::block_sigchld()?;
+    }
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -179,6 +251,9 @@ pub fn main() -> Result<ExitCode> {
         Command::Queues(ref args) => queues(args),
         Command::Top(ref args) => rt()?.block_on(crate::top::main(&cli, args)),
         Command::Trace(ref args) => rt()?.block_on(trace(&cli, args)),
+        Command::Run(ref args) => rt()?.block_on(crate::run::main(&cli, args)),
+        Command::Suspend(ref args) => rt()?.block_on(crate::manual::suspend(&cli, args)),
+        Command::Resume(ref args) => rt()?.block_on(crate::manual::resume(&cli, args)),
     }
 }
 

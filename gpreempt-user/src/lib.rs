@@ -1,11 +1,16 @@
 //! gpreempt-ebpf: watch AMD GPU compute queues (amdkfd) with eBPF and preempt them by policy.
 pub mod cli;
 pub mod clock;
+pub mod control;
+pub mod daemon;
 pub mod events;
 pub mod kfd;
+pub mod manual;
+pub mod policy;
 pub mod probe;
 pub mod procinfo;
 pub mod queues;
+pub mod run;
 pub mod sampler;
 pub mod sim;
 pub mod state;

@@ -104,6 +104,10 @@ fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
         duration: Duration::from_secs_f64(w.duration),
         priority: w.priority,
         gpu: w.gpu,
+        second_queue_after: w
+            .second_queue_after
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
     };
     let report = gpreempt_sim::workload::run(&opts, &cli.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;

@@ -1,4 +1,6 @@
-//! `gpreempt-ebpf top`: the watcher feeding the TUI.
+//! `gpreempt-ebpf top`: the watcher feeding the TUI. Its `s` / `r` keys go to the running
+//! controller over its socket; with none running, top itself becomes the controller on the
+//! first key (holding the lock; what it suspended is resumed when it exits).
 
 use std::{process::ExitCode, time::Duration};
 
@@ -6,32 +8,172 @@ use anyhow::Result;
 
 use crate::{
     cli::{Cli, TopArgs},
+    control::{Control, Notice},
+    daemon::{self, Lock, Request, Response, Status},
     kfd::Paths,
-    state::State,
+    manual::describe,
+    state::{State, Update},
     tui::{self, app::Command},
     watch::{Intervals, Watcher},
 };
 
-impl tui::Source for Watcher {
+/// top's own control, started on the first `s` / `r` when no controller runs.
+struct Local {
+    _lock: Lock,
+    control: Control,
+    notices: tokio::sync::mpsc::UnboundedReceiver<Notice>,
+    requests: tokio::sync::mpsc::Receiver<daemon::Incoming>,
+}
+
+pub struct Top {
+    w: Watcher,
+    kfd_device: std::path::PathBuf,
+    local: Option<Local>,
+}
+
+impl Top {
+    fn apply(&mut self, r: &crate::control::OpReport, suspend: bool) {
+        let (ts_ns, by, target, queues) =
+            (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
+        self.w.state.apply(if suspend {
+            Update::Suspended {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        } else {
+            Update::Resumed {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        });
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            controller_pid: std::process::id(),
+            mode: "top".into(),
+            held: self
+                .w
+                .state
+                .procs
+                .values()
+                .flat_map(|p| p.live_queues().map(move |q| (p.pid, q)))
+                .filter(|(_, q)| q.suspended_by == Some(std::process::id()))
+                .map(|(pid, q)| (pid, q.queue_id, Some(q.gpu_id)))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    async fn send(&mut self, req: Request) -> Result<Response> {
+        let dir = daemon::run_dir();
+        if self.local.is_none() {
+            if let Some(r) = daemon::ask(&dir, &req).await? {
+                return Ok(r);
+            }
+            let lock = Lock::acquire(&dir)?;
+            let (control, notices) = Control::start(&self.kfd_device, Default::default())?;
+            let requests = daemon::serve(&dir)?;
+            self.local = Some(Local {
+                _lock: lock,
+                control,
+                notices,
+                requests,
+            });
+        }
+        let Some(local) = &self.local else {
+            anyhow::bail!("no control");
+        };
+        let suspend = matches!(req, Request::Suspend { .. });
+        let resp = crate::manual::handle(&local.control, req, Status::default).await;
+        if let Some(r) = &resp.report {
+            let r = r.clone();
+            self.apply(&r, suspend);
+            let _ = daemon::write_status(&dir, &self.status());
+        }
+        Ok(resp)
+    }
+}
+
+impl tui::Source for Top {
     async fn pump(&mut self) -> Result<()> {
-        Watcher::pump(self).await
+        let Some(local) = &mut self.local else {
+            return self.w.pump().await;
+        };
+        enum Got {
+            Notice(Notice),
+            Request(daemon::Incoming),
+        }
+        let got = tokio::select! {
+            r = self.w.pump() => return r,
+            Some(n) = local.notices.recv() => Got::Notice(n),
+            Some(i) = local.requests.recv() => Got::Request(i),
+        };
+        match got {
+            Got::Notice(Notice::Acted {
+                report, suspend, ..
+            }) => self.apply(&report, suspend),
+            Got::Notice(Notice::Problem { pid, text }) => self.w.state.apply(Update::Warning {
+                ts_ns: crate::clock::monotonic_ns(),
+                text: format!("pid {pid}: {text}"),
+            }),
+            Got::Notice(Notice::Fenced { gpu_id, why }) => self.w.state.apply(Update::Warning {
+                ts_ns: crate::clock::monotonic_ns(),
+                text: format!("GPU {gpu_id:#x}: {why}"),
+            }),
+            Got::Notice(Notice::TargetGone { .. }) => {}
+            Got::Request((req, reply)) => {
+                let resp = match req {
+                    Request::Status => Response {
+                        ok: true,
+                        status: Some(self.status()),
+                        ..Default::default()
+                    },
+                    req => self.send(req).await.unwrap_or_else(Response::err),
+                };
+                let _ = reply.send(resp);
+            }
+        }
+        Ok(())
     }
     fn state(&self) -> &State {
-        &self.state
+        &self.w.state
     }
-    fn command(&mut self, c: &Command) -> Result<String> {
-        match c {
-            Command::Suspend { .. } | Command::Resume { .. } => anyhow::bail!(
-                "manual suspend/resume needs the controller, which this build does not have yet"
+    async fn command(&mut self, c: &Command) -> Result<String> {
+        let (req, suspend) = match *c {
+            Command::Suspend { pid, queue } => (
+                Request::Suspend {
+                    pid,
+                    queues: queue.map(|q| vec![q]),
+                    grace: None,
+                },
+                true,
             ),
-            Command::Quit => Ok(String::new()),
+            Command::Resume { pid, queue } => (
+                Request::Resume {
+                    pid,
+                    queues: queue.map(|q| vec![q]),
+                },
+                false,
+            ),
+            Command::Quit => return Ok(String::new()),
+        };
+        let resp = self.send(req).await?;
+        match (resp.report, resp.error) {
+            (Some(r), _) => Ok(describe(&r, suspend)),
+            (None, Some(e)) => anyhow::bail!("{e}"),
+            (None, None) => Ok(String::new()),
         }
     }
 }
 
 pub async fn main(cli: &Cli, args: &TopArgs) -> Result<ExitCode> {
     let ms = Duration::from_millis;
-    let mut w = Watcher::start(
+    let w = Watcher::start(
         Paths::default(),
         &cli.kfd_device,
         Intervals {
@@ -40,11 +182,21 @@ pub async fn main(cli: &Cli, args: &TopArgs) -> Result<ExitCode> {
             sample: ms(args.sample_interval),
         },
     )?;
+    let mut top = Top {
+        w,
+        kfd_device: cli.kfd_device.clone(),
+        local: None,
+    };
     // stderr lines would tear the screen: problems go to the event log while the TUI is up.
     let level = log::max_level();
     log::set_max_level(log::LevelFilter::Off);
-    let r = tui::run(&mut w, ms(args.interval)).await;
+    let r = tui::run(&mut top, ms(args.interval)).await;
     log::set_max_level(level);
+    if let Some(local) = top.local.take() {
+        // What top suspended runs again.
+        local.control.shutdown().await;
+        let _ = daemon::write_status(&daemon::run_dir(), &Status::default());
+    }
     r?;
     Ok(ExitCode::SUCCESS)
 }

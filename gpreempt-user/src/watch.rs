@@ -59,6 +59,8 @@ pub struct Watcher {
     /// The periodic reads (only with events: they need the runtime).
     timers: Option<Timers>,
     lost_reported: u64,
+    /// What the running controller (another process) publishes: classes, held queues, decisions.
+    pub controller: Option<crate::daemon::Status>,
 }
 
 impl Watcher {
@@ -84,6 +86,7 @@ impl Watcher {
             batch: Vec::with_capacity(256),
             timers: None,
             lost_reported: 0,
+            controller: None,
         })
     }
 
@@ -104,6 +107,7 @@ impl Watcher {
     /// sysfs, /proc, mqds, hqds and a sample, now.
     fn read_all(&mut self, mqds: bool) {
         self.reconcile_now(mqds);
+        self.controller_now();
         self.hqds_now();
         self.sample_now();
     }
@@ -117,6 +121,70 @@ impl Watcher {
             });
             self.warnings.push(w);
         }
+    }
+
+    /// The running controller's classes and held queues (its suspend arrays cannot be read
+    /// back reliably from its events: they are gone by the time we look).
+    pub fn controller_now(&mut self) {
+        let status = crate::daemon::read_status(&crate::daemon::run_dir())
+            .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
+        let Some(s) = status else {
+            self.controller = None;
+            return;
+        };
+        let ts_ns = monotonic_ns();
+        for (&pid, class) in &s.classes {
+            if self
+                .state
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.class.as_ref() != Some(class))
+            {
+                self.state.apply(Update::Class {
+                    pid,
+                    class: Some(class.clone()),
+                });
+            }
+        }
+        let by = s.controller_pid;
+        let mut held: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for &(pid, q, _) in &s.held {
+            held.entry(pid).or_default().push(q);
+        }
+        let mut updates = Vec::new();
+        for p in self.state.procs.values() {
+            let want = held.get(&p.pid);
+            let (mut sus, mut res) = (Vec::new(), Vec::new());
+            for q in p.live_queues() {
+                let is = q.state == crate::state::QueueState::Suspended;
+                let should = want.is_some_and(|w| w.contains(&q.queue_id));
+                if should && !is {
+                    sus.push(q.queue_id);
+                } else if !should && is && q.suspended_by == Some(by) {
+                    res.push(q.queue_id);
+                }
+            }
+            if !sus.is_empty() {
+                updates.push(Update::Suspended {
+                    ts_ns,
+                    by,
+                    target: p.pid,
+                    queues: Some(sus),
+                });
+            }
+            if !res.is_empty() {
+                updates.push(Update::Resumed {
+                    ts_ns,
+                    by,
+                    target: p.pid,
+                    queues: Some(res),
+                });
+            }
+        }
+        for u in updates {
+            self.state.apply(u);
+        }
+        self.controller = Some(s);
     }
 
     fn reconcile_now(&mut self, force_mqds: bool) {
@@ -287,6 +355,7 @@ impl Watcher {
             }
             Due::Reconcile => {
                 self.reconcile_now(false);
+                self.controller_now();
                 self.state.apply(Update::Tick {
                     now_ns: monotonic_ns(),
                 });
@@ -321,7 +390,8 @@ fn suspend_update(ev: &Event) -> Option<Update> {
     let KfdCall::DbgTrap(a) = &i.call else {
         return None;
     };
-    if i.ret < 0 {
+    // Our own calls (the controller's) are applied from their results: the arrays are gone.
+    if i.ret < 0 || i.origin.pid == std::process::id() {
         return None;
     }
     let (ptr, n) = match a.op {

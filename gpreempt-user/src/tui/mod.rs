@@ -48,7 +48,7 @@ pub trait Source {
     async fn pump(&mut self) -> anyhow::Result<()>;
     fn state(&self) -> &crate::state::State;
     /// Carries out a command from a key; Ok(message for the status line) or Err (shown too).
-    fn command(&mut self, c: &app::Command) -> anyhow::Result<String>;
+    async fn command(&mut self, c: &app::Command) -> anyhow::Result<String>;
 }
 
 /// How long the input thread waits for an event before checking whether it should stop.
@@ -202,7 +202,7 @@ async fn event_loop<B: Backend, S: Source>(
                         let action = action_for(k, &app);
                         match app.handle(action, source.state()) {
                             Some(Command::Quit) => return Ok(()),
-                            Some(c) => match source.command(&c) {
+                            Some(c) => match source.command(&c).await {
                                 Ok(msg) => app.set_status(msg, false),
                                 Err(e) => app.set_status(format!("{e:#}"), true),
                             },
@@ -315,7 +315,7 @@ mod tests {
         fn state(&self) -> &State {
             &self.state
         }
-        fn command(&mut self, c: &Command) -> anyhow::Result<String> {
+        async fn command(&mut self, c: &Command) -> anyhow::Result<String> {
             self.commands.push(c.clone());
             if self.fail {
                 anyhow::bail!("no permission to attach to the target");

@@ -1,0 +1,258 @@
+//! What a running controller shares with the host: one lock (one controller at a time), the
+//! list of processes it controls (so the next instance can resume anything left behind), a
+//! status file `top` reads, and a control socket through which `suspend`, `resume` and `top`'s
+//! keys reach it. Everything lives in `/run/gpreempt-ebpf` (`GPREEMPT_RUN_DIR` overrides it).
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{Read as _, Seek as _, Write as _},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::{mpsc, oneshot},
+};
+
+use crate::control::OpReport;
+
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("GPREEMPT_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/gpreempt-ebpf"))
+}
+
+/// An exclusive flock on `<dir>/controller.lock`, holding our pid. Released when dropped or
+/// when the process dies in any way (the kernel drops flocks with the last fd).
+pub struct Lock {
+    _file: File,
+    dir: PathBuf,
+}
+
+impl Lock {
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("controller.lock");
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut s = String::new();
+            let _ = f.read_to_string(&mut s);
+            let who = s.trim();
+            anyhow::bail!(
+                "another gpreempt-ebpf controller is running (pid {}); stop it first, or send it \
+                 requests: `gpreempt-ebpf suspend|resume` talk to it",
+                if who.is_empty() { "?" } else { who }
+            );
+        }
+        f.set_len(0)?;
+        f.rewind()?;
+        writeln!(f, "{}", std::process::id())?;
+        Ok(Self {
+            _file: f,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// A process a controller attached to, with its start time (a reused pid is not touched).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Controlled {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// Records the controlled processes (written on every change; atomically replaced).
+pub fn write_targets(dir: &Path, targets: &[Controlled]) -> Result<()> {
+    write_atomic(&dir.join("targets.json"), &serde_json::to_vec(targets)?)
+}
+
+/// What an earlier controller recorded (empty when none or unreadable).
+pub fn read_targets(dir: &Path) -> Vec<Controlled> {
+    std::fs::read(dir.join("targets.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// What a controller publishes for `top` and `gpreempt-ebpf resume`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub controller_pid: u32,
+    /// `run`, `suspend` or `top`.
+    pub mode: String,
+    pub policy: Option<String>,
+    pub dry_run: bool,
+    /// Policy class per pid.
+    pub classes: BTreeMap<u32, String>,
+    /// Queues held suspended: (pid, queue, gpu).
+    pub held: Vec<(u32, u32, Option<u32>)>,
+    /// GPUs no longer preempted, and why.
+    pub fenced: Vec<(u32, String)>,
+    /// Processes that cannot be controlled, and why.
+    pub refused: BTreeMap<u32, String>,
+    /// The latest decisions, newest last (audit records).
+    pub decisions: Vec<serde_json::Value>,
+}
+
+pub fn write_status(dir: &Path, s: &Status) -> Result<()> {
+    write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
+}
+
+/// The status of the running controller, if there is one (the lock is held).
+pub fn read_status(dir: &Path) -> Option<Status> {
+    if !lock_held(dir) {
+        return None;
+    }
+    std::fs::read(dir.join("status.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// Whether some process holds the controller lock.
+pub fn lock_held(dir: &Path) -> bool {
+    let Ok(f) = File::open(dir.join("controller.lock")) else {
+        return false;
+    };
+    // SAFETY: flock on an fd we own; a shared lock fails only if an exclusive one is held.
+    let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    !free
+}
+
+// ---------------------------------------------------------------------------------------------
+// The control socket: one JSON request line, one JSON response line.
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Suspend {
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    },
+    Resume {
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    },
+    Status,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    pub error: Option<String>,
+    pub report: Option<OpReport>,
+    pub status: Option<Status>,
+}
+
+impl Response {
+    pub fn err(e: impl std::fmt::Display) -> Self {
+        Self {
+            ok: false,
+            error: Some(e.to_string()),
+            ..Default::default()
+        }
+    }
+}
+
+pub type Incoming = (Request, oneshot::Sender<Response>);
+
+/// Serves the socket: each request is handed to the owner's loop through the returned channel.
+pub fn serve(dir: &Path) -> Result<mpsc::Receiver<Incoming>> {
+    let path = dir.join("control.sock");
+    // A stale socket of a dead controller (we hold the lock, so no live one owns it).
+    let _ = std::fs::remove_file(&path);
+    let listener =
+        UnixListener::bind(&path).with_context(|| format!("listening on {}", path.display()))?;
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = answer(stream, tx).await;
+            });
+        }
+    });
+    Ok(rx)
+}
+
+async fn answer(stream: UnixStream, tx: mpsc::Sender<Incoming>) -> Result<()> {
+    let (rd, mut wr) = stream.into_split();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        BufReader::new(rd).read_line(&mut line),
+    )
+    .await??;
+    let resp = match serde_json::from_str::<Request>(&line) {
+        Ok(req) => {
+            let (rtx, rrx) = oneshot::channel();
+            tx.send((req, rtx)).await?;
+            rrx.await
+                .unwrap_or_else(|_| Response::err("the controller is shutting down"))
+        }
+        Err(e) => Response::err(format!("bad request: {e}")),
+    };
+    let mut out = serde_json::to_vec(&resp)?;
+    out.push(b'\n');
+    wr.write_all(&out).await?;
+    Ok(())
+}
+
+/// Sends a request to the running controller; None when no controller is running.
+pub async fn ask(dir: &Path, req: &Request) -> Result<Option<Response>> {
+    if !lock_held(dir) {
+        return Ok(None);
+    }
+    let path = dir.join("control.sock");
+    let stream = match UnixStream::connect(&path).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "a controller holds the lock but {} does not answer",
+                    path.display()
+                )
+            })
+        }
+    };
+    let (rd, mut wr) = stream.into_split();
+    let mut out = serde_json::to_vec(req)?;
+    out.push(b'\n');
+    wr.write_all(&out).await?;
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        BufReader::new(rd).read_line(&mut line),
+    )
+    .await
+    .context("the controller did not answer within 10 s")??;
+    Ok(Some(
+        serde_json::from_str(&line).context("the controller's answer")?,
+    ))
+}

@@ -1,0 +1,306 @@
+//! `suspend` and `resume`: manual control. With a controller running (`run`, or an earlier
+//! `suspend` still holding queues) the request goes to it over the control socket. Otherwise
+//! `suspend` becomes the controller: it holds the queues suspended until Ctrl-C, a `resume`,
+//! `--for` or the watchdog (the kernel resumes them when their debugger exits, so a suspension
+//! cannot outlive the process that made it).
+
+use std::{path::Path, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    cli::{Cli, ResumeArgs, SuspendArgs},
+    control::{Control, Limits, Notice, OpReport, QueueOutcome},
+    daemon::{self, Controlled, Request, Response, Status},
+    procinfo,
+};
+
+/// One line per queue group: what happened.
+pub fn describe(r: &OpReport, suspend: bool) -> String {
+    let verb = if suspend { "suspended" } else { "resumed" };
+    let list = |o: QueueOutcome| {
+        r.queues
+            .iter()
+            .filter(|q| q.outcome == o)
+            .map(|q| q.queue_id.to_string())
+            .collect::<Vec<_>>()
+    };
+    let mut parts = Vec::new();
+    let done = list(QueueOutcome::Done);
+    if !done.is_empty() {
+        parts.push(format!("{verb} queue(s) {}", done.join(", ")));
+    }
+    let invalid = list(QueueOutcome::Invalid);
+    if !invalid.is_empty() {
+        parts.push(format!(
+            "not {verb}: {} (no such queue, or being created/destroyed)",
+            invalid.join(", ")
+        ));
+    }
+    let error = list(QueueOutcome::Error);
+    if !error.is_empty() {
+        parts.push(format!(
+            "FAILED: {} (the GPU reported an error)",
+            error.join(", ")
+        ));
+    }
+    let fenced = list(QueueOutcome::Fenced);
+    if !fenced.is_empty() {
+        parts.push(format!(
+            "skipped: {} (GPU fenced after an error)",
+            fenced.join(", ")
+        ));
+    }
+    if parts.is_empty() {
+        parts.push(match r.ret {
+            Some(n) => format!("{verb} all queues (kernel count {n})"),
+            None => "no queues".into(),
+        });
+    }
+    format!("pid {}: {}", r.pid, parts.join("; "))
+}
+
+/// Serves one socket request with our own [`Control`] (a `suspend` holder).
+pub async fn handle(control: &Control, req: Request, status: impl FnOnce() -> Status) -> Response {
+    match req {
+        Request::Suspend { pid, queues, grace } => {
+            match control.suspend(pid, queues, grace).await {
+                Ok(r) => Response {
+                    ok: true,
+                    report: Some(r),
+                    ..Default::default()
+                },
+                Err(e) => Response::err(format!("pid {pid}: {e}")),
+            }
+        }
+        Request::Resume { pid, queues } => match control.resume(pid, queues).await {
+            Ok(r) => Response {
+                ok: true,
+                report: Some(r),
+                ..Default::default()
+            },
+            Err(e) => Response::err(format!("pid {pid}: {e}")),
+        },
+        Request::Status => Response {
+            ok: true,
+            status: Some(status()),
+            ..Default::default()
+        },
+    }
+}
+
+fn print_response(r: &Response, suspend: bool) -> ExitCode {
+    match (&r.report, &r.error) {
+        (Some(rep), _) => {
+            println!("{}", describe(rep, suspend));
+            if rep.queues.is_empty() || rep.queues.iter().any(|q| q.outcome == QueueOutcome::Done) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        (None, Some(e)) => {
+            eprintln!("gpreempt-ebpf: error: {e}");
+            ExitCode::FAILURE
+        }
+        (None, None) => ExitCode::SUCCESS,
+    }
+}
+
+fn queues_arg(q: &[u32]) -> Option<Vec<u32>> {
+    (!q.is_empty()).then(|| q.to_vec())
+}
+
+pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
+    let dir = daemon::run_dir();
+    let req = Request::Suspend {
+        pid: a.pid,
+        queues: queues_arg(&a.queue),
+        grace: a.grace,
+    };
+    if let Some(r) = daemon::ask(&dir, &req).await? {
+        return Ok(print_response(&r, true));
+    }
+    let lock = daemon::Lock::acquire(&dir)?;
+    let max = a.max_suspend.0;
+    let (control, mut notices) = Control::start(
+        &cli.kfd_device,
+        Limits {
+            max_suspend: max,
+            ..Limits::default()
+        },
+    )?;
+    let start_time = procinfo::start_time(Path::new("/proc"), a.pid)
+        .with_context(|| format!("pid {} does not exist", a.pid))?;
+    daemon::write_targets(
+        lock.dir(),
+        &[Controlled {
+            pid: a.pid,
+            start_time,
+        }],
+    )?;
+    let first = match control.suspend(a.pid, queues_arg(&a.queue), a.grace).await {
+        Ok(r) => r,
+        Err(e) => {
+            control.shutdown().await;
+            let _ = daemon::write_targets(lock.dir(), &[]);
+            anyhow::bail!("pid {}: {e}", a.pid);
+        }
+    };
+    println!("{}", describe(&first, true));
+    let mut held: std::collections::BTreeSet<u32> = first.done().into_iter().collect();
+    if held.is_empty() {
+        control.shutdown().await;
+        let _ = daemon::write_targets(lock.dir(), &[]);
+        return Ok(ExitCode::FAILURE);
+    }
+    let mut requests = daemon::serve(lock.dir())?;
+    let status = |held: &std::collections::BTreeSet<u32>| Status {
+        controller_pid: std::process::id(),
+        mode: "suspend".into(),
+        held: held.iter().map(|q| (a.pid, *q, None)).collect(),
+        ..Default::default()
+    };
+    daemon::write_status(lock.dir(), &status(&held))?;
+    println!(
+        "holding them until Ctrl-C, `gpreempt-ebpf resume --pid {}`{}, or {} (watchdog)",
+        a.pid,
+        a.for_
+            .as_ref()
+            .map(|d| format!(", {} elapsed", humantime(d.0)))
+            .unwrap_or_default(),
+        humantime(max)
+    );
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let until = async {
+        match &a.for_ {
+            Some(d) => tokio::time::sleep(d.0).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(until);
+    let why = loop {
+        tokio::select! {
+            _ = int.recv() => break "interrupted".to_string(),
+            _ = term.recv() => break "terminated".to_string(),
+            _ = hup.recv() => break "hangup".to_string(),
+            _ = &mut until => break "--for elapsed".to_string(),
+            Some(n) = notices.recv() => match n {
+                Notice::TargetGone { pid } if pid == a.pid => break format!("pid {pid} exited"),
+                Notice::Acted { report, suspend, why } => {
+                    println!("{} ({why})", describe(&report, suspend));
+                    for q in report.done() {
+                        if suspend { held.insert(q); } else { held.remove(&q); }
+                    }
+                }
+                Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
+                Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
+                Notice::TargetGone { .. } => {}
+            },
+            Some((req, reply)) = requests.recv() => {
+                let resume = matches!(req, Request::Resume { .. });
+                let suspend = matches!(req, Request::Suspend { .. });
+                let resp = handle(&control, req, || status(&held)).await;
+                if let Some(r) = &resp.report {
+                    println!("{}", describe(r, suspend));
+                    for q in r.done() {
+                        if suspend { held.insert(q); } else if resume { held.remove(&q); }
+                    }
+                }
+                let _ = reply.send(resp);
+                let _ = daemon::write_status(lock.dir(), &status(&held));
+            }
+        }
+        if held.is_empty() {
+            break "every queue resumed".to_string();
+        }
+    };
+    let reports = control.shutdown().await;
+    let _ = daemon::write_targets(lock.dir(), &[]);
+    let _ = daemon::write_status(lock.dir(), &Status::default());
+    for r in reports.iter().filter(|r| !r.queues.is_empty()) {
+        println!("{}", describe(r, false));
+    }
+    println!("{why}: nothing is left suspended");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn resume(cli: &Cli, a: &ResumeArgs) -> Result<ExitCode> {
+    let dir = daemon::run_dir();
+    let req = Request::Resume {
+        pid: a.pid,
+        queues: queues_arg(&a.queue),
+    };
+    if let Some(r) = daemon::ask(&dir, &req).await? {
+        return Ok(print_response(&r, false));
+    }
+    // No controller: a suspension of ours cannot exist (it ends with its controller), but a
+    // process may still have queues suspended by a debugger that vanished oddly. Attach,
+    // resume everything, detach.
+    let _lock = daemon::Lock::acquire(&dir)?;
+    let (control, _notices) = Control::start(&cli.kfd_device, Limits::default())?;
+    let r = control.resume(a.pid, None).await;
+    control.shutdown().await;
+    match r {
+        Ok(rep) => {
+            println!(
+                "pid {}: no controller was running; resumed all its queues (kernel count {})",
+                a.pid,
+                rep.ret.map_or("?".into(), |n| n.to_string())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => anyhow::bail!("pid {}: {e}", a.pid),
+    }
+}
+
+pub fn humantime(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms >= 60_000 && ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms >= 1000 && ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else if ms > 0 {
+        format!("{ms}ms")
+    } else {
+        format!("{}us", d.as_micros())
+    }
+}
+
+/// `--for 30s` style durations on the command line.
+#[derive(Clone, Debug)]
+pub struct DurationArg(pub Duration);
+
+impl std::str::FromStr for DurationArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
+        let mult = match unit {
+            "us" => 1e-6,
+            "ms" => 1e-3,
+            "s" | "" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => {
+                return Err(format!(
+                    "invalid duration unit in {s:?} (use us, ms, s, m or h)"
+                ))
+            }
+        };
+        let secs = v * mult;
+        if !(secs.is_finite() && secs > 0.0) {
+            return Err(format!("duration {s:?} must be positive"));
+        }
+        Ok(Self(Duration::from_secs_f64(secs)))
+    }
+}

@@ -1,0 +1,1280 @@
+//! The policy file (parsing, every error with its line), classification, and the engine's
+//! decisions tick by tick against hand-built host models.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::*;
+use crate::state::{Activity, Queue, QueueKind, SampleStatus, Source};
+
+const GA: u32 = 0xa1;
+const GB: u32 = 0xb2;
+const ON: u32 = 100;
+const OFF: u32 = 200;
+const OFF2: u32 = 201;
+
+// ---------------------------------------------------------------------------------------------
+// Parsing
+
+const FULL: &str = r#"# gpreempt-ebpf policy
+[policy]
+strategy = "timeslice"
+window = "15ms"
+resume_after = "2.5ms"
+max_suspend = "1.5s"
+min_run = "300ms"
+min_interval = "500us"
+grace = 0x10
+gpus = [0x1234, 43981, 0x1234]
+default = "offline"
+
+[timeslice]
+period = "80ms"
+share = 0.2
+
+[[rule]]
+class = "online"
+comm = "resnet18*"
+cmdline = "--profile resnet18"
+uid = 1000
+cgroup = "/kubepods.slice/*"
+container = "3f4e5a*"
+pid = 1234
+
+[[rule]]
+class = "ignore"
+pid = 1
+"#;
+
+fn err_lines(text: &str) -> Vec<String> {
+    match Policy::parse(text, "policy.toml") {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string().lines().map(str::to_owned).collect(),
+    }
+}
+
+fn one_err(text: &str) -> String {
+    let lines = err_lines(text);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    lines.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn parses_every_key() {
+    let p = Policy::parse(FULL, "full.toml").unwrap();
+    assert_eq!(p.source, "full.toml");
+    assert_eq!(
+        p.strategy,
+        Strategy::Timeslice {
+            period_ns: 80 * MS,
+            share: 0.2
+        }
+    );
+    assert_eq!(p.window_ns, 15 * MS);
+    assert_eq!(p.resume_after_ns, 2_500_000);
+    assert_eq!(p.max_suspend_ns, 1_500 * MS);
+    assert_eq!(p.min_run_ns, 300 * MS);
+    assert_eq!(p.min_interval_ns, 500_000);
+    assert_eq!(p.grace, Some(16));
+    assert_eq!(p.gpus, Some(vec![0x1234, 43981]));
+    assert_eq!(p.default_class, Class::Offline);
+    assert_eq!(p.rules.len(), 2);
+    let r = &p.rules[0];
+    assert_eq!(r.class, Class::Online);
+    assert_eq!(r.line, 17);
+    assert_eq!(r.comm.as_ref().map(Glob::pattern), Some("resnet18*"));
+    assert_eq!(
+        r.cmdline.as_ref().map(Regex::as_str),
+        Some("--profile resnet18")
+    );
+    assert_eq!(r.uid, Some(1000));
+    assert_eq!(
+        r.cgroup.as_ref().map(Glob::pattern),
+        Some("/kubepods.slice/*")
+    );
+    assert_eq!(r.container.as_ref().map(Glob::pattern), Some("3f4e5a*"));
+    assert_eq!(r.pid, Some(1234));
+    assert_eq!(
+        (p.rules[1].class, p.rules[1].pid, p.rules[1].line),
+        (Class::Ignore, Some(1), 26)
+    );
+    assert!(p.manages(0x1234) && p.manages(43981) && !p.manages(7));
+    assert!(
+        p.summary().contains("timeslice period 80ms share 0.2"),
+        "{}",
+        p.summary()
+    );
+}
+
+#[test]
+fn defaults_for_every_optional_key() {
+    let p = Policy::parse("", "empty.toml").unwrap();
+    assert_eq!(p.strategy, Strategy::Priority);
+    assert_eq!(p.window_ns, 20 * MS);
+    assert_eq!(p.resume_after_ns, 5 * MS);
+    assert_eq!(p.max_suspend_ns, 2_000 * MS);
+    assert_eq!(p.min_run_ns, 200 * MS);
+    assert_eq!(p.min_interval_ns, 10 * MS);
+    assert_eq!(p.grace, None);
+    assert_eq!(p.gpus, None);
+    assert_eq!(p.default_class, Class::Ignore);
+    assert!(p.rules.is_empty());
+    let t = Policy::parse("[policy]\nstrategy = \"timeslice\"\ngpus = \"all\"\n", "t").unwrap();
+    assert_eq!(
+        t.strategy,
+        Strategy::Timeslice {
+            period_ns: 100 * MS,
+            share: 0.25
+        }
+    );
+    assert_eq!(t.gpus, None);
+}
+
+fn examples() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_example_parses() {
+    let files = examples();
+    assert!(files.len() >= 2, "{files:?}");
+    for f in files {
+        if let Err(e) = Policy::load(&f) {
+            panic!("{}: {e:#}", f.display());
+        }
+    }
+}
+
+#[test]
+fn resnet_example_classifies_the_seed_workloads() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let p = Policy::load(&dir.join("resnet-online-offline.toml")).unwrap();
+    assert_eq!(p.strategy, Strategy::Priority);
+    let exe = "/usr/local/bin/gpreempt-ebpf";
+    let on = ProcInfo {
+        comm: "gpreempt-ebpf".into(),
+        cmdline: format!(
+            "{exe} sim workload --duration 86400 --profile resnet18_b1 --rate 20 --priority 15"
+        ),
+        ..Default::default()
+    };
+    let off = ProcInfo {
+        cmdline: format!(
+            "{exe} sim workload --duration 86400 --profile resnet50_b1024 --offline --priority 0"
+        ),
+        ..on.clone()
+    };
+    let other = ProcInfo {
+        cmdline: format!("{exe} sim workload --profile resnet18_b16 --rate 5"),
+        ..on.clone()
+    };
+    let top = ProcInfo {
+        cmdline: format!("{exe} top"),
+        ..on.clone()
+    };
+    assert_eq!(p.classify(&on, 10).0, Class::Online);
+    assert_eq!(p.classify(&off, 11).0, Class::Offline);
+    assert_eq!(p.classify(&other, 12).0, Class::Ignore);
+    assert_eq!(p.classify(&top, 13).0, Class::Ignore);
+}
+
+#[test]
+fn container_example_classifies() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let p = Policy::load(&dir.join("inference-vs-batch-container.toml")).unwrap();
+    assert!(matches!(p.strategy, Strategy::Timeslice { share, .. } if share == 0.2));
+    let triton = ProcInfo {
+        comm: "tritonserver".into(),
+        cmdline: "tritonserver --model-repository=/models".into(),
+        cgroup: "/system.slice/triton.service".into(),
+        ..Default::default()
+    };
+    let id = "4f1c8a2b9d3e7f60112233445566778899aabbccddeeff00112233445566aabb";
+    let batch = ProcInfo {
+        comm: "python3".into(),
+        cmdline: "python3 train.py".into(),
+        cgroup: format!("/system.slice/docker-{id}.scope"),
+        container: Some(id[..12].into()),
+        ..Default::default()
+    };
+    assert_eq!(p.classify(&triton, 10).0, Class::Online);
+    assert_eq!(p.classify(&batch, 11).0, Class::Offline);
+    assert_eq!(p.classify(&ProcInfo::default(), 12).0, Class::Ignore);
+}
+
+#[test]
+fn toml_syntax_error_has_its_line() {
+    let e = one_err("[policy]\nwindow = \"20ms\"\nmin_run = 200ms\n");
+    assert!(e.starts_with("policy.toml:3: TOML syntax error: "), "{e}");
+    let e = one_err("[policy]\n\n[policy\n");
+    assert!(e.starts_with("policy.toml:3: TOML syntax error: "), "{e}");
+    // A duplicate key is a syntax error too.
+    let e = one_err("[policy]\nwindow = \"1ms\"\nwindow = \"2ms\"\n");
+    assert!(
+        e.starts_with("policy.toml:3: TOML syntax error: duplicate key"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_duration_names_line_key_and_fix() {
+    assert_eq!(
+        one_err("# x\n[policy]\nwindow = \"20xs\"\n"),
+        "policy.toml:3: window: invalid duration \"20xs\" (use e.g. 500us, 20ms, 1.5s)"
+    );
+    assert_eq!(
+        one_err("[policy]\n\nmin_run = \"200\"\n"),
+        "policy.toml:3: min_run: duration \"200\" has no unit (use e.g. 500us, 20ms, 1.5s)"
+    );
+    assert_eq!(
+        one_err("[policy]\nresume_after = \"-5ms\"\n"),
+        "policy.toml:2: resume_after: negative duration \"-5ms\" (use e.g. 500us, 20ms, 1.5s)"
+    );
+    assert_eq!(
+        one_err("[policy]\nmax_suspend = 2\n"),
+        "policy.toml:2: max_suspend: a duration needs a unit and quotes, e.g. \"2ms\""
+    );
+    assert_eq!(
+        one_err("[timeslice]\nperiod = \"1.2.3s\"\n[policy]\nstrategy = \"timeslice\"\n"),
+        "policy.toml:2: period: invalid duration \"1.2.3s\" (use e.g. 500us, 20ms, 1.5s)"
+    );
+}
+
+#[test]
+fn durations() {
+    for (s, ns) in [
+        ("0ns", 0),
+        ("100ns", 100),
+        ("500us", 500_000),
+        ("0.5ms", 500_000),
+        ("20ms", 20_000_000),
+        ("1.5s", 1_500_000_000),
+        (".5s", 500_000_000),
+        ("2s", 2_000_000_000),
+        ("3.s", 3_000_000_000),
+        ("1.0000000001s", 1_000_000_000),
+    ] {
+        assert_eq!(parse_duration(s), Ok(ns), "{s}");
+    }
+    for bad in [
+        "",
+        "ms",
+        "5",
+        "5m",
+        "5 min",
+        "-1s",
+        "1e3ms",
+        "1.2.3s",
+        ".s",
+        "99999999999999999999s",
+    ] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+    assert_eq!(fmt_ns(2_000_000_000), "2s");
+    assert_eq!(fmt_ns(20 * MS), "20ms");
+    assert_eq!(fmt_ns(2_500_000), "2.5ms");
+    assert_eq!(fmt_ns(500_000), "500us");
+}
+
+#[test]
+fn unknown_keys_are_errors_with_lines() {
+    assert_eq!(
+        one_err("[policy]\nwindow = \"20ms\"\nwindw = \"20ms\"\n"),
+        "policy.toml:3: [policy]: unknown key \"windw\" (expected strategy, window, resume_after, \
+         max_suspend, min_run, min_interval, grace, gpus or default)"
+    );
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"online\"\ncomm = \"x\"\nexe = \"y\"\n"),
+        "policy.toml:4: rule 1: unknown key \"exe\" (expected class, comm, cmdline, uid, cgroup, \
+         container or pid)"
+    );
+    assert_eq!(
+        one_err("\n[polcy]\n"),
+        "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice] or [[rule]])"
+    );
+    assert_eq!(
+        one_err(
+            "[policy]\nstrategy = \"timeslice\"\n[timeslice]\nperiod = \"10ms\"\nshares = 0.5\n"
+        ),
+        "policy.toml:5: [timeslice]: unknown key \"shares\" (expected period or share)"
+    );
+}
+
+#[test]
+fn unknown_class_is_an_error() {
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"realtime\"\ncomm = \"x\"\n"),
+        "policy.toml:2: rule 1: class: unknown class \"realtime\" (use \"online\", \"offline\" or \"ignore\")"
+    );
+    assert_eq!(
+        one_err("[policy]\ndefault = \"batch\"\n"),
+        "policy.toml:2: default: unknown class \"batch\" (use \"online\", \"offline\" or \"ignore\")"
+    );
+    assert_eq!(
+        one_err("\n[[rule]]\ncomm = \"x\"\n"),
+        "policy.toml:2: rule 1: no class (add class = \"online\", \"offline\" or \"ignore\")"
+    );
+}
+
+#[test]
+fn bad_regex_names_rule_and_line() {
+    let text = "[policy]\nwindow = \"20ms\"\n\n[[rule]]\nclass = \"online\"\ncomm = \"a\"\n\n\
+                # the bad one\n\n\n\n[[rule]]\nclass = \"offline\"\ncmdline = \"(\"\n";
+    assert_eq!(
+        one_err(text),
+        "policy.toml:14: rule 2: cmdline: invalid regex \"(\": unclosed group"
+    );
+}
+
+#[test]
+fn bad_glob_is_an_error() {
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"online\"\ncomm = \"train[0-9\"\n"),
+        "policy.toml:3: rule 1: comm: invalid glob \"train[0-9\": unclosed '['"
+    );
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"online\"\n\ncgroup = \"/a/[z-a]\"\n"),
+        "policy.toml:4: rule 1: cgroup: invalid glob \"/a/[z-a]\": range 'z-a' is reversed"
+    );
+}
+
+#[test]
+fn rule_without_matcher_is_an_error() {
+    assert_eq!(
+        one_err("[policy]\n\n[[rule]]\nclass = \"offline\"\n"),
+        "policy.toml:3: rule 1: no matcher: it would match every process (add comm, cmdline, uid, \
+         cgroup, container or pid; use `default` for everything else)"
+    );
+}
+
+#[test]
+fn share_out_of_range() {
+    let text = "[policy]\nstrategy = \"timeslice\"\n[timeslice]\nperiod = \"100ms\"\nshare = 1.0\n";
+    assert_eq!(
+        one_err(text),
+        "policy.toml:5: share: 1 is out of range (0 < share < 1)"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"timeslice\"\n[timeslice]\nshare = 0\n"),
+        "policy.toml:4: share: 0 is out of range (0 < share < 1)"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"timeslice\"\n[timeslice]\nshare = \"half\"\n"),
+        "policy.toml:4: share: expected a number, found string"
+    );
+}
+
+#[test]
+fn timeslice_table_needs_timeslice_strategy() {
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"priority\"\n\n[timeslice]\nshare = 0.5\n"),
+        "policy.toml:4: [timeslice] is used only with strategy = \"timeslice\" (set it in \
+         [policy], or remove this table)"
+    );
+}
+
+#[test]
+fn relations_are_checked() {
+    assert_eq!(
+        one_err("[policy]\nwindow = \"50ms\"\nmax_suspend = \"10ms\"\n"),
+        "policy.toml:3: max_suspend: 10ms is shorter than window 50ms (the guard would fire \
+         before online work could be seen)"
+    );
+    assert_eq!(
+        one_err("[policy]\nmin_run = \"0s\"\n"),
+        "policy.toml:2: min_run: must be more than 0"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"timeslice\"\nmax_suspend = \"50ms\"\nwindow = \"5ms\"\n"),
+        "policy.toml:3: max_suspend: 50ms is shorter than the suspended part of a timeslice \
+         period (75ms): the starvation guard would break every period"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"fifo\"\n"),
+        "policy.toml:2: strategy: unknown strategy \"fifo\" (use \"priority\" or \"timeslice\")"
+    );
+    assert_eq!(
+        one_err("[policy]\ngpus = []\n"),
+        "policy.toml:2: gpus: use \"all\" or a non-empty list of KFD gpu_ids, e.g. [0x1234]"
+    );
+    assert_eq!(
+        one_err("[policy]\ngrace = -1\n"),
+        "policy.toml:2: grace: -1 is out of range (0 to 4294967295)"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_in_line_order() {
+    let text = "[policy]\n\
+                window = \"20xs\"\n\
+                default = \"nope\"\n\
+                bogus = 1\n\
+                [[rule]]\n\
+                class = \"online\"\n\
+                cmdline = \"[\"\n\
+                [[rule]]\n\
+                class = \"offline\"\n";
+    let e = Policy::parse(text, "p.toml").unwrap_err();
+    let lines: Vec<usize> = e.problems.iter().map(|(l, _)| *l).collect();
+    assert_eq!(lines, vec![2, 3, 4, 7, 8], "{e}");
+    for l in e.to_string().lines() {
+        assert!(l.starts_with("p.toml:"), "{l}");
+    }
+}
+
+#[test]
+fn load_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("gpreempt-policy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.toml");
+    std::fs::write(&f, "[policy]\nwindow = \"x\"\n").unwrap();
+    let e = format!("{:#}", Policy::load(&f).unwrap_err());
+    assert!(
+        e.starts_with(&format!("{}:2: window: ", f.display())),
+        "{e}"
+    );
+    let missing = format!("{:#}", Policy::load(&dir.join("none.toml")).unwrap_err());
+    assert!(
+        missing.contains("cannot read policy file") && missing.contains("none.toml"),
+        "{missing}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn glob_matching() {
+    let m = |p: &str, s: &str| Glob::new(p).unwrap().matches(s);
+    assert!(m("resnet18*", "resnet18_b1"));
+    assert!(m("resnet18*", "resnet18"));
+    assert!(!m("resnet18*", "xresnet18"));
+    assert!(m("*", ""));
+    assert!(m("a?c", "abc") && !m("a?c", "ac"));
+    assert!(m("/kubepods.slice/*", "/kubepods.slice/a/b/c.scope"));
+    assert!(m("*docker-*.scope", "/system.slice/docker-3f4e.scope"));
+    assert!(!m("*docker-*.scope", "/system.slice/docker-3f4e.scope/x"));
+    assert!(m("w[0-9][!a-z]", "w1_") && !m("w[0-9][!a-z]", "w1a"));
+    assert!(m("[]x]", "]") && m("[a-]", "-"));
+    assert!(m(r"a\*b", "a*b") && !m(r"a\*b", "axb"));
+    assert!(m("*a*a*a*a*b", &"a".repeat(40).replace("aaaa", "aaab")));
+    assert!(!m("*a*a*a*a*b", &"a".repeat(60)));
+    assert!(Glob::new("x[").is_err() && Glob::new("x\\").is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Classification
+
+fn pinfo(comm: &str, cmdline: &str, uid: u32, cgroup: &str, container: Option<&str>) -> ProcInfo {
+    ProcInfo {
+        comm: comm.into(),
+        cmdline: cmdline.into(),
+        uid: Some(uid),
+        cgroup: cgroup.into(),
+        container: container.map(Into::into),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn each_matcher() {
+    let rule =
+        |m: &str| Policy::parse(&format!("[[rule]]\nclass = \"online\"\n{m}\n"), "t").unwrap();
+    let i = pinfo(
+        "python3",
+        "python3 serve.py --port 80",
+        1000,
+        "/kubepods.slice/pod1/cri-containerd-3f4e5a.scope",
+        Some("3f4e5a6b7c8d"),
+    );
+    let yes = |m: &str, pid: u32| rule(m).classify(&i, pid) == (Class::Online, Some(0));
+    assert!(yes("comm = \"py*\"", 1) && !yes("comm = \"py\"", 1));
+    assert!(yes("cmdline = \"serve\\\\.py\"", 1) && !yes("cmdline = \"^serve\"", 1));
+    assert!(yes("uid = 1000", 1) && !yes("uid = 0", 1));
+    assert!(yes("cgroup = \"/kubepods.slice/*\"", 1) && !yes("cgroup = \"/system.slice/*\"", 1));
+    assert!(yes("container = \"3f4e5a*\"", 1) && !yes("container = \"aa*\"", 1));
+    assert!(yes("pid = 77", 77) && !yes("pid = 77", 78));
+    // Missing facts never match.
+    let bare = ProcInfo::default();
+    assert_eq!(rule("uid = 0").classify(&bare, 1).0, Class::Ignore);
+    assert_eq!(
+        rule("container = \"*\"").classify(&bare, 1).0,
+        Class::Ignore
+    );
+}
+
+#[test]
+fn and_semantics_first_match_and_default() {
+    let p = Policy::parse(
+        "[policy]\ndefault = \"offline\"\n\
+         [[rule]]\nclass = \"ignore\"\ncomm = \"py*\"\nuid = 0\n\
+         [[rule]]\nclass = \"online\"\ncomm = \"py*\"\n\
+         [[rule]]\nclass = \"ignore\"\ncomm = \"python3\"\n",
+        "t",
+    )
+    .unwrap();
+    let root = pinfo("python3", "", 0, "", None);
+    let user = pinfo("python3", "", 1000, "", None);
+    let other = pinfo("bash", "", 1000, "", None);
+    assert_eq!(p.classify(&root, 1), (Class::Ignore, Some(0)));
+    // Rule 0 needs both: uid 1000 fails it; rule 1 matches first, rule 2 never gets a say.
+    assert_eq!(p.classify(&user, 1), (Class::Online, Some(1)));
+    assert_eq!(p.classify(&other, 1), (Class::Offline, None));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine: a hand-built host and a controller that does what it is told.
+
+const POLICY: &str = r#"
+[policy]
+window = "20ms"
+resume_after = "5ms"
+max_suspend = "2s"
+min_run = "200ms"
+min_interval = "10ms"
+grace = 3
+[[rule]]
+class = "online"
+comm = "on*"
+[[rule]]
+class = "offline"
+comm = "off*"
+"#;
+
+fn queue(qid: u32, gpu_id: u32, kind: QueueKind) -> Queue {
+    Queue {
+        queue_id: qid,
+        gpu_id,
+        kind,
+        priority: None,
+        percentage: None,
+        ring_base_address: None,
+        ring_size: 0,
+        read_pointer_address: None,
+        write_pointer_address: None,
+        doorbell_offset: None,
+        hqd: None,
+        state: QueueState::Active,
+        suspended_by: None,
+        created_ns: Some(0),
+        seen_ns: 0,
+        destroyed_ns: None,
+        source: Source::Event,
+        pointers_from_mqds: false,
+        activity: Activity::default(),
+        last_event_ns: 0,
+    }
+}
+
+struct World {
+    st: State,
+    e: Engine,
+    /// Every decision made, for the flapping check.
+    log: Vec<Decision>,
+}
+
+impl World {
+    fn new(policy: &str) -> Self {
+        Self {
+            st: State::new(),
+            e: Engine::new(Policy::parse(policy, "t.toml").unwrap()),
+            log: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, pid: u32, comm: &str, queues: &[(u32, u32)]) {
+        let mut p = Process {
+            pid,
+            info: Some(ProcInfo {
+                comm: comm.into(),
+                start_time: u64::from(pid) * 7,
+                ..Default::default()
+            }),
+            class: None,
+            debugger: None,
+            source: Source::Event,
+            seen_ns: 0,
+            exited_ns: None,
+            queues: BTreeMap::new(),
+            last_event_ns: 0,
+        };
+        for &(qid, gpu) in queues {
+            p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));
+        }
+        self.st.procs.insert(pid, p);
+    }
+
+    fn q(&mut self, pid: u32, qid: u32) -> &mut Queue {
+        self.st
+            .procs
+            .get_mut(&pid)
+            .and_then(|p| p.queues.get_mut(&qid))
+            .unwrap()
+    }
+
+    /// A sample at `at`: `write` dispatches written, `backlog` of them not consumed.
+    fn sample(&mut self, pid: u32, qid: u32, write: u64, backlog: u64, at: u64) {
+        let a = &mut self.q(pid, qid).activity;
+        let changed = a.write_dispatch_id.is_some_and(|w| w != write);
+        a.status = SampleStatus::Valid;
+        a.write_dispatch_id = Some(write);
+        a.read_dispatch_id = Some(write - backlog);
+        a.backlog = Some(backlog);
+        a.busy = Some(changed || backlog > 0);
+        a.sample_ns = at;
+    }
+
+    /// Online queue `qid` of `pid` idle (no backlog, no new work) as of `at`.
+    fn idle(&mut self, pid: u32, qid: u32, at: u64) {
+        let w = self.q(pid, qid).activity.write_dispatch_id.unwrap_or(0);
+        self.sample(pid, qid, w, 0, at);
+        self.q(pid, qid).activity.busy = Some(false);
+    }
+
+    /// Decides, and confirms every queue (a controller whose ioctls all succeed).
+    fn tick(&mut self, now_ms: f64) -> Vec<Decision> {
+        let ds = self.decide(now_ms);
+        for d in &ds {
+            self.apply(d, &d.queues.clone());
+        }
+        ds
+    }
+
+    fn decide(&mut self, now_ms: f64) -> Vec<Decision> {
+        let now = (now_ms * 1e6).round() as u64;
+        self.st.now_ns = now;
+        let ds = self.e.decide(&self.st, now);
+        check_tick(&ds);
+        self.log.extend(ds.iter().cloned());
+        ds
+    }
+
+    fn apply(&mut self, d: &Decision, done: &[u32]) {
+        self.e.confirm(d, done);
+        for &qid in done {
+            let q = self.q(d.pid, qid);
+            q.state = match d.action {
+                Action::Suspend => QueueState::Suspended,
+                Action::Resume => QueueState::Active,
+            };
+        }
+    }
+
+    fn held(&self) -> Vec<(u32, u32)> {
+        self.e.held().iter().map(|&(p, q, _, _)| (p, q)).collect()
+    }
+}
+
+/// What every tick must satisfy: sorted, one decision per (GPU, pid, action), queues sorted and
+/// unique, no queue both suspended and resumed.
+fn check_tick(ds: &[Decision]) {
+    for w in ds.windows(2) {
+        let k = |d: &Decision| (d.gpu_id, d.pid, d.action == Action::Suspend);
+        assert!(k(&w[0]) < k(&w[1]), "unsorted or duplicate: {ds:#?}");
+    }
+    for d in ds {
+        assert!(!d.queues.is_empty(), "{d:?}");
+        assert!(d.queues.windows(2).all(|w| w[0] < w[1]), "{d:?}");
+        let flap = ds.iter().any(|o| {
+            o.action != d.action && o.pid == d.pid && o.queues.iter().any(|q| d.queues.contains(q))
+        });
+        assert!(!flap, "flapping: {ds:#?}");
+    }
+}
+
+fn acts(ds: &[Decision]) -> Vec<(Action, u32, u32, Vec<u32>)> {
+    ds.iter()
+        .map(|d| (d.action, d.gpu_id, d.pid, d.queues.clone()))
+        .collect()
+}
+
+use Action::{Resume as R, Suspend as S};
+
+/// Online pid ON with queue 0 on GA; offline OFF with queues 1, 2 on GA.
+fn basic() -> World {
+    let mut w = World::new(POLICY);
+    w.add(ON, "online-svc", &[(0, GA)]);
+    w.add(OFF, "offline-train", &[(1, GA), (2, GA)]);
+    w.sample(ON, 0, 0, 0, 0);
+    w
+}
+
+#[test]
+fn suspends_offline_while_online_has_backlog() {
+    let mut w = basic();
+    assert!(w.tick(1.0).is_empty());
+    w.sample(ON, 0, 3, 3, 2 * MS);
+    let ds = w.tick(2.0);
+    assert_eq!(
+        ds,
+        vec![Decision {
+            ts_ns: 2 * MS,
+            gpu_id: GA,
+            pid: OFF,
+            action: S,
+            queues: vec![1, 2],
+            grace: Some(3),
+            reason: format!("online pid {ON} queue 0 busy (backlog 3)"),
+        }]
+    );
+    assert_eq!(w.held(), vec![(OFF, 1), (OFF, 2)]);
+    // Kept while online stays busy.
+    assert!(w.tick(3.0).is_empty());
+    assert!(w.tick(50.0).is_empty());
+}
+
+#[test]
+fn nothing_happens_while_online_is_idle() {
+    let mut w = basic();
+    for t in 0..100 {
+        w.idle(ON, 0, t * MS);
+        assert!(w.tick(t as f64).is_empty());
+    }
+    assert!(w.held().is_empty());
+}
+
+#[test]
+fn resumes_after_resume_after_of_idleness_not_before() {
+    let mut w = basic();
+    w.tick(1.0);
+    w.sample(ON, 0, 2, 2, 2 * MS);
+    assert_eq!(acts(&w.tick(2.0)), vec![(S, GA, OFF, vec![1, 2])]);
+    // Work consumed; the write id last changed at 2ms, so online counts busy until 22ms (window).
+    w.idle(ON, 0, 4 * MS);
+    for t in [4.0, 10.0, 21.0] {
+        assert!(w.tick(t).is_empty(), "t={t}");
+    }
+    // Last busy tick: 21ms. Idle from 22; resume_after 5ms: not at 25, at 26.
+    for t in [22.0, 24.0, 25.9] {
+        assert!(w.tick(t).is_empty(), "t={t}");
+    }
+    let ds = w.tick(26.0);
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1, 2])]);
+    assert_eq!(ds[0].reason, "online idle 5.0ms");
+    assert_eq!(ds[0].grace, None);
+    assert!(w.held().is_empty());
+    assert!(w.tick(27.0).is_empty());
+}
+
+#[test]
+fn window_counts_write_id_changes_not_first_sightings() {
+    let mut w = basic();
+    // First sighting with a large write id and no backlog: not a launch.
+    w.sample(ON, 0, 500, 0, MS);
+    w.q(ON, 0).activity.busy = Some(false);
+    assert!(w.tick(1.0).is_empty());
+    // Same write id in a later sample: still nothing.
+    w.idle(ON, 0, 5 * MS);
+    assert!(w.tick(5.0).is_empty());
+    // The write id moved (work launched and finished between samples): busy for `window`.
+    w.sample(ON, 0, 501, 0, 8 * MS);
+    w.q(ON, 0).activity.busy = Some(false); // only the write id tells
+    let ds = w.tick(9.0);
+    assert_eq!(acts(&ds), vec![(S, GA, OFF, vec![1, 2])]);
+    assert_eq!(
+        ds[0].reason,
+        format!("online pid {ON} queue 0 launched 1.0ms ago")
+    );
+    // Busy until 8 + 20 = 28ms (exclusive), then resume_after 5ms.
+    assert!(w.tick(27.9).is_empty());
+    assert!(w.tick(28.0).is_empty());
+    assert!(w.tick(32.8).is_empty());
+    assert_eq!(acts(&w.tick(32.9)), vec![(R, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn busy_flag_counts_within_window_only() {
+    let mut w = basic();
+    w.tick(0.0);
+    // The sampler saw dispatches consumed (busy) without a backlog or a write change.
+    w.idle(ON, 0, 10 * MS);
+    w.q(ON, 0).activity.busy = Some(true);
+    assert_eq!(acts(&w.tick(12.0)), vec![(S, GA, OFF, vec![1, 2])]);
+    // Stale busy flag (sample older than the window) is not busy: resume 5ms after 29.9.
+    assert!(w.tick(29.9).is_empty());
+    assert!(w.tick(34.8).is_empty());
+    assert_eq!(acts(&w.tick(35.0)), vec![(R, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn suspend_batches_are_rate_limited_per_gpu() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    // Suspend at 1ms; the controller fails it (nothing confirmed).
+    let ds = w.decide(1.0);
+    assert_eq!(acts(&ds), vec![(S, GA, OFF, vec![1, 2])]);
+    w.apply(&ds[0], &[]);
+    assert!(w.held().is_empty());
+    // No new batch on GA before 11ms.
+    for t in [2.0, 6.0, 10.9] {
+        assert!(w.tick(t).is_empty(), "t={t}");
+    }
+    assert_eq!(acts(&w.tick(11.0)), vec![(S, GA, OFF, vec![1, 2])]);
+    assert_eq!(w.held(), vec![(OFF, 1), (OFF, 2)]);
+}
+
+#[test]
+fn partial_confirm_holds_only_what_was_suspended() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    let ds = w.decide(1.0);
+    w.apply(&ds[0], &[2]);
+    assert_eq!(w.held(), vec![(OFF, 2)]);
+    // Queue 1 is retried once the rate limit allows.
+    assert!(w.tick(5.0).is_empty());
+    assert_eq!(acts(&w.tick(11.0)), vec![(S, GA, OFF, vec![1])]);
+    let since: Vec<(u32, u64)> = w.e.held().iter().map(|h| (h.1, h.3)).collect();
+    assert_eq!(since, vec![(1, 11 * MS), (2, MS)]);
+}
+
+#[test]
+fn failed_resume_is_retried_after_min_interval() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    w.tick(1.0);
+    w.idle(ON, 0, 2 * MS);
+    // Busy until 20ms (window), idle 5ms later.
+    let ds = w.decide(25.0);
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1, 2])]);
+    w.apply(&ds[0], &[1]);
+    assert_eq!(w.held(), vec![(OFF, 2)]);
+    assert!(w.tick(26.0).is_empty());
+    assert!(w.tick(34.9).is_empty());
+    assert_eq!(acts(&w.tick(35.0)), vec![(R, GA, OFF, vec![2])]);
+    assert!(w.held().is_empty());
+}
+
+#[test]
+fn new_offline_queue_while_held_is_suspended() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    assert_eq!(acts(&w.tick(1.0)), vec![(S, GA, OFF, vec![1, 2])]);
+    // A new queue of the held process, and a new offline process.
+    w.st.procs
+        .get_mut(&OFF)
+        .unwrap()
+        .queues
+        .insert(3, queue(3, GA, QueueKind::ComputeAql));
+    w.add(OFF2, "offline-2", &[(0, GA)]);
+    // Rate limited until 11ms, then both in one batch.
+    assert!(w.tick(2.0).is_empty());
+    assert_eq!(
+        acts(&w.tick(11.0)),
+        vec![(S, GA, OFF, vec![3]), (S, GA, OFF2, vec![0])]
+    );
+    assert_eq!(w.held(), vec![(OFF, 1), (OFF, 2), (OFF, 3), (OFF2, 0)]);
+}
+
+#[test]
+fn starvation_guard_max_suspend_then_min_run() {
+    let mut w = basic();
+    // Online always busy.
+    w.sample(ON, 0, 1, 1, 0);
+    assert_eq!(acts(&w.tick(1.0)), vec![(S, GA, OFF, vec![1, 2])]);
+    for t in (2..2001).step_by(2) {
+        assert!(w.tick(t as f64).is_empty(), "t={t}");
+    }
+    let ds = w.tick(2001.0);
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1, 2])]);
+    assert_eq!(ds[0].reason, "max_suspend 2s reached");
+    // Offline runs at least min_run (200ms) though online is still busy.
+    for t in (2002..2201).step_by(2) {
+        assert!(w.tick(t as f64).is_empty(), "t={t}");
+    }
+    assert_eq!(acts(&w.tick(2201.0)), vec![(S, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn gpus_are_independent() {
+    let mut w = World::new(POLICY);
+    w.add(ON, "online", &[(0, GA)]);
+    w.add(OFF, "offline", &[(1, GA), (2, GB)]);
+    w.add(OFF2, "offline", &[(5, GB)]);
+    w.sample(ON, 0, 4, 4, 0);
+    // Busy on GA suspends only OFF's queue on GA.
+    assert_eq!(acts(&w.tick(1.0)), vec![(S, GA, OFF, vec![1])]);
+    // Online work appears on GB too: a separate batch, not rate limited by GA's.
+    w.st.procs
+        .get_mut(&ON)
+        .unwrap()
+        .queues
+        .insert(7, queue(7, GB, QueueKind::ComputeAql));
+    w.sample(ON, 7, 9, 9, 2 * MS);
+    assert_eq!(
+        acts(&w.tick(2.0)),
+        vec![(S, GB, OFF, vec![2]), (S, GB, OFF2, vec![5])]
+    );
+    // GA goes idle: only GA's queue resumes.
+    w.idle(ON, 0, 3 * MS);
+    let ds: Vec<_> = (4..40).flat_map(|t| w.tick(t as f64)).collect();
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1])]);
+    assert_eq!(w.held(), vec![(OFF, 2), (OFF2, 5)]);
+}
+
+#[test]
+fn gpus_scope_limits_decisions() {
+    let mut w = World::new(&POLICY.replace("grace = 3", &format!("gpus = [{GB}]")));
+    w.add(ON, "online", &[(0, GA), (1, GB)]);
+    w.add(OFF, "offline", &[(1, GA), (2, GB)]);
+    w.sample(ON, 0, 4, 4, 0);
+    assert!(w.tick(1.0).is_empty(), "GA is not managed");
+    w.sample(ON, 1, 4, 4, 0);
+    let ds = w.tick(2.0);
+    assert_eq!(acts(&ds), vec![(S, GB, OFF, vec![2])]);
+    assert_eq!(ds[0].grace, None);
+    // Scope narrowed by a reload: what is held on a GPU no longer managed is given back.
+    w.e.set_policy(
+        Policy::parse(&POLICY.replace("grace = 3", &format!("gpus = [{GA}]")), "t").unwrap(),
+    );
+    let ds = w.tick(3.0);
+    // Sorted by GPU: GA (0xa1) before GB (0xb2).
+    assert_eq!(
+        acts(&ds),
+        vec![(S, GA, OFF, vec![1]), (R, GB, OFF, vec![2])]
+    );
+    assert_eq!(ds[1].reason, format!("gpu {GB:#x} no longer managed"));
+}
+
+#[test]
+fn fenced_gpu_is_released_and_left_alone() {
+    let mut w = World::new(POLICY);
+    w.add(ON, "online", &[(0, GA), (1, GB)]);
+    w.add(OFF, "offline", &[(1, GA), (2, GB)]);
+    w.sample(ON, 0, 4, 4, 0);
+    w.sample(ON, 1, 4, 4, 0);
+    assert_eq!(
+        acts(&w.tick(1.0)),
+        vec![(S, GA, OFF, vec![1]), (S, GB, OFF, vec![2])]
+    );
+    w.e.fence_gpu(GA, "queue 1 of pid 200: ERROR after SUSPEND");
+    assert_eq!(
+        w.e.fenced(),
+        vec![(GA, "queue 1 of pid 200: ERROR after SUSPEND".into())]
+    );
+    let ds = w.tick(2.0);
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1])]);
+    assert_eq!(
+        ds[0].reason,
+        format!("gpu {GA:#x} fenced: queue 1 of pid 200: ERROR after SUSPEND")
+    );
+    // Never suspended there again, however busy; GB goes on.
+    for t in 3..100 {
+        assert!(w.tick(t as f64).is_empty(), "t={t}");
+    }
+    assert_eq!(w.held(), vec![(OFF, 2)]);
+    // A reload lifts the fence.
+    w.e.set_policy(Policy::parse(POLICY, "t").unwrap());
+    assert!(w.e.fenced().is_empty());
+    assert_eq!(acts(&w.tick(100.0)), vec![(S, GA, OFF, vec![1])]);
+}
+
+#[test]
+fn forget_drops_held_queues() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    w.tick(1.0);
+    w.e.forget(OFF, Some(&[1]));
+    assert_eq!(w.held(), vec![(OFF, 2)]);
+    w.e.forget(OFF, None);
+    assert!(w.held().is_empty());
+    // Forgotten and resumed by someone else: suspended again (next batch), not resumed.
+    w.q(OFF, 1).state = QueueState::Active;
+    w.q(OFF, 2).state = QueueState::Active;
+    assert_eq!(acts(&w.tick(11.0)), vec![(S, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn exited_process_and_destroyed_queue_are_forgotten_silently() {
+    let mut w = basic();
+    w.add(OFF2, "offline", &[(0, GA)]);
+    w.sample(ON, 0, 1, 1, 0);
+    w.tick(1.0);
+    assert_eq!(w.held().len(), 3);
+    w.q(OFF, 2).state = QueueState::Destroyed;
+    w.st.procs.get_mut(&OFF2).unwrap().exited_ns = Some(2 * MS);
+    w.idle(ON, 0, 2 * MS);
+    assert!(w.tick(3.0).is_empty());
+    assert_eq!(w.held(), vec![(OFF, 1)]);
+    // A new process under a held pid (pid reuse) is not the one suspended.
+    w.st.procs
+        .get_mut(&OFF)
+        .unwrap()
+        .info
+        .as_mut()
+        .unwrap()
+        .start_time += 1;
+    assert!(w.tick(4.0).is_empty());
+    assert!(w.held().is_empty());
+}
+
+#[test]
+fn reused_queue_id_is_not_the_held_queue() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    w.tick(1.0);
+    // Queue 2 destroyed and its id reused by a new queue after the suspend.
+    let mut q = queue(2, GA, QueueKind::ComputeAql);
+    q.created_ns = Some(5 * MS);
+    w.st.procs.get_mut(&OFF).unwrap().queues.insert(2, q);
+    // The new queue 2 is active and not held: suspended in the next batch.
+    assert_eq!(acts(&w.tick(11.0)), vec![(S, GA, OFF, vec![2])]);
+}
+
+#[test]
+fn class_change_on_reload_resumes() {
+    let mut w = basic();
+    w.sample(ON, 0, 1, 1, 0);
+    w.tick(1.0);
+    assert_eq!(
+        w.e.classify(&w.st),
+        vec![(ON, Class::Online), (OFF, Class::Offline)]
+    );
+    assert!(w.e.classify(&w.st).is_empty(), "only changes are reported");
+    // Reload: the offline process becomes ignored.
+    w.e.set_policy(
+        Policy::parse(
+            &POLICY.replace("comm = \"off*\"", "comm = \"nothing\""),
+            "t",
+        )
+        .unwrap(),
+    );
+    assert_eq!(w.held().len(), 2, "a reload keeps what is held");
+    let ds = w.tick(2.0);
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1, 2])]);
+    assert_eq!(ds[0].reason, "no longer offline (now ignore)");
+    assert_eq!(w.e.classify(&w.st), vec![(OFF, Class::Ignore)]);
+    assert!(w.tick(30.0).is_empty());
+}
+
+#[test]
+fn classify_caches_per_start_time() {
+    let mut w = basic();
+    w.add(7, "bash", &[]);
+    let mut noinfo = w.st.procs[&7].clone();
+    noinfo.pid = 8;
+    noinfo.info = None;
+    w.st.procs.insert(8, noinfo);
+    assert_eq!(
+        w.e.classify(&w.st),
+        vec![
+            (7, Class::Ignore),
+            (ON, Class::Online),
+            (OFF, Class::Offline)
+        ]
+    );
+    assert_eq!(w.e.class_of(OFF), Some((Class::Offline, Some(1))));
+    // Same start time, new comm: cached (comm changes do not reclassify one process).
+    w.st.procs
+        .get_mut(&OFF)
+        .unwrap()
+        .info
+        .as_mut()
+        .unwrap()
+        .comm = "online-now".into();
+    assert!(w.e.classify(&w.st).is_empty());
+    // A new process under the pid is classified afresh.
+    w.st.procs
+        .get_mut(&OFF)
+        .unwrap()
+        .info
+        .as_mut()
+        .unwrap()
+        .start_time += 1;
+    assert_eq!(w.e.classify(&w.st), vec![(OFF, Class::Online)]);
+    // Gone processes leave the cache.
+    w.st.procs.remove(&7);
+    w.e.classify(&w.st);
+    assert_eq!(w.e.class_of(7), None);
+}
+
+#[test]
+fn sdma_queues_and_unclassified_processes_are_left_alone() {
+    let mut w = basic();
+    w.st.procs
+        .get_mut(&OFF)
+        .unwrap()
+        .queues
+        .insert(9, queue(9, GA, QueueKind::Sdma));
+    // An offline-looking process whose /proc facts are not known yet.
+    w.add(OFF2, "offline", &[(0, GA)]);
+    w.st.procs.get_mut(&OFF2).unwrap().info = None;
+    // Online SDMA activity does not count as online busy.
+    w.st.procs
+        .get_mut(&ON)
+        .unwrap()
+        .queues
+        .insert(4, queue(4, GA, QueueKind::Sdma));
+    w.sample(ON, 4, 5, 5, 0);
+    assert!(w.tick(1.0).is_empty());
+    w.sample(ON, 0, 1, 1, 0);
+    assert_eq!(acts(&w.tick(2.0)), vec![(S, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn queues_suspended_by_others_are_not_touched() {
+    let mut w = basic();
+    w.q(OFF, 1).state = QueueState::Suspended;
+    w.q(OFF, 1).suspended_by = Some(4242);
+    w.sample(ON, 0, 1, 1, 0);
+    assert_eq!(acts(&w.tick(1.0)), vec![(S, GA, OFF, vec![2])]);
+    w.idle(ON, 0, 2 * MS);
+    assert_eq!(acts(&w.tick(26.0)), vec![(R, GA, OFF, vec![2])]);
+}
+
+#[test]
+fn no_flapping_under_bursty_online_load() {
+    // Online bursts: 4ms of backlog every 50ms (the resnet seed pattern), two offline processes.
+    let mut w = basic();
+    w.add(OFF2, "offline", &[(0, GA)]);
+    let mut write = 0;
+    for t in 0..1000u64 {
+        let in_burst = t % 50 < 4;
+        if t % 2 == 0 {
+            if in_burst {
+                write += 1;
+                w.sample(ON, 0, write, 1, t * MS);
+            } else {
+                w.idle(ON, 0, t * MS);
+            }
+        }
+        w.tick(t as f64);
+    }
+    // 20 bursts: each one suspend batch and one resume per process, no more.
+    let s = w.log.iter().filter(|d| d.action == S).count();
+    let r = w.log.iter().filter(|d| d.action == R).count();
+    assert_eq!((s, r), (40, 40), "{:#?}", &w.log[..6]);
+    // The first burst's last launch is sampled at 2ms: busy through 21ms (window 20ms), resumed
+    // at 21 + 5ms (resume_after).
+    let first_resume = w.log.iter().find(|d| d.action == R).unwrap();
+    assert_eq!(first_resume.ts_ns, 26 * MS);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeslice
+
+const SLICE: &str = r#"
+[policy]
+strategy = "timeslice"
+window = "20ms"
+resume_after = "5ms"
+max_suspend = "2s"
+min_interval = "1ms"
+[timeslice]
+period = "100ms"
+share = 0.25
+[[rule]]
+class = "online"
+comm = "on*"
+[[rule]]
+class = "offline"
+comm = "off*"
+"#;
+
+#[test]
+fn timeslice_alternates_over_several_periods() {
+    let mut w = World::new(SLICE);
+    w.add(ON, "online", &[(0, GA)]);
+    w.add(OFF, "offline", &[(1, GA)]);
+    w.sample(ON, 0, 0, 0, 0);
+    assert!(w.tick(0.0).is_empty());
+    // Online stays busy from 10ms to 460ms.
+    let mut changes = Vec::new();
+    for t in 10..=520u64 {
+        if t <= 460 {
+            w.sample(ON, 0, t, 1, t * MS);
+        } else {
+            w.idle(ON, 0, t * MS);
+        }
+        for d in w.tick(t as f64) {
+            changes.push((t, d.action, d.reason));
+        }
+    }
+    let at: Vec<(u64, Action)> = changes.iter().map(|c| (c.0, c.1)).collect();
+    // Cycle from 10ms: suspended 75ms, runs 25ms. The last launch is sampled at 460ms, so
+    // online is busy through 479 (window 20ms) and idle for resume_after (5ms) at 484, inside
+    // the suspended part that began at 410.
+    assert_eq!(
+        at,
+        vec![
+            (10, S),
+            (85, R),
+            (110, S),
+            (185, R),
+            (210, S),
+            (285, R),
+            (310, S),
+            (385, R),
+            (410, S),
+            (484, R)
+        ]
+    );
+    assert!(changes[1].2 == "timeslice: offline share", "{changes:?}");
+    assert!(changes[0]
+        .2
+        .starts_with("timeslice: online share; online pid 100 queue 0 busy"));
+    assert_eq!(changes[9].2, "online idle 5.0ms");
+}
+
+#[test]
+fn timeslice_stops_cycling_when_online_goes_idle() {
+    let mut w = World::new(SLICE);
+    w.add(ON, "online", &[(0, GA)]);
+    w.add(OFF, "offline", &[(1, GA)]);
+    w.sample(ON, 0, 1, 1, 0);
+    assert_eq!(acts(&w.tick(0.0)), vec![(S, GA, OFF, vec![1])]);
+    w.idle(ON, 0, MS);
+    // Busy only at 0 (the backlog; a first sighting is no launch): resumed 5ms later, then
+    // nothing for good.
+    let ds: Vec<_> = (1..400).flat_map(|t| w.tick(t as f64)).collect();
+    assert_eq!(acts(&ds), vec![(R, GA, OFF, vec![1])]);
+    assert_eq!(ds[0].ts_ns, 5 * MS);
+    // Busy again later (the backlog stays): a new cycle starts then, not on the old phase.
+    w.sample(ON, 0, 2, 1, 430 * MS);
+    assert_eq!(acts(&w.tick(430.0)), vec![(S, GA, OFF, vec![1])]);
+    assert!(w.tick(504.0).is_empty());
+    assert_eq!(acts(&w.tick(505.0)), vec![(R, GA, OFF, vec![1])]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cost
+
+#[test]
+fn ten_thousand_queues() {
+    // 1000 processes x 10 queues on 4 GPUs: 100 online, 900 offline.
+    let mut w = World::new(POLICY);
+    let gpus = [GA, GB, 0xc3, 0xd4];
+    for pid in 1000..2000u32 {
+        let comm = if pid < 1100 { "online" } else { "offline" };
+        let qs: Vec<(u32, u32)> = (0..10).map(|q| (q, gpus[(q % 4) as usize])).collect();
+        w.add(pid, comm, &qs);
+    }
+    for pid in 1000..1100 {
+        for q in 0..10 {
+            w.sample(pid, q, 0, 0, 0);
+        }
+    }
+    w.tick(0.0);
+    // Online busy on GA only.
+    w.sample(1000, 0, 5, 5, MS);
+    let t0 = std::time::Instant::now();
+    let ds = w.tick(1.0);
+    let first = t0.elapsed();
+    assert_eq!(ds.len(), 900);
+    assert!(ds
+        .iter()
+        .all(|d| d.gpu_id == GA && d.queues == vec![0, 4, 8]));
+    // Steady state: everything held, online busy: nothing to do.
+    let t0 = std::time::Instant::now();
+    let n = 200;
+    for i in 0..n {
+        assert!(w.tick(2.0 + f64::from(i) * 0.01).is_empty());
+    }
+    let steady = t0.elapsed() / n;
+    eprintln!("10,000 queues: first decide {first:?}, steady decide {steady:?} (debug build)");
+    assert_eq!(w.held().len(), 2700);
+}

@@ -1,0 +1,471 @@
+//! `gpreempt-ebpf run --policy FILE`: the controller. The watcher keeps the host model current,
+//! the policy engine decides once per tick, the control thread acts; every decision can be
+//! audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
+//! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    io::Write as _,
+    path::Path,
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    cli::{Cli, RunArgs},
+    clock::monotonic_ns,
+    control::{Control, ControlHandle, Limits, Notice, OpReport, QueueOutcome},
+    daemon::{self, Controlled, Request, Response, Status},
+    kfd::Paths,
+    manual::describe,
+    policy::{Action, Class, Decision, Engine, Policy},
+    procinfo,
+    state::Update,
+    watch::{Intervals, Watcher},
+};
+
+/// Decisions kept for the status file.
+const RECENT: usize = 32;
+
+/// Resumes everything if anything panics (before the default hook prints the panic).
+fn install_panic_hook(h: ControlHandle) {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some("gpreempt-ctl") {
+            h.shutdown_blocking(Duration::from_secs(2));
+        }
+        prev(info);
+    }));
+}
+
+struct Ctx {
+    me: u32,
+    dry_run: bool,
+    dir: std::path::PathBuf,
+    control: Option<Control>,
+    engine: Engine,
+    audit: Option<std::fs::File>,
+    recent: VecDeque<serde_json::Value>,
+    /// Processes under control (attached), with their start times.
+    attached: BTreeMap<u32, u64>,
+    /// Processes that cannot be controlled, and why (each reported once).
+    refused: BTreeMap<u32, String>,
+    status_dirty: bool,
+}
+
+impl Ctx {
+    fn status(&self, w: &Watcher) -> Status {
+        Status {
+            controller_pid: self.me,
+            mode: "run".into(),
+            policy: Some(self.engine.policy().source.clone()),
+            dry_run: self.dry_run,
+            classes: w
+                .state
+                .procs
+                .values()
+                .filter_map(|p| Some((p.pid, p.class.clone()?)))
+                .collect(),
+            held: self
+                .engine
+                .held()
+                .into_iter()
+                .map(|(pid, q, g, _)| (pid, q, Some(g)))
+                .collect(),
+            fenced: self.engine.fenced(),
+            refused: self.refused.clone(),
+            decisions: self.recent.iter().cloned().collect(),
+        }
+    }
+
+    fn record(&mut self, v: serde_json::Value) {
+        if let Some(f) = &mut self.audit {
+            let mut line = v.to_string();
+            line.push('\n');
+            if let Err(e) = f.write_all(line.as_bytes()) {
+                log::warn!("audit file: {e}; auditing stops");
+                self.audit = None;
+            }
+        }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(v);
+        self.status_dirty = true;
+    }
+
+    fn save_targets(&self) {
+        let t: Vec<Controlled> = self
+            .attached
+            .iter()
+            .map(|(&pid, &start_time)| Controlled { pid, start_time })
+            .collect();
+        if let Err(e) = daemon::write_targets(&self.dir, &t) {
+            log::warn!("{e:#}");
+        }
+    }
+
+    /// Applies a control result to the model (our own DBG_TRAP calls are not read back from
+    /// the eBPF events: their arrays are gone by then).
+    fn apply_report(&self, w: &mut Watcher, r: &OpReport, suspend: bool) {
+        let queues = Some(r.done());
+        let (ts_ns, by, target) = (r.returned_ns, self.me, r.pid);
+        w.state.apply(if suspend {
+            Update::Suspended {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        } else {
+            Update::Resumed {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        });
+    }
+
+    async fn classify(&mut self, w: &mut Watcher) {
+        for (pid, class) in self.engine.classify(&w.state) {
+            w.state.apply(Update::Class {
+                pid,
+                class: Some(class.label().to_string()),
+            });
+            let Some(control) = &self.control else {
+                continue;
+            };
+            // Offline processes are attached ahead of time, so a suspend is one ioctl.
+            if class == Class::Offline && !self.attached.contains_key(&pid) {
+                match control.attach(pid).await {
+                    Ok(_) => {
+                        let start = procinfo::start_time(Path::new("/proc"), pid).unwrap_or(0);
+                        self.attached.insert(pid, start);
+                        self.refused.remove(&pid);
+                        self.save_targets();
+                    }
+                    Err(e) => {
+                        let text = e.to_string();
+                        if self.refused.get(&pid) != Some(&text) {
+                            log::warn!("pid {pid}: cannot be controlled: {text}");
+                            w.state.apply(Update::Warning {
+                                ts_ns: monotonic_ns(),
+                                text: format!("pid {pid}: cannot be controlled: {text}"),
+                            });
+                            self.refused.insert(pid, text);
+                            self.status_dirty = true;
+                        }
+                    }
+                }
+            } else if class != Class::Offline && self.attached.remove(&pid).is_some() {
+                if let Err(e) = control.detach(pid).await {
+                    log::debug!("pid {pid}: detach: {e}");
+                }
+                self.save_targets();
+            }
+        }
+    }
+
+    async fn tick(&mut self, w: &mut Watcher) {
+        self.classify(w).await;
+        let now = monotonic_ns();
+        let decisions = self.engine.decide(&w.state, now);
+        for d in decisions {
+            self.act(w, d).await;
+        }
+    }
+
+    async fn act(&mut self, w: &mut Watcher, d: Decision) {
+        let suspend = d.action == Action::Suspend;
+        let mut rec = serde_json::json!({
+            "ts_ns": d.ts_ns,
+            "gpu_id": d.gpu_id,
+            "pid": d.pid,
+            "action": d.action,
+            "queues": d.queues,
+            "grace": d.grace,
+            "reason": d.reason,
+            "trigger_ns": None::<u64>,
+            "dry_run": self.dry_run,
+            "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
+        });
+        let Some(control) = &self.control else {
+            self.engine.confirm(&d, &d.queues);
+            log::info!(
+                "dry run: would {} pid {} queues {:?} on GPU {:#x}: {}",
+                if suspend { "suspend" } else { "resume" },
+                d.pid,
+                d.queues,
+                d.gpu_id,
+                d.reason
+            );
+            self.record(rec);
+            return;
+        };
+        let r = if suspend {
+            control
+                .suspend(d.pid, Some(d.queues.clone()), d.grace)
+                .await
+        } else {
+            control.resume(d.pid, Some(d.queues.clone())).await
+        };
+        match r {
+            Ok(report) => {
+                let done = report.done();
+                self.engine.confirm(&d, &done);
+                self.apply_report(w, &report, suspend);
+                let by = |o: QueueOutcome| -> Vec<u32> {
+                    report
+                        .queues
+                        .iter()
+                        .filter(|q| q.outcome == o)
+                        .map(|q| q.queue_id)
+                        .collect()
+                };
+                rec["done"] = serde_json::json!(done);
+                rec["invalid"] = serde_json::json!(by(QueueOutcome::Invalid));
+                rec["error"] = serde_json::json!(by(QueueOutcome::Error));
+                rec["issued_ns"] = serde_json::json!(report.issued_ns);
+                rec["returned_ns"] = serde_json::json!(report.returned_ns);
+                if let Some(t) = None::<u64> {
+                    rec["decision_latency_ns"] =
+                        serde_json::json!(report.issued_ns.saturating_sub(t));
+                }
+                log::info!("{} ({})", describe(&report, suspend), d.reason);
+            }
+            Err(e) => {
+                self.engine.confirm(&d, &[]);
+                rec["failed"] = serde_json::json!(e.to_string());
+                log::warn!("pid {}: {e}", d.pid);
+            }
+        }
+        self.record(rec);
+    }
+
+    fn notice(&mut self, w: &mut Watcher, n: Notice) {
+        match n {
+            Notice::TargetGone { pid } => {
+                self.engine.forget(pid, None);
+                if self.attached.remove(&pid).is_some() {
+                    self.save_targets();
+                }
+            }
+            Notice::Acted {
+                report,
+                suspend,
+                why,
+            } => {
+                self.apply_report(w, &report, suspend);
+                if !suspend {
+                    self.engine.forget(report.pid, Some(&report.done()));
+                }
+                self.record(serde_json::json!({
+                    "ts_ns": report.returned_ns,
+                    "pid": report.pid,
+                    "action": if suspend { "suspend" } else { "resume" },
+                    "done": report.done(),
+                    "reason": why,
+                    "by": "control",
+                }));
+            }
+            Notice::Fenced { gpu_id, why } => {
+                self.engine.fence_gpu(gpu_id, &why);
+                let text = format!("GPU {gpu_id:#x}: {why}: no longer preempting it");
+                log::warn!("{text}");
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text,
+                });
+                self.status_dirty = true;
+            }
+            Notice::Problem { pid, text } => {
+                log::warn!("pid {pid}: {text}");
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text: format!("pid {pid}: {text}"),
+                });
+            }
+        }
+    }
+
+    async fn request(&mut self, w: &mut Watcher, req: Request) -> Response {
+        if let Request::Status = req {
+            return Response {
+                ok: true,
+                status: Some(self.status(w)),
+                ..Default::default()
+            };
+        }
+        let Some(control) = &self.control else {
+            return Response::err("the controller runs with --dry-run: it acts on nothing");
+        };
+        let suspend = matches!(req, Request::Suspend { .. });
+        let resp = crate::manual::handle(control, req, Status::default).await;
+        if let Some(r) = &resp.report {
+            self.apply_report(w, r, suspend);
+            self.record(serde_json::json!({
+                "ts_ns": r.returned_ns,
+                "pid": r.pid,
+                "action": if suspend { "suspend" } else { "resume" },
+                "done": r.done(),
+                "reason": "manual request",
+                "by": "operator",
+            }));
+        }
+        resp
+    }
+}
+
+/// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
+/// exited; this covers a controller that vanished in some other way).
+async fn recover(control: &Control, dir: &Path) {
+    for t in daemon::read_targets(dir) {
+        if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
+            continue;
+        }
+        match control.resume(t.pid, None).await {
+            Ok(r) => eprintln!(
+                "pid {}: left by an earlier controller: resumed its queues (kernel count {})",
+                t.pid,
+                r.ret.map_or("?".into(), |n| n.to_string())
+            ),
+            Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
+        }
+    }
+    let _ = daemon::write_targets(dir, &[]);
+}
+
+pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
+    crate::probe::preflight()?;
+    // Signals first: from here on nothing ends the process without the cleanup below.
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let policy = Policy::load(&args.policy)?;
+    let dir = daemon::run_dir();
+    let _lock = daemon::Lock::acquire(&dir)?;
+    let control = if args.dry_run {
+        None
+    } else {
+        let (c, n) = Control::start(
+            &cli.kfd_device,
+            Limits {
+                max_suspend: Duration::from_nanos(policy.max_suspend_ns),
+                ..Limits::default()
+            },
+        )?;
+        if let Some(h) = c.handle() {
+            install_panic_hook(h);
+        }
+        recover(&c, &dir).await;
+        Some((c, n))
+    };
+    let (control, mut notices) = match control {
+        Some((c, n)) => (Some(c), Some(n)),
+        None => (None, None),
+    };
+    let ms = Duration::from_millis;
+    let mut w = Watcher::start(
+        Paths::default(),
+        &cli.kfd_device,
+        Intervals {
+            reconcile: ms(args.reconcile_interval),
+            hqds: ms(args.hqd_interval),
+            sample: ms(args.sample_interval),
+        },
+    )?;
+    let audit = match &args.audit {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening the audit file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    eprintln!(
+        "gpreempt-ebpf run: {}{}",
+        policy.summary(),
+        if args.dry_run {
+            " (dry run: nothing is suspended)"
+        } else {
+            ""
+        }
+    );
+    let mut ctx = Ctx {
+        me: std::process::id(),
+        dry_run: args.dry_run,
+        dir: dir.clone(),
+        control,
+        engine: Engine::new(policy),
+        audit,
+        recent: VecDeque::new(),
+        attached: BTreeMap::new(),
+        refused: BTreeMap::new(),
+        status_dirty: true,
+    };
+    let mut requests = daemon::serve(&dir)?;
+    let mut tick = tokio::time::interval(ms(args.tick));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut publish = tokio::time::interval(ms(250));
+    let result: Result<String> = async {
+        loop {
+            tokio::select! {
+                biased;
+                _ = int.recv() => return Ok("interrupted".into()),
+                _ = term.recv() => return Ok("terminated".into()),
+                _ = hup.recv() => match Policy::load(&args.policy) {
+                    Ok(p) => {
+                        eprintln!("policy reloaded: {}", p.summary());
+                        ctx.engine.set_policy(p);
+                        ctx.status_dirty = true;
+                    }
+                    Err(e) => eprintln!("policy NOT reloaded, keeping the old one: {e:#}"),
+                },
+                Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => {
+                    ctx.notice(&mut w, n)
+                }
+                Some((req, reply)) = requests.recv() => {
+                    let resp = ctx.request(&mut w, req).await;
+                    let _ = reply.send(resp);
+                }
+                _ = tick.tick() => ctx.tick(&mut w).await,
+                _ = publish.tick() => {
+                    if std::mem::take(&mut ctx.status_dirty) {
+                        if let Err(e) = daemon::write_status(&dir, &ctx.status(&w)) {
+                            log::warn!("{e:#}");
+                        }
+                    }
+                }
+                r = w.pump() => r?,
+            }
+        }
+    }
+    .await;
+    // Every way out passes here (and Control's Drop covers an unwinding panic).
+    if let Some(c) = ctx.control.take() {
+        let reports = c.shutdown().await;
+        let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();
+        if !resumed.is_empty() {
+            eprintln!(
+                "resumed and released {} process(es): {:?}",
+                resumed.len(),
+                resumed
+            );
+        }
+    }
+    let _ = daemon::write_targets(&dir, &[]);
+    let _ = daemon::write_status(&dir, &Status::default());
+    match result {
+        Ok(why) => {
+            eprintln!("{why}: nothing is left suspended");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(e.context("the controller stopped; every queue was resumed")),
+    }
+}
