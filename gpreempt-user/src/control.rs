@@ -537,10 +537,7 @@ impl Thread {
                 for t in self.targets.values() {
                     fds.push(PollFd::new(t.events.as_fd(), PollFlags::POLLIN));
                 }
-                match nix::poll::poll(
-                    &mut fds,
-                    PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX),
-                ) {
+                match nix::poll::poll(&mut fds, PollTimeout::from(timeout)) {
                     Ok(_) | Err(Errno::EINTR) => {}
                     Err(e) => log::warn!("control: poll: {e}"),
                 }

@@ -60,6 +60,8 @@ impl Lock {
         f.set_len(0)?;
         f.rewind()?;
         writeln!(f, "{}", std::process::id())?;
+        // What a dead predecessor published is no longer true (the kernel resumed its queues).
+        let _ = std::fs::remove_file(dir.join("status.json"));
         Ok(Self {
             _file: f,
             dir: dir.to_path_buf(),

@@ -195,6 +195,7 @@ pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
                     for q in report.done() {
                         if suspend { held.insert(q); } else { held.remove(&q); }
                     }
+                    let _ = daemon::write_status(lock.dir(), &status(&held));
                 }
                 Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
                 Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
@@ -259,9 +260,9 @@ pub async fn resume(cli: &Cli, a: &ResumeArgs) -> Result<ExitCode> {
 
 pub fn humantime(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms >= 60_000 && ms % 60_000 == 0 {
+    if ms >= 60_000 && ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms >= 1000 && ms % 1000 == 0 {
+    } else if ms >= 1000 && ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else if ms > 0 {
         format!("{ms}ms")

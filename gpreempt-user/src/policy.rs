@@ -16,7 +16,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use crate::procinfo::ProcInfo;
-use crate::state::{Process, QueueState, State};
+use crate::state::{Process, QueueState, SampleStatus, State};
 
 const MS: u64 = 1_000_000;
 
@@ -498,16 +498,26 @@ impl Parser<'_> {
                         Some(other) => self.err(
                             span,
                             format!(
-                                "strategy: unknown strategy {other:?} (use \"priority\" or \"timeslice\")"
+                                "strategy: unknown strategy {other:?} \
+                                 (use \"priority\" or \"timeslice\")"
                             ),
                         ),
                         None => {}
                     },
-                    "window" => set(&mut policy.window_ns, &mut at.window, span, self.duration(v, key)),
-                    "resume_after" => set(&mut policy.resume_after_ns, &mut at.resume_after, span, self.duration(v, key)),
-                    "max_suspend" => set(&mut policy.max_suspend_ns, &mut at.max_suspend, span, self.duration(v, key)),
-                    "min_run" => set(&mut policy.min_run_ns, &mut at.min_run, span, self.duration(v, key)),
-                    "min_interval" => set(&mut policy.min_interval_ns, &mut at.min_interval, span, self.duration(v, key)),
+                    "window" | "resume_after" | "max_suspend" | "min_run" | "min_interval" => {
+                        let Some(ns) = self.duration(v, key) else {
+                            continue;
+                        };
+                        let (slot, slot_at) = match key {
+                            "window" => (&mut policy.window_ns, &mut at.window),
+                            "resume_after" => (&mut policy.resume_after_ns, &mut at.resume_after),
+                            "max_suspend" => (&mut policy.max_suspend_ns, &mut at.max_suspend),
+                            "min_run" => (&mut policy.min_run_ns, &mut at.min_run),
+                            _ => (&mut policy.min_interval_ns, &mut at.min_interval),
+                        };
+                        *slot = ns;
+                        *slot_at = Some(span);
+                    }
                     "grace" => policy.grace = self.integer(v, key).map(|g| g as u32),
                     "gpus" => policy.gpus = self.gpus(v),
                     "default" => {
@@ -518,8 +528,9 @@ impl Parser<'_> {
                     other => self.err(
                         k.span().start,
                         format!(
-                            "[policy]: unknown key {other:?} (expected strategy, window, resume_after, \
-                             max_suspend, min_run, min_interval, grace, gpus or default)"
+                            "[policy]: unknown key {other:?} (expected strategy, window, \
+                             resume_after, max_suspend, min_run, min_interval, grace, gpus \
+                             or default)"
                         ),
                     ),
                 }
@@ -541,12 +552,12 @@ impl Parser<'_> {
             for (k, v) in t.iter() {
                 let key = k.get_ref().as_ref();
                 match key {
-                    "period" => set(
-                        &mut period,
-                        &mut period_at,
-                        v.span().start,
-                        self.duration(v, key),
-                    ),
+                    "period" => {
+                        if let Some(ns) = self.duration(v, key) {
+                            period = ns;
+                            period_at = Some(v.span().start);
+                        }
+                    }
                     "share" => {
                         if let Some(s) = self.float(v, key) {
                             share = s;
@@ -650,7 +661,7 @@ impl Parser<'_> {
                 v.span().start,
                 format!(
                     "{key}: a duration needs a unit and quotes, e.g. \"{}ms\"",
-                    &self.text[v.span()]
+                    self.text.get(v.span()).unwrap_or("20")
                 ),
             );
             return None;
@@ -862,13 +873,6 @@ struct Ats {
     min_interval: Option<usize>,
 }
 
-fn set(slot: &mut u64, at: &mut Option<usize>, span: usize, v: Option<u64>) {
-    if let Some(v) = v {
-        *slot = v;
-        *at = Some(span);
-    }
-}
-
 /// The regex crate's message on one line: its last `error: ...` line.
 fn regex_msg(e: &regex::Error) -> String {
     let s = e.to_string();
@@ -908,6 +912,9 @@ pub struct Decision {
     /// SUSPEND grace period; None for RESUME or the kernel's default.
     pub grace: Option<u32>,
     pub reason: String,
+    /// When the evidence behind a Suspend was observed (the sample that showed online work):
+    /// the start of the decision latency.
+    pub trigger_ns: Option<u64>,
 }
 
 /// A process's class, cached per (pid, start time) and policy generation.
@@ -948,6 +955,8 @@ struct Evidence {
     pid: u32,
     qid: u32,
     what: BusyBy,
+    /// The sample time of the evidence.
+    at_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1156,24 +1165,33 @@ impl Engine {
                     l.sample_ns = a.sample_ns;
                 }
                 let recent = |t: u64| now.saturating_sub(t) < window;
-                let what = if let Some(n) = a.backlog.filter(|&n| n > 0) {
-                    Some(BusyBy::Backlog(n))
+                // A backlog counts only from a readable sample: a stale one (the queue's memory
+                // gone unreadable, e.g. the process exiting) would pin offline suspended.
+                let backlog = a
+                    .backlog
+                    .filter(|&n| n > 0 && a.status == SampleStatus::Valid);
+                let what = if let Some(n) = backlog {
+                    Some((BusyBy::Backlog(n), a.sample_ns))
                 } else if let Some(t) = l.changed_ns.filter(|&t| recent(t)) {
-                    Some(BusyBy::Launched {
-                        ago_ns: now.saturating_sub(t),
-                    })
+                    Some((
+                        BusyBy::Launched {
+                            ago_ns: now.saturating_sub(t),
+                        },
+                        t,
+                    ))
                 } else if a.busy == Some(true) && recent(a.sample_ns) {
-                    Some(BusyBy::Busy)
+                    Some((BusyBy::Busy, a.sample_ns))
                 } else {
                     None
                 };
-                if let Some(what) = what {
+                if let Some((what, at_ns)) = what {
                     let g = self.gpus.entry(q.gpu_id).or_default();
                     if g.busy.is_none() {
                         g.busy = Some(Evidence {
                             pid: p.pid,
                             qid: q.queue_id,
                             what,
+                            at_ns,
                         });
                     }
                 }
@@ -1335,6 +1353,7 @@ impl Engine {
                                 queues: Vec::new(),
                                 grace: self.policy.grace,
                                 reason: suspend_reason(&self.policy, g, now),
+                                trigger_ns: g.busy.map(|e| e.at_ns),
                             });
                             let last = out.len() - 1;
                             &mut out[last]
@@ -1453,6 +1472,7 @@ fn push_resume(
             queues: vec![qid],
             grace: None,
             reason: release_reason(policy, g, h.gpu_id, r),
+            trigger_ns: None,
         }),
     }
 }
@@ -1474,7 +1494,7 @@ fn release_reason(p: &Policy, g: &GpuMem, gpu_id: u32, r: Release) -> String {
 
 fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
     let why = match g.busy {
-        Some(Evidence { pid, qid, what }) => {
+        Some(Evidence { pid, qid, what, .. }) => {
             let how = match what {
                 BusyBy::Backlog(n) => format!("busy (backlog {n})"),
                 BusyBy::Launched { ago_ns } => format!("launched {} ago", fmt_ms(ago_ns)),

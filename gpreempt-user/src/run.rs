@@ -69,12 +69,16 @@ impl Ctx {
                 .values()
                 .filter_map(|p| Some((p.pid, p.class.clone()?)))
                 .collect(),
-            held: self
-                .engine
-                .held()
-                .into_iter()
-                .map(|(pid, q, g, _)| (pid, q, Some(g)))
-                .collect(),
+            // A dry run holds nothing (its decisions are in `decisions`).
+            held: if self.dry_run {
+                Vec::new()
+            } else {
+                self.engine
+                    .held()
+                    .into_iter()
+                    .map(|(pid, q, g, _)| (pid, q, Some(g)))
+                    .collect()
+            },
             fenced: self.engine.fenced(),
             refused: self.refused.clone(),
             decisions: self.recent.iter().cloned().collect(),
@@ -189,7 +193,7 @@ impl Ctx {
             "queues": d.queues,
             "grace": d.grace,
             "reason": d.reason,
-            "trigger_ns": None::<u64>,
+            "trigger_ns": d.trigger_ns,
             "dry_run": self.dry_run,
             "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
         });
@@ -231,7 +235,7 @@ impl Ctx {
                 rec["error"] = serde_json::json!(by(QueueOutcome::Error));
                 rec["issued_ns"] = serde_json::json!(report.issued_ns);
                 rec["returned_ns"] = serde_json::json!(report.returned_ns);
-                if let Some(t) = None::<u64> {
+                if let Some(t) = d.trigger_ns {
                     rec["decision_latency_ns"] =
                         serde_json::json!(report.issued_ns.saturating_sub(t));
                 }

@@ -129,7 +129,18 @@ impl Watcher {
         let status = crate::daemon::read_status(&crate::daemon::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
-            self.controller = None;
+            // The controller is gone: the kernel resumed whatever it held.
+            if let Some(old) = self.controller.take() {
+                let ts_ns = monotonic_ns();
+                for &(pid, q, _) in &old.held {
+                    self.state.apply(Update::Resumed {
+                        ts_ns,
+                        by: old.controller_pid,
+                        target: pid,
+                        queues: Some(vec![q]),
+                    });
+                }
+            }
             return;
         };
         let ts_ns = monotonic_ns();

@@ -1,0 +1,452 @@
+//! The controller end to end, as root, against the emulator: real ptrace, real DBG_TRAP ioctls
+//! (served by the emulated KFD), the real eBPF tracer watching. What the emulator shows (its
+//! debugfs `hqds`: a suspended queue holds no HQD slot; dispatch ids that stop moving) is the
+//! kernel-side truth the tests check against; all figures are emulated.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{assert_nothing_left, serial, sim, TempDir};
+
+fn json(p: &Path) -> Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}\n{s}", p.display()))
+}
+
+fn text(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn num(p: &Path) -> u32 {
+    text(p)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// (state, hqd, dispatches/s) of a queue in a `queues --json` document.
+fn queue(doc: &Value, pid: u32, qid: u32) -> (String, Value, Value) {
+    let p = doc["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {doc}"));
+    let q = p["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["queue_id"] == qid)
+        .unwrap_or_else(|| panic!("queue {qid} of {pid} not in {p}"));
+    (
+        q["state"].as_str().unwrap_or("?").to_string(),
+        q["hqd"].clone(),
+        q["activity"]["dispatches_per_s"].clone(),
+    )
+}
+
+fn lines(p: &Path) -> Vec<Value> {
+    text(p)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+const OFFLINE: &str = "--profile resnet50_b1024 --offline --priority 0";
+const ONLINE: &str = "--profile resnet18_b1 --rate 20 --priority 15";
+
+#[test]
+fn manual_suspend_resume_round_trip_seen_by_trace_and_queues() {
+    let _one = serial();
+    let t = TempDir::new("manual");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP trace --json > {d}/trace.jsonl 2>{d}/trace.err & TR=$!
+sleep 1.5
+$GP sim workload {OFFLINE} --duration 30 --second-queue-after 3 --report {d}/off.json 2>{d}/off.err & W=$!
+echo $W > {d}/w.pid
+sleep 1.5
+$GP suspend --pid $W > {d}/suspend.out 2>&1 & S=$!
+echo $S > {d}/s.pid
+sleep 1
+$GP queues --json > {d}/q1.json
+sleep 2.5
+$GP queues --json > {d}/q2.json
+$GP resume --pid $W > {d}/resume.out 2>&1
+wait $S; echo $? > {d}/suspend.rc
+sleep 0.5
+$GP queues --json > {d}/q3.json
+kill -INT $W; wait $W
+sleep 0.3
+kill -INT $TR; wait $TR
+"#
+    );
+    sim(&script, Duration::from_secs(60));
+    let w = num(&t.path("w.pid"));
+    let s = num(&t.path("s.pid"));
+    let out = text(&t.path("suspend.out"));
+    assert_eq!(num(&t.path("suspend.rc")), 0, "{out}");
+    assert!(
+        out.contains(&format!("pid {w}: suspended queue(s) 0")),
+        "{out}"
+    );
+    assert!(
+        out.contains("suspended queue(s) 1 (new queue of a suspended process)"),
+        "a queue created while the process is suspended is suspended too:\n{out}"
+    );
+    assert!(
+        out.contains("every queue resumed: nothing is left suspended"),
+        "{out}"
+    );
+    assert!(
+        text(&t.path("resume.out")).contains(&format!("pid {w}: resumed queue(s) 0, 1")),
+        "{}",
+        text(&t.path("resume.out"))
+    );
+
+    // While suspended: the model says so (from the controller), and the emulated hardware
+    // agrees: no HQD slot, no dispatches.
+    let q1 = json(&t.path("q1.json"));
+    let (state, hqd, rate) = queue(&q1, w, 0);
+    assert_eq!(state, "suspended", "{q1}");
+    assert!(hqd.is_null(), "a suspended queue holds no HQD: {q1}");
+    assert_eq!(rate.as_f64(), Some(0.0), "{q1}");
+    let q2 = json(&t.path("q2.json"));
+    for qid in [0, 1] {
+        let (state, hqd, _) = queue(&q2, w, qid);
+        assert_eq!(state, "suspended", "queue {qid}: {q2}");
+        assert!(hqd.is_null(), "queue {qid}: {q2}");
+    }
+    // After the resume: mapped and running again.
+    let q3 = json(&t.path("q3.json"));
+    for qid in [0, 1] {
+        let (state, hqd, _) = queue(&q3, w, qid);
+        assert_eq!(state, "active", "queue {qid}: {q3}");
+        assert!(!hqd.is_null(), "queue {qid} mapped again: {q3}");
+    }
+    let (_, _, rate) = queue(&q3, w, 0);
+    assert!(rate.as_f64().unwrap_or(0.0) > 0.0, "{q3}");
+
+    // The tracer saw the controller's debug-trap calls on the workload.
+    let ops: Vec<String> = lines(&t.path("trace.jsonl"))
+        .iter()
+        .filter(|e| e["event"] == "dbg_trap" && e["pid"] == s && e["target_pid"] == w)
+        .map(|e| e["op"].as_str().unwrap_or("?").to_string())
+        .collect();
+    for op in [
+        "enable",
+        "get_queue_snapshot",
+        "suspend_queues",
+        "resume_queues",
+        "disable",
+    ] {
+        assert!(ops.iter().any(|o| o == op), "no {op} in {ops:?}");
+    }
+    let first = |op: &str| ops.iter().position(|o| o == op).unwrap();
+    assert!(first("enable") < first("suspend_queues"));
+    assert!(first("suspend_queues") < first("resume_queues"));
+    assert_eq!(ops.last().map(String::as_str), Some("disable"), "{ops:?}");
+    assert_nothing_left();
+}
+
+/// Online p99 with and without the example policy, 60 s each, side by side in one emulator.
+#[test]
+fn run_protects_the_online_p99() {
+    let _one = serial();
+    let t = TempDir::new("run");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let secs = 60;
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload {ONLINE} --duration {secs} --report {d}/on0.json 2>/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration {secs} --report {d}/off0.json 2>/dev/null & B=$!
+wait $A $B
+$GP run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+sleep 2
+$GP sim workload {ONLINE} --duration {secs} --report {d}/on1.json 2>/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration {secs} --report {d}/off1.json 2>/dev/null & B=$!
+echo $B > {d}/b.pid
+wait $A $B
+kill -INT $R; wait $R; echo $? > {d}/run.rc
+"#
+    );
+    sim(&script, Duration::from_secs(2 * secs + 60));
+    let p99 = |f: &str| json(&t.path(f))["latency"]["p99_ms"].as_f64().unwrap();
+    let items = |f: &str| json(&t.path(f))["items_per_s"].as_f64().unwrap();
+    let (without, with) = (p99("on0.json"), p99("on1.json"));
+    let (off0, off1) = (items("off0.json"), items("off1.json"));
+    let audit = lines(&t.path("audit.jsonl"));
+    let suspends = audit
+        .iter()
+        .filter(|a| a["action"] == "suspend" && a["done"].as_array().is_some_and(|d| !d.is_empty()))
+        .count();
+    let mut lat: Vec<f64> = audit
+        .iter()
+        .filter_map(|a| a["decision_latency_ns"].as_f64())
+        .map(|ns| ns / 1e3)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        lat.get(((lat.len().max(1) - 1) as f64 * p) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "emulated, {secs} s each: online p99 {without:.2} ms without the controller, {with:.2} ms with \
+         ({:.2}x); offline {off0:.0} -> {off1:.0} items/s ({:.0}%); {suspends} suspends; \
+         decision latency p50 {:.0} us p99 {:.0} us",
+        without / with,
+        100.0 * off1 / off0,
+        pct(0.5),
+        pct(0.99),
+    );
+    assert_eq!(num(&t.path("run.rc")), 0, "{}", text(&t.path("run.err")));
+    assert!(
+        text(&t.path("run.err")).contains("nothing is left suspended"),
+        "{}",
+        text(&t.path("run.err"))
+    );
+    assert!(suspends > 100, "the policy acted: {suspends} suspends");
+    assert!(
+        with < 0.85 * without,
+        "online p99 must improve: {without:.2} ms without, {with:.2} ms with"
+    );
+    assert!(
+        off1 > 0.2 * off0,
+        "offline still progresses: {off0} -> {off1}"
+    );
+    let b = num(&t.path("b.pid"));
+    assert!(
+        audit.iter().all(|a| a["pid"] == b),
+        "only the offline process is acted on"
+    );
+    assert_nothing_left();
+}
+
+/// A test policy that keeps the offline queue suspended while the online job saturates the GPU.
+const HOLD_POLICY: &str = r#"
+[policy]
+strategy = "priority"
+window = "50ms"
+resume_after = "20ms"
+max_suspend = "60s"
+min_run = "50ms"
+default = "ignore"
+
+[[rule]]
+class = "online"
+cmdline = '--profile resnet18_b1\b'
+
+[[rule]]
+class = "offline"
+cmdline = '--profile resnet50_b1024\b'
+"#;
+
+#[test]
+fn kill_9_of_run_leaves_nothing_suspended_and_sigterm_resumes() {
+    let _one = serial();
+    let t = TempDir::new("kill9");
+    let d = t.0.display();
+    std::fs::write(t.path("hold.toml"), HOLD_POLICY).unwrap();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload --profile resnet18_b1 --rate 400 --priority 15 --duration 60 2>/dev/null >/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+echo $B > {d}/b.pid
+sleep 1
+$GP run --policy {d}/hold.toml 2>{d}/run1.err & R=$!
+sleep 3
+$GP queues --json > {d}/q1.json
+kill -KILL $R; wait $R || true
+sleep 0.5
+$GP queues --json > {d}/q2.json
+$GP run --policy {d}/hold.toml 2>{d}/run2.err & R=$!
+sleep 3
+$GP queues --json > {d}/q3.json
+kill -TERM $R; wait $R; echo $? > {d}/run2.rc
+sleep 0.3
+$GP queues --json > {d}/q4.json
+kill -INT $A $B; wait $A $B
+"#
+    );
+    sim(&script, Duration::from_secs(60));
+    let b = num(&t.path("b.pid"));
+    let q1 = json(&t.path("q1.json"));
+    let (state, hqd, _) = queue(&q1, b, 0);
+    assert_eq!(state, "suspended", "held while online saturates: {q1}");
+    assert!(hqd.is_null(), "{q1}");
+    // kill -9: the kernel (here the emulator, as amdkfd does) disables the trap of every target
+    // of a debugger whose mm goes away, and resumes their queues.
+    let q2 = json(&t.path("q2.json"));
+    let (state, hqd, rate) = queue(&q2, b, 0);
+    assert_eq!(state, "active", "{q2}");
+    assert!(
+        !hqd.is_null(),
+        "running again after kill -9 of the controller: {q2}"
+    );
+    assert!(rate.as_f64().unwrap_or(0.0) > 0.0, "{q2}");
+    // The next controller finds what the killed one recorded and resumes it (a no-op here:
+    // the kernel already did), then controls again.
+    let run2 = text(&t.path("run2.err"));
+    assert!(
+        run2.contains(&format!("pid {b}: left by an earlier controller")),
+        "{run2}"
+    );
+    let q3 = json(&t.path("q3.json"));
+    assert_eq!(queue(&q3, b, 0).0, "suspended", "{q3}");
+    // SIGTERM: resumed, released, exit 0.
+    assert_eq!(num(&t.path("run2.rc")), 0, "{run2}");
+    assert!(
+        run2.contains("terminated: nothing is left suspended"),
+        "{run2}"
+    );
+    let q4 = json(&t.path("q4.json"));
+    let (state, hqd, _) = queue(&q4, b, 0);
+    assert_eq!(state, "active", "{q4}");
+    assert!(!hqd.is_null(), "{q4}");
+    assert_nothing_left();
+}
+
+#[test]
+fn a_target_that_exits_while_suspended_is_not_left_hanging() {
+    let _one = serial();
+    let t = TempDir::new("exit");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload {OFFLINE} --duration 60 --report {d}/off.json 2>/dev/null & W=$!
+sleep 1
+$GP suspend --pid $W > {d}/s1.out 2>&1 & S=$!
+sleep 1
+# A normal exit destroys the (suspended) queue: the kernel makes that wait for a resume.
+kill -TERM $W
+T0=$(date +%s%N); wait $W; echo $(( ($(date +%s%N) - T0) / 1000000 )) > {d}/exit.ms
+wait $S; echo $? > {d}/s1.rc
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & W=$!
+echo $W > {d}/w2.pid
+sleep 1
+$GP suspend --pid $W > {d}/s2.out 2>&1 & S=$!
+sleep 1
+kill -KILL $W; wait $W || true
+wait $S; echo $? > {d}/s2.rc
+"#
+    );
+    sim(&script, Duration::from_secs(40));
+    let s1 = text(&t.path("s1.out"));
+    assert_eq!(num(&t.path("s1.rc")), 0, "{s1}");
+    assert!(
+        num(&t.path("exit.ms")) < 3000,
+        "the workload exits promptly: {} ms\n{s1}",
+        num(&t.path("exit.ms"))
+    );
+    assert!(s1.contains("(the process is destroying it)"), "{s1}");
+    assert!(
+        json(&t.path("off.json"))["iterations"].as_u64().is_some(),
+        "report written"
+    );
+    let s2 = text(&t.path("s2.out"));
+    assert_eq!(num(&t.path("s2.rc")), 0, "{s2}");
+    assert!(
+        s2.contains(&format!(
+            "pid {} exited: nothing is left suspended",
+            num(&t.path("w2.pid"))
+        )),
+        "{s2}"
+    );
+    assert_nothing_left();
+}
+
+#[test]
+fn dry_run_acts_on_nothing_a_second_controller_is_refused_and_sighup_validates() {
+    let _one = serial();
+    let t = TempDir::new("dry");
+    let d = t.0.display();
+    std::fs::write(t.path("p.toml"), HOLD_POLICY).unwrap();
+    // Line 4 of the bad file has the error.
+    std::fs::write(
+        t.path("bad.toml"),
+        "[policy]\nstrategy = \"priority\"\nwindow = \"10ms\"\nresume_after = \"3 parsecs\"\n",
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP trace --json > {d}/trace.jsonl 2>/dev/null & TR=$!
+sleep 1.5
+$GP sim workload --profile resnet18_b1 --rate 400 --priority 15 --duration 60 2>/dev/null >/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+echo $B > {d}/b.pid
+sleep 1
+$GP run --policy {d}/p.toml --dry-run --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+echo $R > {d}/r.pid
+sleep 3
+$GP queues --json > {d}/q1.json
+$GP run --policy {d}/p.toml > {d}/second.out 2>&1 && echo 0 > {d}/second.rc || echo $? > {d}/second.rc
+cp {d}/bad.toml {d}/p.toml
+kill -HUP $R
+sleep 0.5
+kill -0 $R
+kill -INT $R; wait $R; echo $? > {d}/run.rc
+$GP run --policy {d}/bad.toml > {d}/bad.out 2>&1 && echo 0 > {d}/bad.rc || echo $? > {d}/bad.rc
+kill -INT $A $B; wait $A $B
+kill -INT $TR; wait $TR
+"#
+    );
+    sim(&script, Duration::from_secs(60));
+    let b = num(&t.path("b.pid"));
+    let r = num(&t.path("r.pid"));
+    let run = text(&t.path("run.err"));
+    assert_eq!(num(&t.path("run.rc")), 0, "{run}");
+    // Dry run: decisions are made and audited...
+    let audit = lines(&t.path("audit.jsonl"));
+    assert!(
+        audit
+            .iter()
+            .any(|a| a["action"] == "suspend" && a["pid"] == b && a["dry_run"] == true),
+        "{audit:?}"
+    );
+    // ...and nothing is done: no debug-trap call by the controller, the queue keeps running.
+    let calls = lines(&t.path("trace.jsonl"))
+        .iter()
+        .filter(|e| e["event"] == "dbg_trap" && e["pid"] == r)
+        .count();
+    assert_eq!(calls, 0, "a dry run issues no DBG_TRAP");
+    let q1 = json(&t.path("q1.json"));
+    let (state, hqd, _) = queue(&q1, b, 0);
+    assert_eq!(state, "active", "{q1}");
+    assert!(!hqd.is_null(), "{q1}");
+    // One controller at a time.
+    assert_eq!(num(&t.path("second.rc")), 1);
+    let second = text(&t.path("second.out"));
+    assert!(
+        second.contains(&format!(
+            "another gpreempt-ebpf controller is running (pid {r})"
+        )),
+        "{second}"
+    );
+    // SIGHUP with a broken file keeps the old policy and says where the problem is.
+    assert!(
+        run.contains("policy NOT reloaded, keeping the old one"),
+        "{run}"
+    );
+    assert!(
+        run.contains("bad.toml:4:") || run.contains("p.toml:4:"),
+        "{run}"
+    );
+    // A malformed policy at start: a line-numbered error, exit 1.
+    assert_eq!(num(&t.path("bad.rc")), 1);
+    let bad = text(&t.path("bad.out"));
+    assert!(bad.contains("bad.toml:4:"), "{bad}");
+    assert!(bad.contains("resume_after"), "{bad}");
+    assert_nothing_left();
+}
