@@ -446,7 +446,12 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
                         }
                     }
                 }
-                r = w.pump() => r?,
+                // Decide right after new samples or events: the tick only drives time-based
+                // transitions (resume_after, the guards), so detection-to-ioctl stays short.
+                r = w.pump() => {
+                    r?;
+                    ctx.tick(&mut w).await;
+                }
             }
         }
     }

@@ -23,7 +23,7 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("finding this executable")?;
     let exe = exe.to_string_lossy().into_owned();
     let children = if args.command.is_empty() {
-        demo(&exe)
+        demo(&exe)?
     } else {
         vec![ChildSpec {
             argv: args.command.clone(),
@@ -40,9 +40,15 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
+/// The policy the demo's controller runs (the repository's example for this scenario).
+const DEMO_POLICY: &str = include_str!("../../examples/resnet-online-offline.toml");
+
 /// The demo: the seeds' interference scenario (online ResNet-18 batch 1 at 20 req/s next to
-/// offline ResNet-50 batch 1024), watched live.
-fn demo(exe: &str) -> Vec<ChildSpec> {
+/// offline ResNet-50 batch 1024) under the controller, watched live.
+fn demo(exe: &str) -> Result<Vec<ChildSpec>> {
+    let policy = std::env::temp_dir().join("gpreempt-ebpf-demo-policy.toml");
+    std::fs::write(&policy, DEMO_POLICY)
+        .with_context(|| format!("writing {}", policy.display()))?;
     // The workloads' own output would tear top's screen (and they end with the demo, killed,
     // before any report).
     let workload = |args: &[&str]| ChildSpec {
@@ -60,7 +66,24 @@ fn demo(exe: &str) -> Vec<ChildSpec> {
         // `top` in the foreground attaches first, so the queues' creation is in its event log.
         delay: Duration::from_secs(2),
     };
-    vec![
+    let controller = ChildSpec {
+        argv: [
+            "sh",
+            "-c",
+            "exec \"$0\" \"$@\" >/dev/null 2>&1",
+            exe,
+            "run",
+            "--policy",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .chain([policy.to_string_lossy().into_owned()])
+        .collect(),
+        foreground: false,
+        delay: Duration::from_secs(1),
+    };
+    Ok(vec![
+        controller,
         workload(&[
             "--profile",
             "resnet18_b1",
@@ -81,7 +104,7 @@ fn demo(exe: &str) -> Vec<ChildSpec> {
             foreground: true,
             delay: Duration::ZERO,
         },
-    ]
+    ])
 }
 
 fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {

@@ -410,6 +410,9 @@ pub struct State {
     /// Latest time seen in any update (ns, CLOCK_MONOTONIC).
     #[serde(skip)]
     pub now_ns: u64,
+    /// A one-line summary of the running controller (another process), for `top`'s title.
+    #[serde(skip)]
+    pub controller: Option<String>,
 }
 
 impl State {

@@ -129,6 +129,7 @@ impl Watcher {
         let status = crate::daemon::read_status(&crate::daemon::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
+            self.state.controller = None;
             // The controller is gone: the kernel resumed whatever it held.
             if let Some(old) = self.controller.take() {
                 let ts_ns = monotonic_ns();
@@ -195,6 +196,18 @@ impl Watcher {
         for u in updates {
             self.state.apply(u);
         }
+        self.state.controller = Some(format!(
+            "controller: {} pid {}{}, {} held{}",
+            s.mode,
+            s.controller_pid,
+            if s.dry_run { " (dry run)" } else { "" },
+            s.held.len(),
+            if s.fenced.is_empty() {
+                String::new()
+            } else {
+                format!(", {} GPU(s) fenced", s.fenced.len())
+            }
+        ));
         self.controller = Some(s);
     }
 

@@ -487,6 +487,9 @@ fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, queues: usize
         spans.push(Span::raw("  "));
         spans.push(Span::styled(format!("[{l}]"), bold()));
     }
+    if let Some(c) = &state.controller {
+        spans.push(Span::raw(format!("  {c}")));
+    }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
