@@ -541,28 +541,23 @@ impl Thread {
                     Ok(_) | Err(Errno::EINTR) => {}
                     Err(e) => log::warn!("control: poll: {e}"),
                 }
-                fds.iter()
+                let ready: Vec<bool> = fds
+                    .iter()
                     .skip(2)
                     .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-                    .collect::<Vec<_>>()
+                    .collect();
+                // Which targets, now: requests below may add or remove targets.
+                self.targets
+                    .keys()
+                    .zip(ready)
+                    .filter(|(_, r)| *r)
+                    .map(|(p, _)| *p)
+                    .collect::<Vec<u32>>()
             };
-            while let Ok(Some(_)) = self.sigfd.read_signal() {}
             let mut buf = [0u8; 8];
             // SAFETY: reading 8 bytes into a live buffer from our eventfd.
             unsafe { libc::read(self.wake.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
-            self.reap();
-            let pids: Vec<u32> = self
-                .targets
-                .keys()
-                .zip(readable)
-                .filter(|(_, r)| *r)
-                .map(|(p, _)| *p)
-                .collect();
-            for pid in pids {
-                self.handle_events(pid);
-            }
-            self.watchdog();
-            self.release_destroying();
+            // Requests first: a suspend is latency-critical, the housekeeping below is not.
             loop {
                 match self.rx.try_recv() {
                     Ok(Req::Shutdown(reply)) => {
@@ -575,6 +570,13 @@ impl Thread {
                     Err(mpsc::TryRecvError::Disconnected) => return,
                 }
             }
+            while let Ok(Some(_)) = self.sigfd.read_signal() {}
+            self.reap();
+            for pid in readable {
+                self.handle_events(pid);
+            }
+            self.watchdog();
+            self.release_destroying();
         }
     }
 

@@ -183,9 +183,8 @@ impl Ctx {
         }
     }
 
-    async fn act(&mut self, w: &mut Watcher, d: Decision) {
-        let suspend = d.action == Action::Suspend;
-        let mut rec = serde_json::json!({
+    fn audit_record(&self, d: &Decision) -> serde_json::Value {
+        serde_json::json!({
             "ts_ns": d.ts_ns,
             "gpu_id": d.gpu_id,
             "pid": d.pid,
@@ -196,8 +195,14 @@ impl Ctx {
             "trigger_ns": d.trigger_ns,
             "dry_run": self.dry_run,
             "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
-        });
+        })
+    }
+
+    async fn act(&mut self, w: &mut Watcher, d: Decision) {
+        let suspend = d.action == Action::Suspend;
+        // The audit record is built after the ioctl: nothing but the decision precedes it.
         let Some(control) = &self.control else {
+            let rec = self.audit_record(&d);
             self.engine.confirm(&d, &d.queues);
             log::info!(
                 "dry run: would {} pid {} queues {:?} on GPU {:#x}: {}",
@@ -217,6 +222,7 @@ impl Ctx {
         } else {
             control.resume(d.pid, Some(d.queues.clone())).await
         };
+        let mut rec = self.audit_record(&d);
         match r {
             Ok(report) => {
                 let done = report.done();
