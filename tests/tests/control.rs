@@ -450,3 +450,69 @@ kill -INT $TR; wait $TR
     assert!(bad.contains("resume_after"), "{bad}");
     assert_nothing_left();
 }
+
+/// `top`'s `s` / `r` keys: with no controller running, top becomes one on the first key.
+#[test]
+fn top_keys_suspend_and_resume_through_the_controller() {
+    let _one = serial();
+    let t = TempDir::new("topkeys");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+export TERM=xterm-256color
+S="tmux -L gpkeys"
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & W=$!
+echo $W > {d}/w.pid
+sleep 1
+$S new-session -d -x 160 -y 40 "$GP top --interval 100 --sample-interval 100 2>{d}/top.err; echo TOP_EXIT=\$?; sleep 30"
+i=0; until $S capture-pane -p | grep -q "$W"; do i=$((i+1)); [ $i -lt 100 ] || {{ $S capture-pane -p; exit 1; }}; sleep 0.1; done
+$S send-keys / "$W" Enter
+sleep 0.5
+$S send-keys s
+sleep 1.5
+$S capture-pane -p > {d}/suspended.txt
+$GP queues --json > {d}/q1.json
+$S send-keys r
+sleep 1.5
+$S capture-pane -p > {d}/resumed.txt
+$GP queues --json > {d}/q2.json
+$S send-keys s
+sleep 1
+$S send-keys q
+i=0; until $S capture-pane -p | grep -q TOP_EXIT; do i=$((i+1)); [ $i -lt 50 ] || exit 1; sleep 0.1; done
+$S capture-pane -p > {d}/exit.txt
+sleep 0.5
+$GP queues --json > {d}/q3.json
+$S kill-server
+kill -INT $W; wait $W
+"#
+    );
+    sim(&script, Duration::from_secs(60));
+    let w = num(&t.path("w.pid"));
+    let sus = text(&t.path("suspended.txt"));
+    assert!(
+        sus.contains(&format!("pid {w}: suspended queue(s) 0")),
+        "{sus}"
+    );
+    let q1 = json(&t.path("q1.json"));
+    let (state, hqd, _) = queue(&q1, w, 0);
+    assert_eq!(state, "suspended", "{q1}");
+    assert!(hqd.is_null(), "{q1}");
+    let res = text(&t.path("resumed.txt"));
+    assert!(
+        res.contains(&format!("pid {w}: resumed queue(s) 0")),
+        "{res}"
+    );
+    let q2 = json(&t.path("q2.json"));
+    let (state, hqd, _) = queue(&q2, w, 0);
+    assert_eq!(state, "active", "{q2}");
+    assert!(!hqd.is_null(), "{q2}");
+    // Quitting top with a queue suspended resumes it.
+    assert!(text(&t.path("exit.txt")).contains("TOP_EXIT=0"));
+    let q3 = json(&t.path("q3.json"));
+    let (state, hqd, _) = queue(&q3, w, 0);
+    assert_eq!(state, "active", "{q3}");
+    assert!(!hqd.is_null(), "running again after top exits: {q3}");
+    assert_nothing_left();
+}
