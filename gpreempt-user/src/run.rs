@@ -117,21 +117,8 @@ impl Ctx {
     fn apply_report(&self, w: &mut Watcher, r: &OpReport, suspend: bool) {
         let queues = Some(r.done());
         let (ts_ns, by, target) = (r.returned_ns, self.me, r.pid);
-        w.state.apply(if suspend {
-            Update::Suspended {
-                ts_ns,
-                by,
-                target,
-                queues,
-            }
-        } else {
-            Update::Resumed {
-                ts_ns,
-                by,
-                target,
-                queues,
-            }
-        });
+        w.state
+            .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
     }
 
     async fn classify(&mut self, w: &mut Watcher) {

@@ -388,6 +388,33 @@ pub enum Update {
     },
 }
 
+impl Update {
+    /// A SUSPEND (`suspend`) or RESUME of `queues` of `target` by `by`.
+    pub fn queue_op(
+        suspend: bool,
+        ts_ns: u64,
+        by: u32,
+        target: u32,
+        queues: Option<Vec<u32>>,
+    ) -> Self {
+        if suspend {
+            Self::Suspended {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        } else {
+            Self::Resumed {
+                ts_ns,
+                by,
+                target,
+                queues,
+            }
+        }
+    }
+}
+
 /// Counters of what reconciliation had to correct.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Corrections {

@@ -35,21 +35,9 @@ impl Top {
     fn apply(&mut self, r: &crate::control::OpReport, suspend: bool) {
         let (ts_ns, by, target, queues) =
             (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
-        self.w.state.apply(if suspend {
-            Update::Suspended {
-                ts_ns,
-                by,
-                target,
-                queues,
-            }
-        } else {
-            Update::Resumed {
-                ts_ns,
-                by,
-                target,
-                queues,
-            }
-        });
+        self.w
+            .state
+            .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
     }
 
     fn status(&self) -> Status {

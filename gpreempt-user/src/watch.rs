@@ -437,21 +437,13 @@ fn suspend_update(ev: &Event) -> Option<Update> {
             .collect()
     });
     let (ts_ns, by, target) = (i.origin.ts_ns, i.origin.pid, a.pid);
-    Some(if a.op == dbg_op::SUSPEND_QUEUES {
-        Update::Suspended {
-            ts_ns,
-            by,
-            target,
-            queues,
-        }
-    } else {
-        Update::Resumed {
-            ts_ns,
-            by,
-            target,
-            queues,
-        }
-    })
+    Some(Update::queue_op(
+        a.op == dbg_op::SUSPEND_QUEUES,
+        ts_ns,
+        by,
+        target,
+        queues,
+    ))
 }
 
 /// `n` u32 queue ids at `ptr` in `pid`'s memory.
