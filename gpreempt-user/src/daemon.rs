@@ -191,8 +191,14 @@ pub fn serve(dir: &Path) -> Result<mpsc::Receiver<Incoming>> {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // EMFILE and the like: do not spin.
+                    log::warn!("control socket: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let tx = tx.clone();
             tokio::spawn(async move {
