@@ -57,6 +57,15 @@ pub enum Command {
     Suspend(SuspendArgs),
     /// Resume a process's queues.
     Resume(ResumeArgs),
+    /// Is this host ready, and what to change if not.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// One JSON document: {"checks": [{name, verdict, finding, fix}], "ok", "warn", "fail"}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -254,6 +263,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Run(ref args) => rt()?.block_on(crate::run::main(&cli, args)),
         Command::Suspend(ref args) => rt()?.block_on(crate::manual::suspend(&cli, args)),
         Command::Resume(ref args) => rt()?.block_on(crate::manual::resume(&cli, args)),
+        Command::Doctor(ref args) => crate::doctor::main(&cli, args),
     }
 }
 

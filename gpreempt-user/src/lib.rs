@@ -3,6 +3,7 @@ pub mod cli;
 pub mod clock;
 pub mod control;
 pub mod daemon;
+pub mod doctor;
 pub mod events;
 pub mod kfd;
 pub mod manual;

@@ -1,0 +1,1454 @@
+//! `doctor`: is this host ready for gpreempt-ebpf, and what to change if not.
+//!
+//! Every check reads files below a [`Root`] (`/` on a host; tests point it at a fake tree) and
+//! returns a [`Check`]: a verdict, one finding and, when not ok, one actionable fix. Only three
+//! things touch the running kernel directly: the bpf(2) map-create probe, opening the KFD device
+//! with its GET_VERSION ioctl, and the controller lock. Unreadable files are findings, never
+//! errors: the command always prints every line.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{self, Write},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
+
+use anyhow::{Context as _, Result};
+use gpreempt_common::kfd;
+use serde::Serialize;
+
+use crate::{
+    cli::{Cli, DoctorArgs},
+    kfd::sysfs::{self, GpuNode},
+};
+
+/// A check's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "fail",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub verdict: Verdict,
+    pub finding: String,
+    /// What to change (one sentence); `None` when ok.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn ok(name: &str, finding: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            verdict: Verdict::Ok,
+            finding: finding.into(),
+            fix: None,
+        }
+    }
+    pub fn warn(name: &str, finding: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            verdict: Verdict::Warn,
+            finding: finding.into(),
+            fix: Some(fix.into()),
+        }
+    }
+    pub fn fail(name: &str, finding: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            verdict: Verdict::Fail,
+            finding: finding.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// Where `/sys`, `/proc`, `/boot` and the like are: `/` on a host, a fake tree in tests.
+#[derive(Clone, Debug)]
+pub struct Root {
+    base: PathBuf,
+}
+
+impl Default for Root {
+    fn default() -> Self {
+        Self::at("/")
+    }
+}
+
+impl Root {
+    pub fn at(base: impl Into<PathBuf>) -> Self {
+        Self { base: base.into() }
+    }
+    /// `abs` (an absolute host path) below this root.
+    pub fn path(&self, abs: &str) -> PathBuf {
+        self.base.join(abs.trim_start_matches('/'))
+    }
+    fn read(&self, abs: &str) -> io::Result<String> {
+        fs::read_to_string(self.path(abs))
+    }
+    /// The trimmed contents, `None` when unreadable.
+    fn value(&self, abs: &str) -> Option<String> {
+        self.read(abs).ok().map(|s| s.trim().to_string())
+    }
+    fn exists(&self, abs: &str) -> bool {
+        self.path(abs).exists()
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 1. Privileges
+
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capabilities from a `/proc/PID/status` text.
+pub fn cap_eff(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// What the process may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Privileges {
+    /// bpf(2) loads and tracepoint attach: CAP_SYS_ADMIN, or CAP_BPF + CAP_PERFMON.
+    pub bpf: bool,
+    /// Attaching to other users' processes (the controller): CAP_SYS_PTRACE.
+    pub ptrace: bool,
+    /// Reading debugfs and the like.
+    pub admin: bool,
+}
+
+impl Privileges {
+    pub fn from_caps(caps: u64) -> Self {
+        let has = |c: u32| caps & (1u64 << c) != 0;
+        Self {
+            bpf: has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)),
+            ptrace: has(CAP_SYS_PTRACE),
+            admin: has(CAP_SYS_ADMIN),
+        }
+    }
+    fn all(yes: bool) -> Self {
+        Self {
+            bpf: yes,
+            ptrace: yes,
+            admin: yes,
+        }
+    }
+}
+
+/// Check 1, from `/proc/self/status` (or the euid when that is unreadable).
+pub fn privileges_check(status: Option<&str>, euid: u32) -> (Check, Privileges) {
+    const NAME: &str = "privileges";
+    let Some(caps) = status.and_then(cap_eff) else {
+        let p = Privileges::all(euid == 0);
+        let c = if euid == 0 {
+            Check::ok(
+                NAME,
+                "euid 0 (CapEff unreadable: assuming root's capabilities)",
+            )
+        } else {
+            Check::fail(
+                NAME,
+                format!("euid {euid} and CapEff unreadable: eBPF and the controller need root"),
+                "run gpreempt-ebpf with sudo",
+            )
+        };
+        return (c, p);
+    };
+    let p = Privileges::from_caps(caps);
+    let names: Vec<&str> = [
+        (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (CAP_BPF, "CAP_BPF"),
+        (CAP_PERFMON, "CAP_PERFMON"),
+        (CAP_SYS_PTRACE, "CAP_SYS_PTRACE"),
+    ]
+    .iter()
+    .filter(|(c, _)| caps & (1u64 << c) != 0)
+    .map(|(_, n)| *n)
+    .collect();
+    let who = format!(
+        "euid {euid}, CapEff {caps:#x} ({})",
+        if names.is_empty() {
+            "none of CAP_SYS_ADMIN/CAP_BPF/CAP_PERFMON/CAP_SYS_PTRACE".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    let c = match (p.bpf, p.ptrace) {
+        (true, true) => Check::ok(NAME, who),
+        (true, false) => Check::warn(
+            NAME,
+            format!("{who}: eBPF works (trace, top, queues) but without CAP_SYS_PTRACE the controller (run, suspend, resume) cannot attach"),
+            "run the controller as root, or add CAP_SYS_PTRACE to its capabilities",
+        ),
+        (false, _) => Check::fail(
+            NAME,
+            format!("{who}: cannot load eBPF programs; the checks below that need root say so"),
+            "run gpreempt-ebpf with sudo (or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)",
+        ),
+    };
+    (c, p)
+}
+
+// -------------------------------------------------------------------------------------------
+// 2. bpf(2)
+
+/// Creates and closes a one-entry BPF array map: the cheapest proof that bpf(2) works for us.
+pub fn try_bpf_map_create() -> io::Result<()> {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    // union bpf_attr, the BPF_MAP_CREATE member: map_type, key_size, value_size, max_entries,
+    // map_flags, then fields that must be zero. 128 zeroed bytes cover every kernel's size check.
+    let mut attr = [0u32; 32];
+    attr[0] = BPF_MAP_TYPE_ARRAY;
+    attr[1] = 4; // key_size
+    attr[2] = 8; // value_size
+    attr[3] = 1; // max_entries
+                 // SAFETY: `attr` is a live, zero-initialised buffer of the size passed; the kernel only reads
+                 // it for BPF_MAP_CREATE.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr) as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is the map descriptor just returned to us and owned by nobody else.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}
+
+/// Check 2: the outcome of [`try_bpf_map_create`], with the sysctl for context.
+pub fn bpf_check(unprivileged_bpf_disabled: Option<&str>, created: &io::Result<()>) -> Check {
+    const NAME: &str = "bpf";
+    let sysctl = match unprivileged_bpf_disabled.map(str::trim) {
+        Some("0") => "kernel.unprivileged_bpf_disabled=0 (unprivileged bpf allowed)".to_string(),
+        Some(v @ ("1" | "2")) => {
+            format!("kernel.unprivileged_bpf_disabled={v} (bpf(2) needs CAP_BPF or root)")
+        }
+        Some(v) => format!("kernel.unprivileged_bpf_disabled={v}"),
+        None => "kernel.unprivileged_bpf_disabled unreadable".to_string(),
+    };
+    match created {
+        Ok(()) => Check::ok(NAME, format!("bpf(2) works (test array map created); {sysctl}")),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => Check::fail(
+                NAME,
+                format!("bpf(2) map create refused ({e}); {sysctl}"),
+                "run as root; if already root, check kernel lockdown (/sys/kernel/security/lockdown) and LSM policy",
+            ),
+            Some(libc::ENOSYS) => Check::fail(
+                NAME,
+                "bpf(2) is not implemented by this kernel",
+                "use a kernel built with CONFIG_BPF_SYSCALL=y",
+            ),
+            _ => Check::fail(
+                NAME,
+                format!("bpf(2) map create failed ({e}); {sysctl}"),
+                "check the kernel's BPF support (CONFIG_BPF_SYSCALL) and memlock limits (ulimit -l)",
+            ),
+        },
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 3. BTF
+
+/// Check 3a: kernel BTF.
+pub fn btf_vmlinux_check(root: &Root) -> Check {
+    const NAME: &str = "btf";
+    let p = root.path("/sys/kernel/btf/vmlinux");
+    match fs::metadata(&p) {
+        Ok(m) => Check::ok(
+            NAME,
+            format!(
+                "/sys/kernel/btf/vmlinux present ({} KiB): CO-RE and fentry programs can load",
+                m.len() / 1024
+            ),
+        ),
+        Err(_) => Check::warn(
+            NAME,
+            "no /sys/kernel/btf/vmlinux: CO-RE and fentry programs are impossible; the ioctl tracepoints still work",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+        ),
+    }
+}
+
+/// Check 3b: amdgpu's module BTF (kernel-internal probes on amdkfd functions need it).
+pub fn btf_amdgpu_check(root: &Root) -> Check {
+    const NAME: &str = "btf-amdgpu";
+    if root.exists("/sys/kernel/btf/amdgpu") {
+        return Check::ok(NAME, "/sys/kernel/btf/amdgpu present");
+    }
+    if root.exists("/sys/module/amdgpu") {
+        Check::warn(
+            NAME,
+            "amdgpu is loaded but has no module BTF (/sys/kernel/btf/amdgpu): kernel-internal probes on amdkfd cannot be typed",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF_MODULES=y",
+        )
+    } else {
+        Check::warn(
+            NAME,
+            "no /sys/kernel/btf/amdgpu (amdgpu not loaded): kernel-internal probes on amdkfd need it",
+            "load amdgpu (modprobe amdgpu) on a kernel built with CONFIG_DEBUG_INFO_BTF_MODULES=y",
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 4. kprobes
+
+/// What a kernel config text says about an option: `Some(true)` =y/=m, `Some(false)` not set.
+pub fn config_option(config: &str, opt: &str) -> Option<bool> {
+    for l in config.lines() {
+        if let Some(v) = l.strip_prefix(opt).and_then(|r| r.strip_prefix('=')) {
+            return Some(matches!(v.trim(), "y" | "m"));
+        }
+        if l.trim() == format!("# {opt} is not set") {
+            return Some(false);
+        }
+    }
+    None
+}
+
+/// Check 4: can kprobes attach (aya uses the `kprobe` PMU, or tracefs `kprobe_events`)?
+pub fn kprobes_check(root: &Root) -> Check {
+    const NAME: &str = "kprobes";
+    const FIX: &str = "use a kernel built with CONFIG_KPROBES=y and CONFIG_KPROBE_EVENTS=y";
+    const WITHOUT: &str =
+        "the ioctl tracepoints remain: hardware map/unmap and evictions are not seen";
+    if root.exists("/sys/bus/event_source/devices/kprobe") {
+        return Check::ok(
+            NAME,
+            "kprobe PMU present (/sys/bus/event_source/devices/kprobe)",
+        );
+    }
+    for p in [
+        "/sys/kernel/tracing/kprobe_events",
+        "/sys/kernel/debug/tracing/kprobe_events",
+    ] {
+        if root.exists(p) {
+            return Check::ok(NAME, format!("{p} present"));
+        }
+    }
+    if root.exists("/sys/kernel/debug/kprobes") {
+        return Check::warn(
+            NAME,
+            format!("kprobes are built in (/sys/kernel/debug/kprobes) but neither the kprobe PMU nor kprobe_events exists: {WITHOUT}"),
+            FIX,
+        );
+    }
+    let release = root.value("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let config_path = format!("/boot/config-{release}");
+    if let Ok(cfg) = root.read(&config_path) {
+        match config_option(&cfg, "CONFIG_KPROBES") {
+            Some(true) => {
+                return Check::warn(
+                    NAME,
+                    format!("{config_path} has CONFIG_KPROBES=y but no kprobe PMU or kprobe_events is visible (tracefs not mounted, or CONFIG_KPROBE_EVENTS off): {WITHOUT}"),
+                    "mount tracefs (mount -t tracefs tracefs /sys/kernel/tracing) and check CONFIG_KPROBE_EVENTS=y",
+                )
+            }
+            Some(false) => {
+                return Check::warn(
+                    NAME,
+                    format!("{config_path}: CONFIG_KPROBES is not set: {WITHOUT}"),
+                    FIX,
+                )
+            }
+            None => {}
+        }
+    }
+    let kallsyms = match root.read("/proc/kallsyms") {
+        Ok(k) => {
+            if k.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some("register_kprobe"))
+            {
+                "register_kprobe is in /proc/kallsyms but no kprobe PMU or kprobe_events is visible"
+            } else {
+                "no kprobe PMU, no kprobe_events, no register_kprobe in /proc/kallsyms (CONFIG_KPROBES off)"
+            }
+        }
+        Err(_) => "no kprobe PMU and no kprobe_events (and /proc/kallsyms unreadable)",
+    };
+    Check::warn(NAME, format!("{kallsyms}: {WITHOUT}"), FIX)
+}
+
+// -------------------------------------------------------------------------------------------
+// 5. tracefs
+
+/// Check 5: the tracepoints every gpreempt-ebpf program stands on.
+pub fn tracefs_check(root: &Root) -> Check {
+    const NAME: &str = "tracefs";
+    let dir = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .into_iter()
+        .find(|d| root.path(d).join("events").is_dir());
+    let Some(dir) = dir else {
+        if let Err(e) = fs::read_dir(root.path("/sys/kernel/tracing")) {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                return Check::warn(
+                    NAME,
+                    format!("/sys/kernel/tracing is not readable ({e}): tracepoints unchecked"),
+                    "run as root (tracefs is root-only)",
+                );
+            }
+        }
+        let supported = root
+            .read("/proc/filesystems")
+            .map(|f| {
+                f.lines()
+                    .any(|l| l.split_whitespace().last() == Some("tracefs"))
+            })
+            .unwrap_or(false);
+        return if supported {
+            Check::warn(
+                NAME,
+                "tracefs is not mounted (gpreempt-ebpf mounts it itself when run as root)",
+                "mount -t tracefs tracefs /sys/kernel/tracing",
+            )
+        } else {
+            Check::fail(
+                NAME,
+                "no tracefs: this kernel has no tracepoints (CONFIG_TRACING/CONFIG_FTRACE off)",
+                "use a kernel built with CONFIG_FTRACE=y and CONFIG_FTRACE_SYSCALLS=y",
+            )
+        };
+    };
+    let events = root.path(dir).join("events");
+    let missing: Vec<&str> = [
+        "syscalls/sys_enter_ioctl",
+        "syscalls/sys_exit_ioctl",
+        "sched/sched_process_exit",
+    ]
+    .into_iter()
+    .filter(|e| !events.join(e).is_dir())
+    .collect();
+    if missing.is_empty() {
+        Check::ok(
+            NAME,
+            format!(
+                "{dir}: syscalls/sys_{{enter,exit}}_ioctl and sched/sched_process_exit present"
+            ),
+        )
+    } else if !events.join("syscalls").exists() && !events.join("sched").exists() {
+        Check::fail(
+            NAME,
+            format!("{dir}/events is empty or unreadable (not root?)"),
+            "run as root (tracefs events are root-only)",
+        )
+    } else {
+        Check::fail(
+            NAME,
+            format!("{dir}: tracepoints missing: {}", missing.join(", ")),
+            "use a kernel built with CONFIG_FTRACE_SYSCALLS=y (the syscall tracepoints are the floor every command needs)",
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 6. debugfs
+
+/// Check 6: the `hqds` and `mqds` dumps (HQD slots and queue state). Only opened, never read:
+/// reading `hqds` walks the hardware registers.
+pub fn debugfs_check(root: &Root, privileged: bool) -> Check {
+    const NAME: &str = "debugfs";
+    let kfd_dir = root.path("/sys/kernel/debug/kfd");
+    let open = |f: &str| fs::File::open(kfd_dir.join(f));
+    match (open("hqds"), open("mqds")) {
+        (Ok(_), Ok(_)) => return Check::ok(NAME, "/sys/kernel/debug/kfd/{hqds,mqds} readable"),
+        (Err(e), _) | (_, Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Check::warn(
+                NAME,
+                format!("/sys/kernel/debug/kfd is not readable ({e}): no HQD slots or MQD state"),
+                if privileged {
+                    "check kernel lockdown (/sys/kernel/security/lockdown), which hides debugfs"
+                } else {
+                    "run as root (debugfs is root-only)"
+                },
+            )
+        }
+        _ => {}
+    }
+    let mounted = root
+        .read("/proc/self/mounts")
+        .map(|m| {
+            m.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.get(1) == Some(&"/sys/kernel/debug")
+            })
+        })
+        .unwrap_or(false);
+    if let Err(e) = fs::read_dir(root.path("/sys/kernel/debug")) {
+        if e.kind() == io::ErrorKind::PermissionDenied {
+            return Check::warn(
+                NAME,
+                format!("/sys/kernel/debug is not readable ({e}): no HQD slots or MQD state"),
+                "run as root (debugfs is root-only)",
+            );
+        }
+    }
+    if !mounted && !kfd_dir.exists() {
+        Check::warn(
+            NAME,
+            "debugfs is not mounted: no HQD slots or MQD state (top and queues show less)",
+            "mount -t debugfs none /sys/kernel/debug",
+        )
+    } else if !kfd_dir.exists() {
+        Check::warn(
+            NAME,
+            "debugfs is mounted but has no kfd directory (amdgpu not loaded?)",
+            "load amdgpu (modprobe amdgpu) on a kernel built with CONFIG_DEBUG_FS=y",
+        )
+    } else {
+        Check::warn(
+            NAME,
+            "/sys/kernel/debug/kfd has no readable hqds/mqds",
+            "run as root on a kernel built with CONFIG_DEBUG_FS=y",
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 7. /dev/kfd, GET_VERSION and the topology
+
+/// The verdict on a KFD interface version.
+pub fn kfd_version_check(major: u32, minor: u32) -> Check {
+    const NAME: &str = "kfd";
+    if major != 1 {
+        return Check::warn(
+            NAME,
+            format!("KFD {major}.{minor}: an interface major version this tool does not know"),
+            "check that this kernel's amdkfd is compatible (gpreempt-ebpf knows KFD 1.x)",
+        );
+    }
+    if minor < 13 {
+        return Check::fail(
+            NAME,
+            format!("KFD {major}.{minor}: the debug API needs KFD 1.13 (Linux 6.4+)"),
+            "upgrade to Linux 6.4 or later (or a ROCm amdgpu-dkms driver with KFD 1.13+)",
+        );
+    }
+    Check::ok(NAME, format!("KFD {major}.{minor} (debug API present)"))
+}
+
+/// Opens the KFD device and asks its interface version.
+pub fn kfd_get_version(dev: &Path) -> io::Result<(u32, u32)> {
+    let f = fs::OpenOptions::new().read(true).write(true).open(dev)?;
+    let mut v = kfd::GetVersionArgs::default();
+    // SAFETY: GET_VERSION encodes size_of::<GetVersionArgs>() bytes out and `v` is a live,
+    // exclusive GetVersionArgs; `f` stays open for the call.
+    let r = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            kfd::cmd::GET_VERSION as libc::c_ulong,
+            &mut v as *mut kfd::GetVersionArgs,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((v.major_version, v.minor_version))
+}
+
+fn gpu_list(gpus: &[GpuNode]) -> String {
+    gpus.iter()
+        .map(|g| format!("{} (node {}, gpu_id {})", g.gfx_target(), g.node, g.gpu_id))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Check 7: the device, its version and the topology's GPUs.
+pub fn kfd_check(
+    dev: &Path,
+    version: &io::Result<(u32, u32)>,
+    topology: &Result<Vec<GpuNode>>,
+) -> Check {
+    const NAME: &str = "kfd";
+    let d = dev.display();
+    let mut c = match version {
+        Ok((major, minor)) => kfd_version_check(*major, *minor),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Check::fail(
+                NAME,
+                format!("no {d}: no AMD GPU driver (amdkfd) here"),
+                "on a host with an AMD Instinct GPU, load amdgpu (modprobe amdgpu)",
+            )
+        }
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Check::fail(
+                NAME,
+                format!("cannot open {d} ({e})"),
+                "run as root, or add the user to the render group",
+            )
+        }
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("{d}: opening it or GET_VERSION failed ({e})"),
+                "check that amdgpu initialised the GPU (dmesg | grep -i kfd)",
+            )
+        }
+    };
+    match topology {
+        Ok(gpus) if gpus.is_empty() => {
+            c.finding += "; the topology lists no GPU";
+            if c.verdict == Verdict::Ok {
+                c.verdict = Verdict::Fail;
+                c.fix =
+                    Some("check that amdgpu initialised the GPU (dmesg | grep -i kfd)".to_string());
+            }
+        }
+        Ok(gpus) => {
+            c.finding += &format!(
+                "; {} GPU{}: {}",
+                gpus.len(),
+                if gpus.len() == 1 { "" } else { "s" },
+                gpu_list(gpus)
+            );
+        }
+        Err(e) => {
+            c.finding += &format!("; topology unreadable: {e:#}");
+            if c.verdict == Verdict::Ok {
+                c.verdict = Verdict::Warn;
+                c.fix = Some("check /sys/class/kfd/kfd/topology (sysfs mounted?)".to_string());
+            }
+        }
+    }
+    c
+}
+
+// -------------------------------------------------------------------------------------------
+// 8. amdgpu module parameters
+
+/// `amdgpu.sched_policy`.
+pub fn sched_policy_check(value: Option<&str>) -> Check {
+    const NAME: &str = "amdgpu.sched_policy";
+    match value.map(str::trim) {
+        Some("0") => Check::ok(NAME, "0 (HWS, the default)"),
+        Some("1") => Check::warn(
+            NAME,
+            "1 (HWS_NO_OVERSUBSCRIPTION): more queues than HQD slots are not scheduled",
+            "set amdgpu.sched_policy=0 (kernel command line or /etc/modprobe.d) unless you need it",
+        ),
+        Some("2") => Check::fail(
+            NAME,
+            "2 (NO_HWS): the debug API refuses NO_HWS",
+            "set amdgpu.sched_policy=0 (kernel command line or /etc/modprobe.d) and reboot",
+        ),
+        Some(v) => Check::warn(
+            NAME,
+            format!("{v}: an unknown scheduling policy"),
+            "set amdgpu.sched_policy=0 (the default, HWS)",
+        ),
+        None => Check::warn(
+            NAME,
+            "unreadable",
+            "read /sys/module/amdgpu/parameters/sched_policy as root",
+        ),
+    }
+}
+
+/// `amdgpu.cwsr_enable`.
+pub fn cwsr_check(value: Option<&str>) -> Check {
+    const NAME: &str = "amdgpu.cwsr_enable";
+    match value.map(str::trim) {
+        Some("0") => Check::fail(
+            NAME,
+            "0: preemption needs CWSR (without it a long kernel is not preempted and the unmap times out into a GPU reset)",
+            "set amdgpu.cwsr_enable=1 (the default) and reboot",
+        ),
+        Some(v) if v.parse::<i64>().is_ok() => Check::ok(NAME, format!("{v} (CWSR on)")),
+        Some(v) => Check::warn(
+            NAME,
+            format!("{v:?}: not a number"),
+            "set amdgpu.cwsr_enable=1 (the default)",
+        ),
+        None => Check::warn(
+            NAME,
+            "unreadable",
+            "read /sys/module/amdgpu/parameters/cwsr_enable as root",
+        ),
+    }
+}
+
+/// `amdgpu.mes` (informational).
+pub fn mes_check(value: Option<&str>) -> Check {
+    const NAME: &str = "amdgpu.mes";
+    let v = value.map(str::trim).unwrap_or("absent");
+    Check::ok(
+        NAME,
+        format!("{v} (GFX11/12 GPUs use MES regardless; MES GPUs ignore the grace period, MI200/MI300 use HWS)"),
+    )
+}
+
+/// Check 8: the module parameters, or one warning when amdgpu is not loaded.
+pub fn amdgpu_params_checks(root: &Root) -> Vec<Check> {
+    if !root.exists("/sys/module/amdgpu") {
+        return vec![Check::warn(
+            "amdgpu",
+            "amdgpu not loaded (no /sys/module/amdgpu)",
+            "load amdgpu (modprobe amdgpu) on a host with an AMD GPU",
+        )];
+    }
+    let p = |n: &str| root.value(&format!("/sys/module/amdgpu/parameters/{n}"));
+    vec![
+        sched_policy_check(p("sched_policy").as_deref()),
+        cwsr_check(p("cwsr_enable").as_deref()),
+        mes_check(p("mes").as_deref()),
+    ]
+}
+
+// -------------------------------------------------------------------------------------------
+// 9. Per GPU
+
+/// `capability` bits (include/uapi/linux/kfd_sysfs.h).
+const HSA_CAP_TRAP_DEBUG_SUPPORT: u64 = 0x0000_8000;
+const HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED: u64 = 0x2000_0000;
+
+/// Whether the KFD debugs per VMID on this target (`kfd_dbg_is_per_vmid_supported`: GC 9.4.2,
+/// 9.4.3 and later 9.4.x/9.5, and 11.0.0+; reference/kfd.md §2). GC 9.4.2 is gfx90a (90010),
+/// GC 9.4.3/9.4.4 gfx940-942 (9040x), GC 9.5.0 gfx950 (90500).
+pub fn per_vmid_debug(gfx_target_version: u32) -> bool {
+    gfx_target_version == 90010
+        || (90400..90600).contains(&gfx_target_version)
+        || gfx_target_version >= 110000
+}
+
+/// Check 9 for one GPU node; `capability` from its `properties` when present.
+pub fn gpu_check(g: &GpuNode, capability: Option<u64>) -> Check {
+    let name = format!("gpu:{}", g.node);
+    let gfx = g.gfx_target();
+    let mut finding = format!(
+        "{gfx} (gpu_id {}, {} CUs, {} HQD slots)",
+        g.gpu_id, g.cu_count, g.hqd_slots
+    );
+    if let Some(c) = capability {
+        finding += &format!(
+            ", capability {c:#x}: trap debug {}, debug firmware {}",
+            if c & HSA_CAP_TRAP_DEBUG_SUPPORT != 0 {
+                "yes"
+            } else {
+                "not advertised"
+            },
+            if c & HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED != 0 {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+    }
+    if g.gfx_target_version >= 110000 {
+        finding += "; MES: the suspend grace period is ignored";
+    }
+    if g.gfx_target_version == 0 {
+        return Check::warn(
+            &name,
+            finding + "; no gfx_target_version in its properties",
+            "check /sys/class/kfd/kfd/topology/nodes/N/properties (an old kernel?)",
+        );
+    }
+    if let Some(c) = capability {
+        if c & HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED == 0 {
+            return Check::warn(
+                &name,
+                finding + "; the firmware is not advertised as debugger-capable (HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED clear)",
+                "update the GPU firmware (linux-firmware / amdgpu-dkms-firmware)",
+            );
+        }
+    }
+    if per_vmid_debug(g.gfx_target_version) {
+        Check::ok(
+            &name,
+            finding + "; per-VMID debug: several processes per device can be controlled",
+        )
+    } else {
+        Check::warn(
+            &name,
+            finding
+                + "; no per-VMID debug: the KFD reserves a debug VMID device-wide, one debugged (controlled) process per device at a time (reference/kfd.md §2)",
+            "for more than one controlled process per GPU use gfx90a (MI200), gfx94x (MI300) or newer",
+        )
+    }
+}
+
+/// Check 9 for every GPU of the topology (nothing when it is unreadable: check 7 says so).
+pub fn gpu_checks(root: &Root, topology: &Result<Vec<GpuNode>>) -> Vec<Check> {
+    let Ok(gpus) = topology else {
+        return Vec::new();
+    };
+    gpus.iter()
+        .map(|g| {
+            let props = root
+                .read(&format!(
+                    "/sys/class/kfd/kfd/topology/nodes/{}/properties",
+                    g.node
+                ))
+                .unwrap_or_default();
+            let cap = sysfs::parse_properties(&props).get("capability").copied();
+            gpu_check(g, cap)
+        })
+        .collect()
+}
+
+// -------------------------------------------------------------------------------------------
+// 10. Yama
+
+/// Check 10: `kernel.yama.ptrace_scope` (`None`: Yama absent).
+pub fn ptrace_scope_check(value: Option<&str>, has_ptrace_cap: bool) -> Check {
+    const NAME: &str = "ptrace_scope";
+    const FIX_CAP: &str = "run the controller as root (CAP_SYS_PTRACE)";
+    match value.map(str::trim) {
+        None => Check::ok(NAME, "Yama not enabled: ptrace is limited only by capabilities"),
+        Some("0") => Check::ok(NAME, "0 (classic ptrace permissions)"),
+        Some("1") if has_ptrace_cap => Check::ok(
+            NAME,
+            "1 (restricted to descendants; CAP_SYS_PTRACE attaches anyway)",
+        ),
+        Some("1") => Check::warn(
+            NAME,
+            "1 (restricted to descendants): without CAP_SYS_PTRACE the controller cannot attach to processes it did not start",
+            FIX_CAP,
+        ),
+        Some("2") if has_ptrace_cap => {
+            Check::ok(NAME, "2 (admin-only attach; we have CAP_SYS_PTRACE)")
+        }
+        Some("2") => Check::warn(
+            NAME,
+            "2 (admin-only attach): the controller needs CAP_SYS_PTRACE",
+            FIX_CAP,
+        ),
+        Some("3") => Check::fail(
+            NAME,
+            "3: ptrace disabled: the controller cannot attach",
+            "set kernel.yama.ptrace_scope=1 or 2 (3 can only be lowered by a reboot)",
+        ),
+        Some(v) => Check::warn(
+            NAME,
+            format!("{v}: an unknown value"),
+            "set kernel.yama.ptrace_scope to 0, 1 or 2",
+        ),
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 11. Processes already traced
+
+/// One KFD process and its tracer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Traced {
+    pub pid: u32,
+    pub comm: String,
+    pub tracer: u32,
+    pub tracer_comm: String,
+}
+
+fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+fn numeric_entries(dir: &Path) -> Vec<u32> {
+    fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// KFD processes: listed in the KFD's sysfs `proc`, or holding `kfd_device` open.
+pub fn kfd_pids(root: &Root, kfd_device: &Path) -> BTreeSet<u32> {
+    let mut pids: BTreeSet<u32> = numeric_entries(&root.path("/sys/class/kfd/kfd/proc"))
+        .into_iter()
+        .collect();
+    let proc = root.path("/proc");
+    for pid in numeric_entries(&proc) {
+        if pids.contains(&pid) {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(proc.join(pid.to_string()).join("fd")) else {
+            continue;
+        };
+        if fds
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .any(|t| t == kfd_device)
+        {
+            pids.insert(pid);
+        }
+    }
+    pids
+}
+
+/// The KFD processes with a tracer, leaving out `skip` (doctor itself: having opened the device,
+/// it stays a KFD process until it exits).
+pub fn traced_kfd_processes(
+    root: &Root,
+    kfd_device: &Path,
+    skip: Option<u32>,
+) -> (usize, Vec<Traced>) {
+    let mut pids = kfd_pids(root, kfd_device);
+    if let Some(s) = skip {
+        pids.remove(&s);
+    }
+    let traced = pids
+        .iter()
+        .filter_map(|&pid| {
+            let status = root.read(&format!("/proc/{pid}/status")).ok()?;
+            let tracer: u32 = status_field(&status, "TracerPid")?.parse().ok()?;
+            (tracer != 0).then(|| Traced {
+                pid,
+                comm: status_field(&status, "Name").unwrap_or("?").to_string(),
+                tracer,
+                tracer_comm: root
+                    .value(&format!("/proc/{tracer}/comm"))
+                    .unwrap_or_else(|| "?".into()),
+            })
+        })
+        .collect();
+    (pids.len(), traced)
+}
+
+/// Check 11. A process traced by a gpreempt-ebpf controller is under control, not in the way.
+pub fn traced_check(kfd_processes: usize, traced: &[Traced]) -> Check {
+    const NAME: &str = "traced";
+    let (ours, others): (Vec<&Traced>, Vec<&Traced>) = traced
+        .iter()
+        .partition(|t| t.tracer_comm.starts_with("gpreempt-ebpf"));
+    let list = |v: &[&Traced]| {
+        v.iter()
+            .map(|t| {
+                format!(
+                    "pid {} ({}) traced by {} ({})",
+                    t.pid, t.comm, t.tracer, t.tracer_comm
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ours_text = if ours.is_empty() {
+        String::new()
+    } else {
+        format!("; {} held by gpreempt-ebpf", ours.len())
+    };
+    if others.is_empty() {
+        Check::ok(
+            NAME,
+            format!("{kfd_processes} KFD process(es), none traced by another tool{ours_text}"),
+        )
+    } else {
+        Check::warn(
+            NAME,
+            format!(
+                "{}: cannot be controlled while traced{ours_text}",
+                list(&others)
+            ),
+            "detach the debugger or tracer (or stop it) before controlling these processes",
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 12. A running controller
+
+/// Check 12.
+pub fn controller_check(run_dir: &Path) -> Check {
+    const NAME: &str = "controller";
+    if crate::daemon::lock_held(run_dir) {
+        let pid = fs::read_to_string(run_dir.join("controller.lock"))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "?".into());
+        Check::ok(
+            NAME,
+            format!(
+                "a controller is running (pid {pid}, {}): suspend/resume talk to it",
+                run_dir.display()
+            ),
+        )
+    } else {
+        Check::ok(
+            NAME,
+            format!("no controller running ({} not locked)", run_dir.display()),
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// The report
+
+/// Every check, in order.
+pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> {
+    let status = root.read("/proc/self/status").ok();
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let (privileges, p) = privileges_check(status.as_deref(), euid);
+    let mut checks = vec![privileges];
+    checks.push(bpf_check(
+        root.value("/proc/sys/kernel/unprivileged_bpf_disabled")
+            .as_deref(),
+        &try_bpf_map_create(),
+    ));
+    checks.push(btf_vmlinux_check(root));
+    checks.push(btf_amdgpu_check(root));
+    checks.push(kprobes_check(root));
+    checks.push(tracefs_check(root));
+    checks.push(debugfs_check(root, p.admin || euid == 0));
+    let topology = sysfs::read_topology(&root.path("/sys/class/kfd/kfd"));
+    checks.push(kfd_check(
+        kfd_device,
+        &kfd_get_version(kfd_device),
+        &topology,
+    ));
+    checks.extend(amdgpu_params_checks(root));
+    checks.extend(gpu_checks(root, &topology));
+    checks.push(ptrace_scope_check(
+        root.value("/proc/sys/kernel/yama/ptrace_scope").as_deref(),
+        p.ptrace,
+    ));
+    let (n, traced) = traced_kfd_processes(root, kfd_device, Some(std::process::id()));
+    checks.push(traced_check(n, &traced));
+    checks.push(controller_check(run_dir));
+    checks
+}
+
+/// (ok, warn, fail)
+pub fn counts(checks: &[Check]) -> (usize, usize, usize) {
+    let n = |v: Verdict| checks.iter().filter(|c| c.verdict == v).count();
+    (n(Verdict::Ok), n(Verdict::Warn), n(Verdict::Fail))
+}
+
+/// The text report: one line per check (verdict, name, finding), its fix below when not ok.
+pub fn to_text(checks: &[Check]) -> String {
+    let width = checks
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let mut s = format!("{:<5} {:<width$} FINDING\n", "", "CHECK");
+    for c in checks {
+        s += &format!(
+            "{:<5} {:<width$} {}\n",
+            c.verdict.as_str(),
+            c.name,
+            c.finding
+        );
+        if let Some(fix) = &c.fix {
+            s += &format!("{:<5} {:<width$} fix: {fix}\n", "", "");
+        }
+    }
+    let (ok, warn, fail) = counts(checks);
+    s += &format!("{ok} ok, {warn} warn, {fail} fail\n");
+    s
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    checks: &'a [Check],
+    ok: usize,
+    warn: usize,
+    fail: usize,
+}
+
+/// The JSON report: `{"checks": [{name, verdict, finding, fix}], "ok", "warn", "fail"}`.
+pub fn to_json(checks: &[Check]) -> Result<String> {
+    let (ok, warn, fail) = counts(checks);
+    serde_json::to_string_pretty(&Report {
+        checks,
+        ok,
+        warn,
+        fail,
+    })
+    .context("serialising the report")
+}
+
+/// `gpreempt-ebpf doctor`: exit 0 without a failing check, 1 with one.
+pub fn main(cli: &Cli, args: &DoctorArgs) -> Result<ExitCode> {
+    let checks = run_checks(&Root::default(), &cli.kfd_device, &crate::daemon::run_dir());
+    let text = if args.json {
+        to_json(&checks)? + "\n"
+    } else {
+        to_text(&checks)
+    };
+    let mut out = io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        if e.kind() != io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing the report");
+        }
+    }
+    let (_, _, fail) = counts(&checks);
+    Ok(if fail == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A fake `/` removed on drop.
+    struct Tree(PathBuf);
+
+    impl Tree {
+        fn new() -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "gpreempt-doctor-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+        fn root(&self) -> Root {
+            Root::at(&self.0)
+        }
+        fn write(&self, abs: &str, text: &str) -> &Self {
+            let p = self.root().path(abs);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+            self
+        }
+        fn mkdir(&self, abs: &str) -> &Self {
+            fs::create_dir_all(self.root().path(abs)).unwrap();
+            self
+        }
+        fn link(&self, abs: &str, target: &str) -> &Self {
+            let p = self.root().path(abs);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(target, p).unwrap();
+            self
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn verdicts(cs: &[Check]) -> Vec<(&str, Verdict)> {
+        cs.iter().map(|c| (c.name.as_str(), c.verdict)).collect()
+    }
+
+    #[test]
+    fn doctor_sched_policy_verdicts() {
+        assert_eq!(sched_policy_check(Some("0\n")).verdict, Verdict::Ok);
+        let c = sched_policy_check(Some("1"));
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.fix.is_some());
+        let c = sched_policy_check(Some("2\n"));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.finding.contains("refuses NO_HWS"), "{c:?}");
+        assert!(c.fix.unwrap().contains("amdgpu.sched_policy=0"));
+        assert_eq!(sched_policy_check(None).verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn doctor_cwsr_and_mes() {
+        let c = cwsr_check(Some("0\n"));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.finding.contains("preemption needs CWSR"));
+        assert_eq!(cwsr_check(Some("1\n")).verdict, Verdict::Ok);
+        assert_eq!(mes_check(Some("0")).verdict, Verdict::Ok);
+        assert_eq!(mes_check(None).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn doctor_module_params_from_tree() {
+        let t = Tree::new();
+        let c = amdgpu_params_checks(&t.root());
+        assert_eq!(verdicts(&c), [("amdgpu", Verdict::Warn)]);
+        assert!(c[0].finding.contains("amdgpu not loaded"));
+        t.write("/sys/module/amdgpu/parameters/sched_policy", "2\n")
+            .write("/sys/module/amdgpu/parameters/cwsr_enable", "1\n")
+            .write("/sys/module/amdgpu/parameters/mes", "0\n");
+        assert_eq!(
+            verdicts(&amdgpu_params_checks(&t.root())),
+            [
+                ("amdgpu.sched_policy", Verdict::Fail),
+                ("amdgpu.cwsr_enable", Verdict::Ok),
+                ("amdgpu.mes", Verdict::Ok)
+            ]
+        );
+    }
+
+    #[test]
+    fn doctor_ptrace_scope_levels() {
+        assert_eq!(ptrace_scope_check(None, false).verdict, Verdict::Ok);
+        assert_eq!(ptrace_scope_check(Some("0\n"), false).verdict, Verdict::Ok);
+        assert_eq!(ptrace_scope_check(Some("1"), true).verdict, Verdict::Ok);
+        assert_eq!(ptrace_scope_check(Some("1"), false).verdict, Verdict::Warn);
+        assert_eq!(ptrace_scope_check(Some("2"), true).verdict, Verdict::Ok);
+        assert_eq!(ptrace_scope_check(Some("2"), false).verdict, Verdict::Warn);
+        let c = ptrace_scope_check(Some("3\n"), true);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c
+            .finding
+            .contains("ptrace disabled: the controller cannot attach"));
+    }
+
+    #[test]
+    fn doctor_kfd_version_verdicts() {
+        let c = kfd_version_check(1, 11);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.finding.contains("needs KFD 1.13 (Linux 6.4+)"), "{c:?}");
+        assert_eq!(kfd_version_check(1, 13).verdict, Verdict::Ok);
+        assert_eq!(kfd_version_check(1, 18).verdict, Verdict::Ok);
+        assert!(kfd_version_check(1, 18).finding.contains("KFD 1.18"));
+        assert_eq!(kfd_version_check(2, 0).verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn doctor_kfd_check_device_and_topology() {
+        let dev = Path::new("/dev/kfd");
+        let missing = Err(io::Error::from(io::ErrorKind::NotFound));
+        let c = kfd_check(dev, &missing, &Ok(vec![]));
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.finding.contains("no AMD GPU driver (amdkfd) here"));
+        let g = GpuNode {
+            node: 1,
+            gpu_id: 4242,
+            gfx_target_version: 90010,
+            ..Default::default()
+        };
+        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![g]));
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(
+            c.finding.contains("KFD 1.18") && c.finding.contains("gfx90a"),
+            "{c:?}"
+        );
+        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![]));
+        assert_eq!(c.verdict, Verdict::Fail);
+        let c = kfd_check(dev, &Ok((1, 18)), &Err(anyhow::anyhow!("nope")));
+        assert_eq!(c.verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn doctor_gpu_debug_modes() {
+        let g = |v| GpuNode {
+            node: 1,
+            gpu_id: 1,
+            gfx_target_version: v,
+            ..Default::default()
+        };
+        let fw = Some(0x2838_0280);
+        assert_eq!(gpu_check(&g(90010), fw).verdict, Verdict::Ok); // gfx90a
+        assert_eq!(gpu_check(&g(90402), fw).verdict, Verdict::Ok); // gfx942
+        assert_eq!(gpu_check(&g(110000), fw).verdict, Verdict::Ok); // gfx1100
+        assert!(gpu_check(&g(110000), fw)
+            .finding
+            .contains("grace period is ignored"));
+        let c = gpu_check(&g(90008), fw); // gfx908 (MI100)
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c
+            .finding
+            .contains("one debugged (controlled) process per device"));
+        assert_eq!(gpu_check(&g(90010), Some(0x8000)).verdict, Verdict::Warn);
+        assert_eq!(gpu_check(&g(90010), None).verdict, Verdict::Ok);
+        assert_eq!(gpu_check(&g(0), None).verdict, Verdict::Warn);
+    }
+
+    #[test]
+    fn doctor_missing_btf_files() {
+        let t = Tree::new();
+        assert_eq!(btf_vmlinux_check(&t.root()).verdict, Verdict::Warn);
+        let c = btf_amdgpu_check(&t.root());
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.fix.unwrap().contains("CONFIG_DEBUG_INFO_BTF_MODULES"));
+        t.write("/sys/kernel/btf/vmlinux", "x")
+            .write("/sys/kernel/btf/amdgpu", "x");
+        assert_eq!(btf_vmlinux_check(&t.root()).verdict, Verdict::Ok);
+        assert_eq!(btf_amdgpu_check(&t.root()).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn doctor_kprobes_sources() {
+        let t = Tree::new();
+        t.write("/proc/kallsyms", "0000 T vfs_read\n")
+            .write("/proc/sys/kernel/osrelease", "6.18.0\n");
+        let c = kprobes_check(&t.root());
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c
+            .finding
+            .contains("hardware map/unmap and evictions are not seen"));
+        t.write("/boot/config-6.18.0", "# CONFIG_KPROBES is not set\n");
+        assert!(kprobes_check(&t.root())
+            .finding
+            .contains("CONFIG_KPROBES is not set"));
+        t.write("/sys/kernel/tracing/kprobe_events", "");
+        assert_eq!(kprobes_check(&t.root()).verdict, Verdict::Ok);
+        assert_eq!(
+            config_option("CONFIG_KPROBES=y\n", "CONFIG_KPROBES"),
+            Some(true)
+        );
+        assert_eq!(
+            config_option("CONFIG_KPROBES_X=y\n", "CONFIG_KPROBES"),
+            None
+        );
+    }
+
+    #[test]
+    fn doctor_tracefs_and_debugfs() {
+        let t = Tree::new();
+        t.write("/proc/filesystems", "nodev\ttracefs\n");
+        assert_eq!(tracefs_check(&t.root()).verdict, Verdict::Warn);
+        t.write("/proc/filesystems", "nodev\tproc\n");
+        assert_eq!(tracefs_check(&t.root()).verdict, Verdict::Fail);
+        t.mkdir("/sys/kernel/tracing/events/syscalls/sys_enter_ioctl")
+            .mkdir("/sys/kernel/tracing/events/sched/sched_process_exit");
+        let c = tracefs_check(&t.root());
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(c.finding.contains("sys_exit_ioctl"), "{c:?}");
+        t.mkdir("/sys/kernel/tracing/events/syscalls/sys_exit_ioctl");
+        assert_eq!(tracefs_check(&t.root()).verdict, Verdict::Ok);
+
+        t.write("/proc/self/mounts", "proc /proc proc rw 0 0\n");
+        let c = debugfs_check(&t.root(), true);
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert_eq!(
+            c.fix.as_deref(),
+            Some("mount -t debugfs none /sys/kernel/debug")
+        );
+        t.write("/sys/kernel/debug/kfd/hqds", "")
+            .write("/sys/kernel/debug/kfd/mqds", "");
+        assert_eq!(debugfs_check(&t.root(), true).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn doctor_privileges_from_capeff() {
+        let st = |caps: u64| format!("Name:\tx\nCapEff:\t{caps:016x}\n");
+        let (c, p) = privileges_check(Some(&st(0x1ff_ffff_ffff)), 0);
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(p.bpf && p.ptrace);
+        let bpf_perfmon = (1 << CAP_BPF) | (1 << CAP_PERFMON);
+        let (c, _) = privileges_check(Some(&st(bpf_perfmon)), 1000);
+        assert_eq!(c.verdict, Verdict::Warn);
+        let (c, p) = privileges_check(Some(&st(0)), 1000);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(!p.bpf);
+        assert_eq!(privileges_check(None, 0).0.verdict, Verdict::Ok);
+        assert_eq!(privileges_check(None, 1000).0.verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn doctor_bpf_verdicts() {
+        assert_eq!(bpf_check(Some("2\n"), &Ok(())).verdict, Verdict::Ok);
+        let eperm = Err(io::Error::from_raw_os_error(libc::EPERM));
+        assert_eq!(bpf_check(Some("2"), &eperm).verdict, Verdict::Fail);
+        let enosys = Err(io::Error::from_raw_os_error(libc::ENOSYS));
+        assert_eq!(bpf_check(None, &enosys).verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn doctor_traced_processes_from_fake_proc() {
+        let t = Tree::new();
+        // 100: holds /dev/kfd open, traced by gdb (200).
+        t.write("/proc/100/status", "Name:\tpython3\nTracerPid:\t200\n")
+            .link("/proc/100/fd/3", "/dev/kfd")
+            .link("/proc/100/fd/0", "/dev/null")
+            .write("/proc/200/status", "Name:\tgdb\nTracerPid:\t0\n")
+            .write("/proc/200/comm", "gdb\n")
+            // 300: listed by the KFD, untraced.
+            .write("/proc/300/status", "Name:\tworker\nTracerPid:\t0\n")
+            .mkdir("/sys/class/kfd/kfd/proc/300")
+            // 400: listed by the KFD, held by the controller (500).
+            .write("/proc/400/status", "Name:\ttrain\nTracerPid:\t500\n")
+            .mkdir("/sys/class/kfd/kfd/proc/400")
+            .write("/proc/500/comm", "gpreempt-ebpf\n")
+            // 600: traced but no KFD process.
+            .write("/proc/600/status", "Name:\tls\nTracerPid:\t200\n");
+        let (n, traced) = traced_kfd_processes(&t.root(), Path::new("/dev/kfd"), Some(999));
+        assert_eq!(n, 3);
+        assert_eq!(
+            traced,
+            [
+                Traced {
+                    pid: 100,
+                    comm: "python3".into(),
+                    tracer: 200,
+                    tracer_comm: "gdb".into()
+                },
+                Traced {
+                    pid: 400,
+                    comm: "train".into(),
+                    tracer: 500,
+                    tracer_comm: "gpreempt-ebpf".into()
+                }
+            ]
+        );
+        let c = traced_check(n, &traced);
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(
+            c.finding.contains("pid 100 (python3) traced by 200 (gdb)")
+                && !c.finding.contains("pid 400"),
+            "{c:?}"
+        );
+        assert_eq!(traced_check(n, &traced[1..]).verdict, Verdict::Ok);
+        assert_eq!(traced_check(0, &[]).verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn doctor_report_counts_text_and_json() {
+        let cs = vec![
+            Check::ok("a", "fine"),
+            Check::warn("b", "meh", "do x"),
+            Check::fail("c", "bad", "do y"),
+        ];
+        assert_eq!(counts(&cs), (1, 1, 1));
+        let text = to_text(&cs);
+        assert!(text.contains("fail  c"), "{text}");
+        assert!(text.contains("fix: do y"), "{text}");
+        assert!(text.ends_with("1 ok, 1 warn, 1 fail\n"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&to_json(&cs).unwrap()).unwrap();
+        assert_eq!(v["fail"], 1);
+        assert_eq!(v["checks"][1]["verdict"], "warn");
+        assert_eq!(v["checks"][0]["fix"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn doctor_controller_lock() {
+        let t = Tree::new();
+        assert!(controller_check(&t.0)
+            .finding
+            .contains("no controller running"));
+        let _lock = crate::daemon::Lock::acquire(&t.0).unwrap();
+        let c = controller_check(&t.0);
+        assert!(
+            c.finding.contains(&format!("pid {}", std::process::id())),
+            "{c:?}"
+        );
+    }
+}

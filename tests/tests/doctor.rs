@@ -1,0 +1,154 @@
+//! `doctor --json` as root: on this host (no amdgpu, no kprobes) it must exit 1 and say exactly
+//! what is and is not here; inside `sim` the emulated KFD must pass its device, version, topology
+//! and debugfs checks.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
+
+/// The report's checks by name, after checking the document's shape and counts.
+fn checks(doc: &Value) -> HashMap<String, Value> {
+    let list = doc["checks"].as_array().expect("checks array");
+    let mut by_name = HashMap::new();
+    let mut counts = HashMap::<String, u64>::new();
+    for c in list {
+        for k in ["name", "verdict", "finding"] {
+            assert!(c[k].is_string(), "check without {k}: {c}");
+        }
+        let verdict = c["verdict"].as_str().unwrap().to_string();
+        assert!(
+            ["ok", "warn", "fail"].contains(&verdict.as_str()),
+            "verdict {verdict}"
+        );
+        assert_eq!(
+            c["fix"].is_string(),
+            verdict != "ok",
+            "a fix exactly when not ok: {c}"
+        );
+        *counts.entry(verdict).or_default() += 1;
+        by_name.insert(c["name"].as_str().unwrap().to_string(), c.clone());
+    }
+    for v in ["ok", "warn", "fail"] {
+        assert_eq!(
+            doc[v].as_u64(),
+            Some(counts.get(v).copied().unwrap_or(0)),
+            "{v} count in {doc}"
+        );
+    }
+    by_name
+}
+
+fn verdict<'a>(checks: &'a HashMap<String, Value>, name: &str) -> &'a str {
+    checks
+        .get(name)
+        .unwrap_or_else(|| panic!("no check {name}: {checks:#?}"))["verdict"]
+        .as_str()
+        .unwrap()
+}
+
+#[test]
+fn doctor_on_this_host_without_amdgpu() {
+    require_root();
+    let _one = serial();
+    let out = Command::new(bin("gpreempt-ebpf"))
+        .args(["doctor", "--json"])
+        .env_remove("GPREEMPT_KFD_DEVICE")
+        .output()
+        .expect("running doctor");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "doctor must exit 1 without /dev/kfd: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let c = checks(&doc);
+    assert_eq!(verdict(&c, "privileges"), "ok");
+    assert_eq!(verdict(&c, "bpf"), "ok");
+    assert_eq!(verdict(&c, "btf"), "ok");
+    assert_eq!(verdict(&c, "kprobes"), "warn", "this kernel has no kprobes");
+    assert_eq!(verdict(&c, "tracefs"), "ok");
+    assert_eq!(verdict(&c, "kfd"), "fail");
+    assert!(
+        c["kfd"]["finding"]
+            .as_str()
+            .unwrap()
+            .contains("no AMD GPU driver (amdkfd) here"),
+        "{}",
+        c["kfd"]
+    );
+    assert_eq!(verdict(&c, "amdgpu"), "warn");
+    // Every other line is still printed.
+    for name in [
+        "btf-amdgpu",
+        "debugfs",
+        "ptrace_scope",
+        "traced",
+        "controller",
+    ] {
+        verdict(&c, name);
+    }
+    assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
+
+    // The text form: same exit code, a summary line.
+    let out = Command::new(bin("gpreempt-ebpf"))
+        .arg("doctor")
+        .output()
+        .expect("running doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("fail  kfd"), "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .is_some_and(|l| l.ends_with("warn, 1 fail")),
+        "{text}"
+    );
+}
+
+#[test]
+fn doctor_inside_sim_sees_the_emulated_kfd() {
+    let _one = serial();
+    let tmp = TempDir::new("doctor");
+    let report = tmp.path("doctor.json");
+    let rc = tmp.path("rc");
+    // sim fails if the script does: keep doctor's exit code in a file instead.
+    let script = format!(
+        "$GP doctor --json > {} 2>&1; echo $? > {}; exit 0",
+        report.display(),
+        rc.display()
+    );
+    sim(&script, Duration::from_secs(60));
+    let text = std::fs::read_to_string(&report).expect("doctor's report");
+    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let c = checks(&doc);
+    assert_eq!(verdict(&c, "kfd"), "ok", "{}", c["kfd"]);
+    let kfd = c["kfd"]["finding"].as_str().unwrap();
+    assert!(kfd.contains("KFD 1.18"), "{kfd}");
+    assert!(kfd.contains("1 GPU: gfx90a"), "{kfd}");
+    assert_eq!(verdict(&c, "gpu:1"), "ok", "{}", c["gpu:1"]);
+    assert!(c["gpu:1"]["finding"]
+        .as_str()
+        .unwrap()
+        .starts_with("gfx90a"));
+    assert_eq!(verdict(&c, "debugfs"), "ok", "{}", c["debugfs"]);
+    assert_eq!(verdict(&c, "privileges"), "ok");
+    assert_eq!(verdict(&c, "tracefs"), "ok");
+    // Doctor itself opened /dev/kfd and is not counted as a KFD process of the host.
+    assert!(
+        c["traced"]["finding"]
+            .as_str()
+            .unwrap()
+            .starts_with("0 KFD process"),
+        "{}",
+        c["traced"]
+    );
+    assert_eq!(doc["fail"], 0, "{doc:#}");
+    let code = std::fs::read_to_string(&rc).expect("doctor's exit code");
+    assert_eq!(code.trim(), "0", "no check fails inside sim: {doc:#}");
+    assert_nothing_left();
+}
