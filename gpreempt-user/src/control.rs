@@ -334,6 +334,7 @@ impl Control {
                     targets: BTreeMap::new(),
                     fenced: BTreeMap::new(),
                     limits,
+                    destroy_scan_ns: 0,
                 };
                 t.run();
                 // Drop of `t` resumes and disables whatever is left (also when unwinding).
@@ -468,6 +469,8 @@ struct Thread {
     /// GPUs no longer preempted, and why.
     fenced: BTreeMap<u32, String>,
     limits: Limits,
+    /// Last look for destroys of held queues (not on every wake-up: it reads procfs).
+    destroy_scan_ns: u64,
 }
 
 fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
@@ -482,10 +485,7 @@ fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
 
 fn tracer_of(pid: u32) -> Option<(u32, String)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let t: u32 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))?
-        .trim()
+    let t: u32 = crate::procinfo::status_field(&s, "TracerPid")?
         .parse()
         .ok()?;
     (t != 0).then(|| {
@@ -1175,6 +1175,11 @@ impl Thread {
     /// looked at (`/proc/PID/task/TID/syscall`): one inside DESTROY_QUEUE for a held queue gets
     /// it resumed.
     fn release_destroying(&mut self) {
+        let now = monotonic_ns();
+        if now.saturating_sub(self.destroy_scan_ns) < 5_000_000 {
+            return;
+        }
+        self.destroy_scan_ns = now;
         let held: Vec<u32> = self
             .targets
             .values()

@@ -122,10 +122,7 @@ const CAP_BPF: u32 = 39;
 
 /// Effective capabilities from a `/proc/PID/status` text.
 pub fn cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    u64::from_str_radix(crate::procinfo::status_field(status, "CapEff")?, 16).ok()
 }
 
 /// What the process may do.
@@ -867,13 +864,6 @@ pub struct Traced {
     pub tracer_comm: String,
 }
 
-fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .map(str::trim)
-}
-
 fn numeric_entries(dir: &Path) -> Vec<u32> {
     fs::read_dir(dir)
         .map(|rd| {
@@ -921,10 +911,14 @@ pub fn traced_kfd_processes(
         .iter()
         .filter_map(|&pid| {
             let status = root.read(&format!("/proc/{pid}/status")).ok()?;
-            let tracer: u32 = status_field(&status, "TracerPid")?.parse().ok()?;
+            let tracer: u32 = crate::procinfo::status_field(&status, "TracerPid")?
+                .parse()
+                .ok()?;
             (tracer != 0).then(|| Traced {
                 pid,
-                comm: status_field(&status, "Name").unwrap_or("?").to_string(),
+                comm: crate::procinfo::status_field(&status, "Name")
+                    .unwrap_or("?")
+                    .to_string(),
                 tracer,
                 tracer_comm: root
                     .value(&format!("/proc/{tracer}/comm"))

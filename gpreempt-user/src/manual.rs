@@ -167,9 +167,9 @@ pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
         a.pid,
         a.for_
             .as_ref()
-            .map(|d| format!(", {} elapsed", humantime(d.0)))
+            .map(|d| format!(", {} elapsed", crate::policy::fmt_ns(d.0.as_nanos() as u64)))
             .unwrap_or_default(),
-        humantime(max)
+        crate::policy::fmt_ns(max.as_nanos() as u64)
     );
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
@@ -258,50 +258,39 @@ pub async fn resume(cli: &Cli, a: &ResumeArgs) -> Result<ExitCode> {
     }
 }
 
-pub fn humantime(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms >= 60_000 && ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms >= 1000 && ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else if ms > 0 {
-        format!("{ms}ms")
-    } else {
-        format!("{}us", d.as_micros())
-    }
-}
-
 /// `--for 30s` style durations on the command line.
 #[derive(Clone, Debug)]
 pub struct DurationArg(pub Duration);
 
 impl std::str::FromStr for DurationArg {
     type Err = String;
+    /// A policy duration (`500us`, `20ms`, `1.5s`), or minutes / hours (`5m`, `1h`), or bare
+    /// seconds.
     fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(s.len());
-        let (num, unit) = s.split_at(split);
+        let t = s.trim();
+        let (num, secs) = if let Some(n) = t.strip_suffix('h') {
+            (n, 3600.0)
+        } else if let Some(n) = t.strip_suffix('m') {
+            (n, 60.0)
+        } else if t.parse::<f64>().is_ok() {
+            (t, 1.0)
+        } else {
+            let ns = crate::policy::parse_duration(t)?;
+            return if ns > 0 {
+                Ok(Self(Duration::from_nanos(ns)))
+            } else {
+                Err(format!("duration {s:?} must be positive"))
+            };
+        };
         let v: f64 = num
             .parse()
             .map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
-        let mult = match unit {
-            "us" => 1e-6,
-            "ms" => 1e-3,
-            "s" | "" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => {
-                return Err(format!(
-                    "invalid duration unit in {s:?} (use us, ms, s, m or h)"
-                ))
-            }
-        };
-        let secs = v * mult;
-        if !(secs.is_finite() && secs > 0.0) {
+        let d = v * secs;
+        if !(d.is_finite() && d > 0.0) {
             return Err(format!("duration {s:?} must be positive"));
         }
-        Ok(Self(Duration::from_secs_f64(secs)))
+        Duration::try_from_secs_f64(d)
+            .map(Self)
+            .map_err(|_| format!("duration {s:?} is too large"))
     }
 }

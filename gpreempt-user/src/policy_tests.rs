@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
-use crate::state::{Activity, Queue, QueueKind, SampleStatus, Source};
+use crate::state::{Queue, QueueKind, SampleStatus, Source};
 
 const GA: u32 = 0xa1;
 const GB: u32 = 0xb2;
@@ -550,26 +550,8 @@ comm = "off*"
 
 fn queue(qid: u32, gpu_id: u32, kind: QueueKind) -> Queue {
     Queue {
-        queue_id: qid,
-        gpu_id,
-        kind,
-        priority: None,
-        percentage: None,
-        ring_base_address: None,
-        ring_size: 0,
-        read_pointer_address: None,
-        write_pointer_address: None,
-        doorbell_offset: None,
-        hqd: None,
-        state: QueueState::Active,
-        suspended_by: None,
         created_ns: Some(0),
-        seen_ns: 0,
-        destroyed_ns: None,
-        source: Source::Event,
-        pointers_from_mqds: false,
-        activity: Activity::default(),
-        last_event_ns: 0,
+        ..Queue::new(qid, gpu_id, kind, Source::Event, 0)
     }
 }
 

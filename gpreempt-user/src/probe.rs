@@ -64,21 +64,11 @@ pub fn preflight() -> Result<()> {
 
 /// Effective capabilities allow bpf(2) program loads and tracepoint attach.
 fn has_bpf_privileges() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return nix::unistd::geteuid().is_root();
-    };
-    let Some(caps) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    else {
-        return nix::unistd::geteuid().is_root();
-    };
-    let has = |c: u32| caps & (1u64 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    let status = std::fs::read_to_string("/proc/self/status").ok();
+    match status.as_deref().and_then(crate::doctor::cap_eff) {
+        Some(caps) => crate::doctor::Privileges::from_caps(caps).bpf,
+        None => nix::unistd::geteuid().is_root(),
+    }
 }
 
 /// Tracepoint attach needs tracefs; minimal VMs and some containers do not mount it.

@@ -163,6 +163,14 @@ fn parse_cmdline(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&joined).into_owned()
 }
 
+/// The value of `key` in a `/proc/P/status` text (`TracerPid`, `Name`, ...), trimmed.
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
 /// (real uid, innermost namespaced pid) from `/proc/P/status`.
 fn parse_status(status: &str) -> (Option<u32>, Option<u32>) {
     let mut uid = None;

@@ -134,7 +134,13 @@ impl Ctx {
             if class == Class::Offline && !self.attached.contains_key(&pid) {
                 match control.attach(pid).await {
                     Ok(_) => {
-                        let start = procinfo::start_time(Path::new("/proc"), pid).unwrap_or(0);
+                        // Classified processes have their /proc facts in the model already.
+                        let start = w
+                            .state
+                            .procs
+                            .get(&pid)
+                            .and_then(|p| p.info.as_ref())
+                            .map_or(0, |i| i.start_time);
                         self.attached.insert(pid, start);
                         self.refused.remove(&pid);
                         self.save_targets();
@@ -369,11 +375,11 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let mut w = Watcher::start(
         Paths::default(),
         &cli.kfd_device,
-        Intervals {
-            reconcile: ms(args.reconcile_interval),
-            hqds: ms(args.hqd_interval),
-            sample: ms(args.sample_interval),
-        },
+        Intervals::from_ms(
+            args.reconcile_interval,
+            args.hqd_interval,
+            args.sample_interval,
+        ),
     )?;
     let audit = match &args.audit {
         Some(p) => Some(

@@ -170,7 +170,7 @@ pub struct Queue {
 }
 
 impl Queue {
-    fn new(queue_id: u32, gpu_id: u32, kind: QueueKind, source: Source, now: u64) -> Self {
+    pub fn new(queue_id: u32, gpu_id: u32, kind: QueueKind, source: Source, now: u64) -> Self {
         Self {
             queue_id,
             gpu_id,

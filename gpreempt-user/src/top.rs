@@ -164,11 +164,11 @@ pub async fn main(cli: &Cli, args: &TopArgs) -> Result<ExitCode> {
     let w = Watcher::start(
         Paths::default(),
         &cli.kfd_device,
-        Intervals {
-            reconcile: ms(args.reconcile_interval),
-            hqds: ms(args.hqd_interval),
-            sample: ms(args.sample_interval),
-        },
+        Intervals::from_ms(
+            args.reconcile_interval,
+            args.hqd_interval,
+            args.sample_interval,
+        ),
     )?;
     let mut top = Top {
         w,

@@ -27,6 +27,17 @@ pub struct Intervals {
     pub sample: Duration,
 }
 
+impl Intervals {
+    /// From the command line's milliseconds.
+    pub fn from_ms(reconcile: u64, hqds: u64, sample: u64) -> Self {
+        Self {
+            reconcile: Duration::from_millis(reconcile),
+            hqds: Duration::from_millis(hqds),
+            sample: Duration::from_millis(sample),
+        }
+    }
+}
+
 struct Timers {
     reconcile: tokio::time::Interval,
     hqds: tokio::time::Interval,

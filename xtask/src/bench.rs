@@ -82,6 +82,15 @@ tracepoint:syscalls:sys_exit_ioctl
   delete(@start[tid]); delete(@cmd[tid]); }
 "#;
 
+/// `cargo build --release ARGS`.
+fn build_release(args: &[&str]) -> Result<()> {
+    run_cmd(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--release"])
+            .args(args),
+    )
+}
+
 fn release_bin(name: &str) -> PathBuf {
     root().join("target/release").join(name)
 }
@@ -287,13 +296,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.control_only {
         return control(args.control_seconds);
     }
-    run_cmd(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
-            "build",
-            "--release",
-            "--bins",
-        ]),
-    )?;
+    build_release(&["--bins"])?;
     ensure_tools()?;
     let dir = std::env::temp_dir().join(format!("gpreempt-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -489,16 +492,7 @@ fn top_load(procs: u32, per_proc: u32, seconds: f64) -> Result<TopRun> {
 
 /// The `top` model + render loop at 10 Hz under synthetic load, one scenario after the other.
 fn top(seconds: f64) -> Result<()> {
-    run_cmd(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
-            "build",
-            "--release",
-            "-p",
-            "tests",
-            "--bin",
-            "top-load",
-        ]),
-    )?;
+    build_release(&["-p", "tests", "--bin", "top-load"])?;
     let scenarios = [(0u32, 10u32), (100, 10), (1000, 10)];
     let mut runs = Vec::new();
     for (procs, per_proc) in scenarios {
@@ -580,13 +574,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 /// offline ResNet-50 batch 1024) without and then with `run --policy
 /// examples/resnet-online-offline.toml`, in one emulator, side by side.
 fn control(seconds: u32) -> Result<()> {
-    run_cmd(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).args([
-            "build",
-            "--release",
-            "--bins",
-        ]),
-    )?;
+    build_release(&["--bins"])?;
     let dir = std::env::temp_dir().join(format!("gpreempt-bench-ctl-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let d = dir.display();
