@@ -7,4 +7,5 @@ extern crate std;
 
 pub mod aql;
 pub mod kfd;
+pub mod kprobe;
 pub mod record;

@@ -22,6 +22,10 @@ pub mod kind {
     pub const IOCTL: u32 = 1;
     /// A [`ProcessExitRecord`](super::ProcessExitRecord): a KFD process's group leader exited.
     pub const PROCESS_EXIT: u32 = 2;
+    /// A [`KernelRecord`](super::KernelRecord): an amdkfd function fired (kprobe).
+    pub const KERNEL: u32 = 3;
+    /// A [`LaunchRecord`](super::LaunchRecord): a watched process entered a launch entry point (uprobe).
+    pub const LAUNCH: u32 = 4;
 }
 
 /// Indices of the per-CPU statistics array `STATS`.
@@ -34,8 +38,14 @@ pub mod stat {
     pub const ARGS_FAULT: u32 = 2;
     /// KFD ioctls seen at entry (after the filters).
     pub const SEEN: u32 = 3;
+    /// Kernel-internal probe hits (kprobes).
+    pub const KERNEL_SEEN: u32 = 4;
+    /// Launch entry-point hits (uprobes), emitted or not.
+    pub const LAUNCH_SEEN: u32 = 5;
+    /// Launch hits emitted as records (the first of a burst, see `Config::launch_gap_ns`).
+    pub const LAUNCH_EMITTED: u32 = 6;
     /// Number of statistics.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 7;
 }
 
 /// Bits of [`Config::flags`].
@@ -50,6 +60,9 @@ pub mod config_flag {
 pub struct Config {
     pub flags: u32,
     pub tgid: u32,
+    /// A launch is reported only when the process's previous launch was at least this long ago
+    /// (0: every launch). Launches come in bursts of tens per request; the first one is the hint.
+    pub launch_gap_ns: u64,
 }
 
 /// Common prefix of every record.
@@ -98,6 +111,37 @@ pub struct ProcessExitRecord {
     pub _reserved: u64,
 }
 
+/// An amdkfd function fired. `hdr.pid`/`hdr.tid` are the current task (which may be a kernel
+/// worker); `target` is the KFD process the call is about, when the probe can tell.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelRecord {
+    pub hdr: RecordHeader,
+    /// One of [`crate::kprobe::id`].
+    pub probe: u32,
+    /// Thread group id of the KFD process concerned (0: unknown).
+    pub target: u32,
+    /// gpu_id (0: unknown).
+    pub gpu_id: u32,
+    /// Queue id within the process (`u32::MAX`: not a queue event).
+    pub queue_id: u32,
+    /// Probe-specific values; their meaning is documented at each program.
+    pub args: [u64; 6],
+}
+
+/// A watched process entered a HIP/HSA launch entry point.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchRecord {
+    pub hdr: RecordHeader,
+    /// One of [`crate::kprobe::launch`].
+    pub point: u32,
+    /// Launches of this process suppressed since the previous record (same burst).
+    pub suppressed: u32,
+    /// The first argument of the entry point (kernel function / graph / queue / signal handle).
+    pub arg0: u64,
+}
+
 /// Value of the in-flight map, keyed by thread id: what `sys_enter_ioctl` saw.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +176,9 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>() == 40);
 const _: () = assert!(core::mem::size_of::<IoctlRecord>() == 40 + 40 + 2 * ARGS_MAX);
 const _: () = assert!(core::mem::align_of::<IoctlRecord>() == 8);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 32 + ARGS_MAX);
+const _: () = assert!(core::mem::size_of::<KernelRecord>() == 40 + 16 + 48);
+const _: () = assert!(core::mem::size_of::<LaunchRecord>() == 40 + 16);
+const _: () = assert!(core::mem::size_of::<Config>() == 16);
 
 #[cfg(feature = "user")]
 mod user {
