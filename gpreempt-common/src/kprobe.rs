@@ -189,7 +189,7 @@ impl KernelOffsets {
 
 const _: () =
     assert!(core::mem::size_of::<KernelOffsets>() == 8 + 4 * field::COUNT + field::COUNT + 6);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>().is_multiple_of(8));
 const _: () = assert!(field::COUNT <= 64);
 
 /// Values of `KernelRecord::probe`: which function fired.

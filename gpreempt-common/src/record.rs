@@ -142,6 +142,15 @@ pub struct LaunchRecord {
     pub arg0: u64,
 }
 
+/// Value of the `LAUNCHES` map, keyed by thread group id: the launch rate limit's memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaunchState {
+    pub last_emit_ns: u64,
+    pub suppressed: u32,
+    pub _pad: u32,
+}
+
 /// Value of the in-flight map, keyed by thread id: what `sys_enter_ioctl` saw.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,4 +197,6 @@ mod user {
     unsafe impl aya::Pod for Config {}
     // SAFETY: as above.
     unsafe impl aya::Pod for InFlight {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for LaunchState {}
 }

@@ -3,19 +3,27 @@
 //! - `kfd_ioctl_enter` / `kfd_ioctl_exit` (tracepoints `syscalls/sys_enter_ioctl` and
 //!   `syscalls/sys_exit_ioctl`): KFD ioctls, arguments at entry, outputs and return value at exit.
 //! - `kfd_process_exit` (tracepoint `sched/sched_process_exit`): a KFD process went away.
+//! - `kp_*` / `fe_kfd_ioctl` (kprobes / fentry on amdkfd functions, optional): what the ioctl path
+//!   cannot see (hardware map/unmap, evictions, teardown, suspensions by others). See `kernel`.
+//! - `up_*` (uprobes on HIP/HSA launch entry points of chosen processes): launch hints.
 //!
 //! The programs only filter and copy; decoding happens in user space.
 #![no_std]
 #![no_main]
 
 mod ioctl;
+mod kernel;
+mod launch;
 mod process;
 
 use aya_ebpf::{
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
-use gpreempt_common::record::{stat, Config, InFlight, MAX_INFLIGHT, MAX_KFD_PIDS, RING_BYTES};
+use gpreempt_common::{
+    kprobe::KernelOffsets,
+    record::{stat, Config, InFlight, LaunchState, MAX_INFLIGHT, MAX_KFD_PIDS, RING_BYTES},
+};
 
 /// Every record, in order of completion.
 #[map]
@@ -41,6 +49,14 @@ static SCRATCH: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 /// Thread groups that issued a KFD ioctl (or that user space found in sysfs): their exit is reported.
 #[map]
 static KFD_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KFD_PIDS, 0);
+
+/// Index 0: kernel struct offsets resolved from BTF by user space (see `gpreempt_common::kprobe`).
+#[map]
+static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
+
+/// Launch-hint rate limit per thread group.
+#[map]
+static LAUNCHES: LruHashMap<u32, LaunchState> = LruHashMap::with_max_entries(MAX_KFD_PIDS, 0);
 
 #[inline(always)]
 fn count(index: u32) {

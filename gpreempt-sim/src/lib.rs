@@ -11,6 +11,7 @@ pub mod aql;
 pub mod device;
 pub mod gpu;
 pub mod host;
+pub mod launchbench;
 pub mod model;
 pub mod run;
 pub mod spec;

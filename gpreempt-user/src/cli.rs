@@ -145,6 +145,25 @@ pub struct SimArgs {
 pub enum SimAction {
     /// An emulated GPU job replaying a measured kernel timeline (run it inside `sim`).
     Workload(WorkloadArgs),
+    /// Per-call cost of the emulator's `hipLaunchKernel`, for measuring launch uprobes' cost.
+    #[command(hide = true)]
+    LaunchBench(LaunchBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct LaunchBenchArgs {
+    /// Calls per round.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub calls: u64,
+    /// Rounds (one JSON line each).
+    #[arg(long, default_value_t = 10)]
+    pub rounds: u32,
+    /// Write this file, then wait until it is deleted before the first round (max 30 s).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Sleep between rounds.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub pause_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -222,6 +241,16 @@ pub struct TraceArgs {
     /// Show the eBPF programs' own diagnostics (aya-log) on stderr.
     #[arg(long)]
     pub ebpf_log: bool,
+    /// Launch hints: uprobes on the HIP/HSA launch entry points of every KFD process seen (or
+    /// only of --pid).
+    #[arg(long)]
+    pub launches: bool,
+    /// At most one launch hint per process per this many ms (0: every launch).
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    pub launch_gap: f64,
+    /// Only the ioctl tracepoints: no kprobes / fentry on amdkfd.
+    #[arg(long)]
+    pub no_kernel_probes: bool,
 }
 
 pub fn main() -> Result<ExitCode> {
@@ -256,6 +285,19 @@ pub fn main() -> Result<ExitCode> {
             .context("starting the async runtime")
     };
     match cli.command {
+        Command::Sim(SimArgs {
+            action: Some(SimAction::LaunchBench(ref a)),
+            ..
+        }) => {
+            let opts = gpreempt_sim::launchbench::BenchOptions {
+                calls: a.calls,
+                rounds: a.rounds,
+                ready_file: a.ready_file.clone(),
+                pause: Duration::from_millis(a.pause_ms),
+            };
+            gpreempt_sim::launchbench::run(&opts, &mut std::io::stdout().lock())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Sim(ref args) => crate::sim::main(&cli, args),
         Command::Queues(ref args) => queues(args),
         Command::Top(ref args) => rt()?.block_on(crate::top::main(&cli, args)),
@@ -306,9 +348,15 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         },
     );
 
+    anyhow::ensure!(
+        args.launch_gap.is_finite() && args.launch_gap >= 0.0,
+        "--launch-gap must be a number of milliseconds >= 0"
+    );
     let mut probes = Probes::attach(&ProbeOptions {
         pid: args.pid,
         ebpf_log: args.ebpf_log,
+        no_kernel_probes: args.no_kernel_probes,
+        launch_gap_ns: (args.launch_gap * 1e6) as u64,
     })?;
     let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&cli.kfd_device))
         .context("watching the ring buffer")?;
@@ -321,6 +369,25 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
     );
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut launches = args.launches.then(LaunchWatch::default);
+    if let Some(l) = launches.as_mut() {
+        let pids: Vec<u32> = match args.pid {
+            Some(p) => vec![p],
+            None => crate::kfd::sysfs::read_procs(&crate::kfd::Paths::default().sysfs, |_, _| None)
+                .map(|s| s.procs.iter().map(|p| p.pid).collect())
+                .unwrap_or_default(),
+        };
+        for pid in pids {
+            l.watch(&mut probes, pid);
+        }
+    }
+    eprintln!(
+        "gpreempt-ebpf: {}",
+        crate::probe::summarize(probes.sources())
+    );
+    for why in crate::probe::not_live_reasons(probes.sources()) {
+        eprintln!("gpreempt-ebpf: {why}");
+    }
     // Tests and scripts wait for this line before they start the workload.
     eprintln!(
         "gpreempt-ebpf: tracing KFD ioctls on {}{} (Ctrl-C to stop)",
@@ -334,6 +401,9 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
         tokio::select! {
             r = source.next_batch(&mut batch) => {
                 r.context("reading the ring buffer")?;
+                if let Some(l) = launches.as_mut() {
+                    l.follow(&mut probes, &batch);
+                }
                 if let Err(e) = emit(&batch, args, &mut sink, &mut written) {
                     return write_failed(e);
                 }
@@ -367,10 +437,59 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
     let u = source.stats;
     eprintln!(
         "gpreempt-ebpf: summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
-         args_unreadable={} not_kfd={} unverified={} malformed={}",
-        k.seen, k.ringbuf_full, k.inflight_full, k.args_fault, u.not_kfd, u.unverified, u.malformed
+         args_unreadable={} not_kfd={} unverified={} malformed={} kernel_probe_hits={} \
+         launches_seen={} launch_hints={}",
+        k.seen,
+        k.ringbuf_full,
+        k.inflight_full,
+        k.args_fault,
+        u.not_kfd,
+        u.unverified,
+        u.malformed,
+        k.kernel_seen,
+        k.launch_seen,
+        k.launch_emitted
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `trace --launches`: launch uprobes on every KFD process as it shows up, off at its exit.
+#[derive(Default)]
+struct LaunchWatch {
+    resolver: crate::launch::LaunchResolver,
+    tried: std::collections::HashSet<u32>,
+}
+
+impl LaunchWatch {
+    fn watch(&mut self, probes: &mut Probes, pid: u32) {
+        if !self.tried.insert(pid) || pid == std::process::id() {
+            return;
+        }
+        let targets = match self.resolver.resolve(pid) {
+            Ok(t) => t,
+            Err(e) => return log::debug!("pid {pid}: launch points: {e:#}"),
+        };
+        if targets.is_empty() {
+            return log::info!("pid {pid}: no HIP/HSA launch entry point mapped");
+        }
+        match probes.watch_launches(pid, &targets) {
+            Ok(n) => eprintln!("gpreempt-ebpf: pid {pid}: launch hints from {n} entry point(s)"),
+            Err(e) => eprintln!("gpreempt-ebpf: pid {pid}: no launch hints: {e:#}"),
+        }
+    }
+
+    fn follow(&mut self, probes: &mut Probes, batch: &[Event]) {
+        for ev in batch {
+            match ev {
+                Event::Ioctl(i) => self.watch(probes, i.origin.pid),
+                Event::ProcessExit(p) => {
+                    probes.unwatch_launches(p.origin.pid);
+                    self.tried.remove(&p.origin.pid);
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Writes the wanted events of a batch and flushes, counting what was written.
@@ -389,10 +508,7 @@ fn emit<W: Write>(
 
 /// The user-space filters of `trace` (the pid filter runs in the kernel).
 fn wanted(ev: &Event, args: &TraceArgs) -> bool {
-    let comm = match ev {
-        Event::Ioctl(i) => &i.origin.comm,
-        Event::ProcessExit(p) => &p.origin.comm,
-    };
+    let comm = &ev.origin().comm;
     args.comm.as_ref().is_none_or(|c| c == comm)
 }
 

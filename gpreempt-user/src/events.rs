@@ -6,8 +6,10 @@ use std::{
 };
 
 use gpreempt_common::{
-    kfd,
-    record::{kind, IoctlRecord, ProcessExitRecord, RecordHeader, ARGS_MAX},
+    kfd, kprobe,
+    record::{
+        kind, IoctlRecord, KernelRecord, LaunchRecord, ProcessExitRecord, RecordHeader, ARGS_MAX,
+    },
 };
 
 /// One observation.
@@ -15,6 +17,99 @@ use gpreempt_common::{
 pub enum Event {
     Ioctl(IoctlEvent),
     ProcessExit(ProcessExit),
+    /// An amdkfd function fired (kprobe / fentry).
+    Kernel(KernelEvent),
+    /// A watched process entered a launch entry point (uprobe).
+    Launch(LaunchEvent),
+}
+
+impl Event {
+    pub fn origin(&self) -> &Origin {
+        match self {
+            Event::Ioctl(i) => &i.origin,
+            Event::ProcessExit(p) => &p.origin,
+            Event::Kernel(k) => &k.origin,
+            Event::Launch(l) => &l.origin,
+        }
+    }
+}
+
+/// An amdkfd function fired. `origin` is the current task (possibly a kernel worker).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelEvent {
+    pub origin: Origin,
+    /// One of `gpreempt_common::kprobe::id`.
+    pub probe: u32,
+    /// The KFD process concerned (None: the probe cannot tell).
+    pub target: Option<u32>,
+    pub gpu_id: Option<u32>,
+    pub queue_id: Option<u32>,
+    /// Probe-specific values (see the programs in gpreempt-ebpf/src/kernel.rs).
+    pub args: [u64; 6],
+}
+
+impl KernelEvent {
+    /// The kernel function's name (the first of the probe's functions).
+    pub fn name(&self) -> &'static str {
+        kprobe::PROBES
+            .iter()
+            .find(|p| p.id == self.probe)
+            .map_or("kernel_unknown", |p| p.functions[0])
+    }
+
+    /// Named values, in the kernel's own names.
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        let a = &self.args;
+        let names: &[&str] = match self.probe {
+            kprobe::id::KFD_IOCTL => &["cmd", "arg", "kfd_process"],
+            kprobe::id::QUEUE_ADD | kprobe::id::QUEUE_DEL => &[
+                "type",
+                "priority",
+                "doorbell_off",
+                "queue_address",
+                "queue_size",
+            ],
+            kprobe::id::UNMAP => &["filter", "filter_param"],
+            kprobe::id::EVICT => &["trigger"],
+            kprobe::id::SUSPEND => &[
+                "num_queues",
+                "grace_period",
+                "exception_clear_mask",
+                "usr_queue_id_array",
+            ],
+            kprobe::id::RESUME => &["num_queues", "usr_queue_id_array"],
+            kprobe::id::HQD_LOAD => &["pipe_id", "queue_id", "wptr", "mqd"],
+            kprobe::id::HQD_DESTROY => &["pipe_id", "queue_id", "reset_type", "mqd"],
+            kprobe::id::MES_ADD => &["process_id", "doorbell_offset", "queue_type"],
+            kprobe::id::MES_REMOVE => &["doorbell_offset"],
+            kprobe::id::DBG_EV_RAISE => &["event_mask", "source_id"],
+            _ => &[],
+        };
+        let mut f: Vec<(&'static str, u64)> =
+            names.iter().copied().zip(a.iter().copied()).collect();
+        if matches!(self.probe, kprobe::id::QUEUE_ADD | kprobe::id::QUEUE_DEL) && a[5] != u64::MAX {
+            f.push(("pipe", a[5] >> 32));
+            f.push(("queue", a[5] & 0xffff_ffff));
+        }
+        f
+    }
+}
+
+/// A launch hint: the first launch of a burst (at most one per `launch_gap` per process).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEvent {
+    pub origin: Origin,
+    /// One of `gpreempt_common::kprobe::launch`.
+    pub point: u32,
+    /// Launches of the process not reported since the previous hint.
+    pub suppressed: u32,
+    pub arg0: u64,
+}
+
+impl LaunchEvent {
+    pub fn name(&self) -> &'static str {
+        kprobe::launch::name(self.point)
+    }
 }
 
 /// Who did it, and when (CLOCK_MONOTONIC ns).
@@ -96,7 +191,13 @@ macro_rules! plain {
         unsafe impl Plain for $t {}
     )* };
 }
-plain!(IoctlRecord, ProcessExitRecord, RecordHeader,);
+plain!(
+    IoctlRecord,
+    ProcessExitRecord,
+    RecordHeader,
+    KernelRecord,
+    LaunchRecord,
+);
 
 /// Reads a `T` from the front of `bytes`; missing tail bytes read as zero.
 fn read_plain<T: Plain>(bytes: &[u8]) -> T {
@@ -150,6 +251,8 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     let need = match hdr.kind {
         kind::IOCTL => std::mem::size_of::<IoctlRecord>(),
         kind::PROCESS_EXIT => std::mem::size_of::<ProcessExitRecord>(),
+        kind::KERNEL => std::mem::size_of::<KernelRecord>(),
+        kind::LAUNCH => std::mem::size_of::<LaunchRecord>(),
         k => return Err(DecodeError::UnknownKind(k)),
     };
     if bytes.len() < need {
@@ -160,6 +263,26 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     }
     Ok(match hdr.kind {
         kind::IOCTL => Event::Ioctl(decode_ioctl(&read_plain::<IoctlRecord>(bytes))),
+        kind::KERNEL => {
+            let r: KernelRecord = read_plain(bytes);
+            Event::Kernel(KernelEvent {
+                origin: origin(&hdr),
+                probe: r.probe,
+                target: (r.target != 0).then_some(r.target),
+                gpu_id: (r.gpu_id != 0).then_some(r.gpu_id),
+                queue_id: (r.queue_id != u32::MAX).then_some(r.queue_id),
+                args: r.args,
+            })
+        }
+        kind::LAUNCH => {
+            let r: LaunchRecord = read_plain(bytes);
+            Event::Launch(LaunchEvent {
+                origin: origin(&hdr),
+                point: r.point,
+                suppressed: r.suppressed,
+                arg0: r.arg0,
+            })
+        }
         _ => Event::ProcessExit(ProcessExit {
             origin: origin(&hdr),
         }),
@@ -366,6 +489,7 @@ impl EventSource {
                 self.fds.forget(p.origin.pid);
                 true
             }
+            Event::Kernel(_) | Event::Launch(_) => true,
         });
     }
 }

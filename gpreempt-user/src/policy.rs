@@ -241,6 +241,9 @@ pub struct Policy {
     pub gpus: Option<Vec<u32>>,
     pub default_class: Class,
     pub rules: Vec<Rule>,
+    /// Online processes' launch hints (uprobes on HIP/HSA launch entry points) count as online
+    /// work, so offline queues are suspended before the online kernel reaches the GPU.
+    pub launch_hints: bool,
 }
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
@@ -266,6 +269,7 @@ impl Default for Policy {
             gpus: None,
             default_class: Class::Ignore,
             rules: Vec::new(),
+            launch_hints: true,
         }
     }
 }
@@ -356,7 +360,7 @@ impl Policy {
         };
         format!(
             "{}: {strategy}, window {}, resume_after {}, max_suspend {}, min_run {}, \
-             min_interval {}, gpus {gpus}, {} rule(s), default {}",
+             min_interval {}, gpus {gpus}, {} rule(s), default {}, launch hints {}",
             self.source,
             fmt_ns(self.window_ns),
             fmt_ns(self.resume_after_ns),
@@ -364,7 +368,8 @@ impl Policy {
             fmt_ns(self.min_run_ns),
             fmt_ns(self.min_interval_ns),
             self.rules.len(),
-            self.default_class
+            self.default_class,
+            if self.launch_hints { "on" } else { "off" }
         )
     }
 }
@@ -519,6 +524,16 @@ impl Parser<'_> {
                         *slot_at = Some(span);
                     }
                     "grace" => policy.grace = self.integer(v, key).map(|g| g as u32),
+                    "launch_hints" => match v.get_ref() {
+                        DeValue::Boolean(b) => policy.launch_hints = *b,
+                        other => self.err(
+                            span,
+                            format!(
+                                "launch_hints: expected true or false, found {}",
+                                other.type_str()
+                            ),
+                        ),
+                    },
                     "gpus" => policy.gpus = self.gpus(v),
                     "default" => {
                         if let Some(c) = self.class(v, key) {
@@ -529,8 +544,8 @@ impl Parser<'_> {
                         k.span().start,
                         format!(
                             "[policy]: unknown key {other:?} (expected strategy, window, \
-                             resume_after, max_suspend, min_run, min_interval, grace, gpus \
-                             or default)"
+                             resume_after, max_suspend, min_run, min_interval, grace, gpus, \
+                             default or launch_hints)"
                         ),
                     ),
                 }
@@ -962,8 +977,14 @@ struct Evidence {
 #[derive(Clone, Copy, Debug)]
 enum BusyBy {
     Backlog(u64),
-    Launched { ago_ns: u64 },
+    Launched {
+        ago_ns: u64,
+    },
     Busy,
+    /// A launch hint (uprobe) newer than the last sample.
+    LaunchHint {
+        ago_ns: u64,
+    },
 }
 
 /// Why the held queues of a GPU (or of one process) are resumed.
@@ -1170,7 +1191,17 @@ impl Engine {
                 let backlog = a
                     .backlog
                     .filter(|&n| n > 0 && a.status == SampleStatus::Valid);
-                let what = if let Some(n) = backlog {
+                let hint = p
+                    .last_launch_ns
+                    .filter(|&t| self.policy.launch_hints && recent(t) && t > a.sample_ns);
+                let what = if let Some(t) = hint {
+                    Some((
+                        BusyBy::LaunchHint {
+                            ago_ns: now.saturating_sub(t),
+                        },
+                        t,
+                    ))
+                } else if let Some(n) = backlog {
                     Some((BusyBy::Backlog(n), a.sample_ns))
                 } else if let Some(t) = l.changed_ns.filter(|&t| recent(t)) {
                     Some((
@@ -1499,6 +1530,9 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
                 BusyBy::Backlog(n) => format!("busy (backlog {n})"),
                 BusyBy::Launched { ago_ns } => format!("launched {} ago", fmt_ms(ago_ns)),
                 BusyBy::Busy => "busy".into(),
+                BusyBy::LaunchHint { ago_ns } => {
+                    format!("launch hint {} ago", fmt_ms(ago_ns))
+                }
             };
             format!("online pid {pid} queue {qid} {how}")
         }

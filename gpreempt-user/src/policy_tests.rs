@@ -288,8 +288,15 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[policy]\nwindow = \"20ms\"\nwindw = \"20ms\"\n"),
         "policy.toml:3: [policy]: unknown key \"windw\" (expected strategy, window, resume_after, \
-         max_suspend, min_run, min_interval, grace, gpus or default)"
+         max_suspend, min_run, min_interval, grace, gpus, default or launch_hints)"
     );
+    assert_eq!(
+        one_err("[policy]\nlaunch_hints = \"yes\"\n"),
+        "policy.toml:2: launch_hints: expected true or false, found string"
+    );
+    let p = Policy::parse("[policy]\nlaunch_hints = false\n", "p.toml").unwrap();
+    assert!(!p.launch_hints);
+    assert!(Policy::parse("", "p.toml").unwrap().launch_hints);
     assert_eq!(
         one_err("[[rule]]\nclass = \"online\"\ncomm = \"x\"\nexe = \"y\"\n"),
         "policy.toml:4: rule 1: unknown key \"exe\" (expected class, comm, cmdline, uid, cgroup, \
@@ -586,6 +593,8 @@ impl World {
             exited_ns: None,
             queues: BTreeMap::new(),
             last_event_ns: 0,
+            last_launch_ns: None,
+            launches: 0,
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));
@@ -1284,4 +1293,41 @@ fn ten_thousand_queues() {
     };
     eprintln!("10,000 queues: first decide {first:?}, steady decide {steady:?} ({build} build)");
     assert_eq!(w.held().len(), 2700);
+}
+
+#[test]
+fn a_launch_hint_suspends_before_any_sample_sees_work() {
+    let mut w = basic();
+    assert!(w.tick(1.0).is_empty());
+    // The online process entered hipLaunchKernel at 1.5 ms; the last sample (0 ms) saw nothing.
+    w.st.procs.get_mut(&ON).unwrap().last_launch_ns = Some(1_500_000);
+    let ds = w.tick(1.6);
+    assert_eq!(acts(&ds), vec![(S, GA, OFF, vec![1, 2])]);
+    assert_eq!(ds[0].trigger_ns, Some(1_500_000), "the hint is the trigger");
+    assert!(ds[0].reason.contains("launch hint"), "{}", ds[0].reason);
+    // A sample newer than the hint decides from then on: idle, so resumed after resume_after.
+    w.idle(ON, 0, 2 * MS);
+    assert!(w.tick(3.0).is_empty(), "within resume_after");
+    assert_eq!(acts(&w.tick(8.0)), vec![(R, GA, OFF, vec![1, 2])]);
+}
+
+#[test]
+fn launch_hints_are_ignored_when_the_policy_says_so_or_when_stale() {
+    let mut w = World::new(&format!("{POLICY}\n"));
+    w.e.set_policy({
+        let mut p = Policy::parse(POLICY, "p.toml").unwrap();
+        p.launch_hints = false;
+        p
+    });
+    w.add(ON, "online-svc", &[(0, GA)]);
+    w.add(OFF, "offline-train", &[(1, GA)]);
+    w.sample(ON, 0, 0, 0, 0);
+    w.st.procs.get_mut(&ON).unwrap().last_launch_ns = Some(MS);
+    assert!(w.tick(1.1).is_empty(), "hints off");
+
+    let mut w = basic();
+    // Older than the window (20 ms): stale.
+    w.st.procs.get_mut(&ON).unwrap().last_launch_ns = Some(MS);
+    w.sample(ON, 0, 0, 0, 0);
+    assert!(w.tick(30.0).is_empty(), "stale hint");
 }

@@ -1,14 +1,26 @@
 //! Loading and attaching the eBPF programs, with the host checks that make failures explainable.
 
-use std::path::Path;
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+};
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
+        FEntry, KProbe, TracePoint, UProbe,
+    },
     Ebpf, EbpfLoader,
 };
-use gpreempt_common::record::{config_flag, stat, Config};
+use gpreempt_common::{
+    kprobe::{self, KernelOffsets, ProbeSpec, FIELDS, PROBES},
+    record::{config_flag, stat, Config},
+};
+use serde::Serialize;
+
+use crate::launch::LaunchTarget;
 
 /// The programs, built by build.rs from gpreempt-ebpf.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpreempt-ebpf"));
@@ -16,18 +28,237 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// What to trace.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProbeOptions {
     /// Only this thread group (filtered in the kernel).
     pub pid: Option<u32>,
     /// Forward the programs' aya-log diagnostics to the `log` crate.
     pub ebpf_log: bool,
+    /// Do not attach the kernel-internal probes (kprobes / fentry on amdkfd).
+    pub no_kernel_probes: bool,
+    /// Launch hints: at most one per process per this many ns (0: every launch).
+    pub launch_gap_ns: u64,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            pid: None,
+            ebpf_log: false,
+            no_kernel_probes: false,
+            launch_gap_ns: LAUNCH_GAP_NS,
+        }
+    }
+}
+
+/// Default [`ProbeOptions::launch_gap_ns`]: one hint per ms per process. A request launches tens
+/// of kernels within microseconds; the first one is the hint, the rest would only cost.
+pub const LAUNCH_GAP_NS: u64 = 1_000_000;
+
+/// Kind of an event source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    Tracepoint,
+    Kprobe,
+    Fentry,
+    Uprobe,
+}
+
+/// One event source and whether it is live, with the reason when it is not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    /// The kernel function, tracepoint, or "launch uprobes".
+    pub name: String,
+    pub kind: SourceKind,
+    pub live: bool,
+    pub detail: String,
+}
+
+/// One short line: which event sources are live (for `top`'s title and `trace`'s banner).
+pub fn summarize(sources: &[SourceStatus]) -> String {
+    let count = |k: SourceKind| {
+        let all = sources.iter().filter(|s| s.kind == k).count();
+        let live = sources.iter().filter(|s| s.kind == k && s.live).count();
+        (live, all)
+    };
+    let (tp, tp_all) = count(SourceKind::Tracepoint);
+    let (kp, kp_all) = count(SourceKind::Kprobe);
+    let (fe, _) = count(SourceKind::Fentry);
+    let launch = sources
+        .iter()
+        .find(|s| s.kind == SourceKind::Uprobe)
+        .map_or("off".to_string(), |s| {
+            if s.live {
+                s.detail.clone()
+            } else {
+                "none watched".into()
+            }
+        });
+    let mut out = format!(
+        "events: tracepoints {tp}/{tp_all}, kprobes {}/{}",
+        kp + fe,
+        kp_all + fe
+    );
+    if fe > 0 {
+        out.push_str(" (fentry kfd_ioctl)");
+    }
+    out.push_str(&format!(", launch uprobes {launch}"));
+    out
+}
+
+/// Why sources are not live, grouped: one line per distinct reason, naming the sources.
+pub fn not_live_reasons(sources: &[SourceStatus]) -> Vec<String> {
+    let mut by_reason: Vec<(String, Vec<&str>)> = Vec::new();
+    for s in sources
+        .iter()
+        .filter(|s| !s.live && s.kind != SourceKind::Uprobe)
+    {
+        match by_reason.iter_mut().find(|(r, _)| *r == s.detail) {
+            Some((_, names)) => names.push(&s.name),
+            None => by_reason.push((s.detail.clone(), vec![&s.name])),
+        }
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, names)| {
+            if names.len() > 3 {
+                format!("{} kernel probes not attached: {reason}", names.len())
+            } else {
+                format!("{} not attached: {reason}", names.join(", "))
+            }
+        })
+        .collect()
+}
+
+/// Facts about the host that decide which kernel-internal probes can attach.
+#[derive(Clone, Debug)]
+pub struct HostProbeFacts {
+    /// Err: why kprobes cannot attach at all.
+    pub kprobes: Result<(), String>,
+    /// The probed functions present in /proc/kallsyms.
+    pub kallsyms: HashSet<String>,
+    /// Offsets resolved from BTF, and why the others are missing.
+    pub offsets: KernelOffsets,
+    pub missing: Vec<(usize, String)>,
+    /// `kfd_ioctl` is in vmlinux BTF (amdgpu built in): fentry possible.
+    pub kfd_ioctl_in_vmlinux: bool,
+}
+
+/// The decision for one kernel-internal probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub spec: &'static ProbeSpec,
+    /// Ok: the functions to attach to; Err: why not.
+    pub verdict: Result<Vec<&'static str>, String>,
+}
+
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
+
+impl HostProbeFacts {
+    /// Reads kprobe support, /proc/kallsyms and BTF (vmlinux + amdgpu module) under `root`.
+    pub fn read(root: &Path) -> Self {
+        let kprobes = if root.join(KPROBE_PMU.trim_start_matches('/')).exists() {
+            Ok(())
+        } else {
+            Err(format!(
+                "kprobes are unavailable: this kernel has no kprobe PMU ({KPROBE_PMU}; CONFIG_KPROBES off)"
+            ))
+        };
+        let wanted: HashSet<&str> = PROBES
+            .iter()
+            .flat_map(|p| p.functions.iter().copied())
+            .collect();
+        let kallsyms = std::fs::read_to_string(root.join("proc/kallsyms"))
+            .map(|t| kallsyms_present(&t, &wanted))
+            .unwrap_or_default();
+        let (offsets, missing, kfd_ioctl_in_vmlinux) = match crate::btf::load_system(root) {
+            Ok((vmlinux, module)) => {
+                let r = crate::btf::resolve(&vmlinux, module.as_ref());
+                (r.offsets, r.missing, vmlinux.has_function("kfd_ioctl"))
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                let missing = (0..FIELDS.len()).map(|i| (i, why.clone())).collect();
+                (KernelOffsets::default(), missing, false)
+            }
+        };
+        Self {
+            kprobes,
+            kallsyms,
+            offsets,
+            missing,
+            kfd_ioctl_in_vmlinux,
+        }
+    }
+
+    /// Which probes attach, and why the others do not. Pure: unit-tested.
+    pub fn plan(&self) -> Vec<Planned> {
+        PROBES
+            .iter()
+            .map(|spec| Planned {
+                spec,
+                verdict: self.verdict(spec),
+            })
+            .collect()
+    }
+
+    fn verdict(&self, spec: &ProbeSpec) -> Result<Vec<&'static str>, String> {
+        if spec.id == kprobe::id::KFD_IOCTL && self.kfd_ioctl_in_vmlinux && self.kprobes.is_err() {
+            return Ok(vec!["kfd_ioctl"]); // fentry needs no kprobes
+        }
+        self.kprobes.clone()?;
+        let present: Vec<&'static str> = spec
+            .functions
+            .iter()
+            .copied()
+            .filter(|f| self.kallsyms.contains(*f))
+            .collect();
+        if present.is_empty() {
+            return Err(format!(
+                "{} not in /proc/kallsyms (amdgpu not loaded, or the function is inlined in this build)",
+                spec.functions.join(" / ")
+            ));
+        }
+        if !self.offsets.has_all(spec.needs) {
+            let why: Vec<&str> = self
+                .missing
+                .iter()
+                .filter(|(f, _)| spec.needs & (1 << f) != 0)
+                .map(|(_, w)| w.as_str())
+                .collect();
+            let mut why = why;
+            why.dedup();
+            return Err(format!("struct offsets unknown: {}", why.join("; ")));
+        }
+        Ok(present)
+    }
+}
+
+/// The probed functions named in kallsyms text (`ADDR TYPE NAME [MODULE]`); text symbols only.
+pub fn kallsyms_present(text: &str, wanted: &HashSet<&str>) -> HashSet<String> {
+    let mut found = HashSet::new();
+    for line in text.lines() {
+        let mut it = line.split_ascii_whitespace();
+        let (Some(_), Some(t), Some(name)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        if matches!(t, "t" | "T") && wanted.contains(name) {
+            found.insert(name.to_string());
+        }
+    }
+    found
 }
 
 /// Loaded and attached programs. Dropping it detaches everything.
 pub struct Probes {
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    sources: Vec<SourceStatus>,
+    /// Launch uprobes per watched pid.
+    launch_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    /// Err: why launch uprobes cannot be used (a program failed to load).
+    launch_ready: Result<(), String>,
 }
 
 /// Counters the programs keep, summed over CPUs.
@@ -37,6 +268,9 @@ pub struct KernelStats {
     pub ringbuf_full: u64,
     pub inflight_full: u64,
     pub args_fault: u64,
+    pub kernel_seen: u64,
+    pub launch_seen: u64,
+    pub launch_emitted: u64,
 }
 
 impl KernelStats {
@@ -92,6 +326,121 @@ fn ensure_tracefs() -> Result<()> {
     Ok(())
 }
 
+/// The syscall/sched tracepoints: the floor of observation, present on every kernel.
+const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("kfd_ioctl_enter", "syscalls", "sys_enter_ioctl"),
+    ("kfd_ioctl_exit", "syscalls", "sys_exit_ioctl"),
+    ("kfd_process_exit", "sched", "sched_process_exit"),
+];
+
+/// Loads the object (programs not yet loaded into the kernel), with aya-log enabled or not.
+pub fn load_object(ebpf_log: bool) -> Result<Ebpf> {
+    // aya-log statements cost one global load each while disabled (level 0).
+    let level: u8 = if ebpf_log { 0xff } else { 0 };
+    EbpfLoader::new()
+        .override_global("AYA_LOG_LEVEL", &level, false)
+        .load(EBPF_OBJECT)
+        .map_err(explain_load_error)
+}
+
+/// Loads and attaches the kernel-internal probes the facts allow; one status per probe.
+fn attach_kernel_probes(ebpf: &mut Ebpf, facts: &HostProbeFacts) -> Vec<SourceStatus> {
+    let mut out = Vec::new();
+    match Array::<_, KernelOffsets>::try_from(ebpf.map_mut("OFFSETS").expect("OFFSETS")) {
+        Ok(mut m) => {
+            if let Err(e) = m.set(0, facts.offsets, 0) {
+                log::warn!("writing kernel struct offsets: {e}");
+            }
+        }
+        Err(e) => log::warn!("map OFFSETS: {e}"),
+    }
+    for planned in facts.plan() {
+        let spec = planned.spec;
+        let name = spec.functions.join(" / ");
+        let mut status = SourceStatus {
+            name,
+            kind: SourceKind::Kprobe,
+            live: false,
+            detail: String::new(),
+        };
+        let functions = match planned.verdict {
+            Ok(f) => f,
+            Err(why) => {
+                status.detail = why;
+                out.push(status);
+                continue;
+            }
+        };
+        if spec.id == kprobe::id::KFD_IOCTL && facts.kfd_ioctl_in_vmlinux {
+            match attach_fentry_kfd_ioctl(ebpf) {
+                Ok(()) => {
+                    status.kind = SourceKind::Fentry;
+                    status.live = true;
+                    out.push(status);
+                    continue;
+                }
+                Err(e) => log::info!("fentry on kfd_ioctl: {e:#}; trying the kprobe"),
+            }
+        }
+        match attach_kprobe(ebpf, spec.program, &functions) {
+            Ok(n) => {
+                status.live = true;
+                status.detail = format!("{n} function(s)");
+            }
+            Err(e) => status.detail = format!("{e:#}"),
+        }
+        out.push(status);
+    }
+    out
+}
+
+fn attach_kprobe(ebpf: &mut Ebpf, program: &str, functions: &[&str]) -> Result<usize> {
+    let kp: &mut KProbe = ebpf
+        .program_mut(program)
+        .with_context(|| format!("program {program} missing from the eBPF object"))?
+        .try_into()?;
+    kp.load()
+        .with_context(|| format!("the verifier rejected {program}"))?;
+    let mut n = 0;
+    let mut last = None;
+    for f in functions {
+        match kp.attach(f, 0) {
+            Ok(_) => n += 1,
+            Err(e) => last = Some(anyhow::Error::new(e).context(format!("kprobe on {f}"))),
+        }
+    }
+    match (n, last) {
+        (0, Some(e)) => Err(e),
+        _ => Ok(n),
+    }
+}
+
+fn attach_fentry_kfd_ioctl(ebpf: &mut Ebpf) -> Result<()> {
+    let btf = aya::Btf::from_sys_fs().context("reading vmlinux BTF")?;
+    let fe: &mut FEntry = ebpf
+        .program_mut("fe_kfd_ioctl")
+        .context("program fe_kfd_ioctl missing")?
+        .try_into()?;
+    fe.load("kfd_ioctl", &btf)
+        .context("the verifier rejected fe_kfd_ioctl")?;
+    fe.attach().context("attaching fentry to kfd_ioctl")?;
+    Ok(())
+}
+
+/// Loads (verifies) the launch uprobe programs; they attach per process later.
+fn load_launch_programs(ebpf: &mut Ebpf) -> Result<(), String> {
+    for (_, program, _) in kprobe::launch::POINTS {
+        let up: &mut UProbe = ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+            .try_into()
+            .map_err(|e| format!("{program}: {e}"))?;
+        up.load()
+            .map_err(|e| format!("the verifier rejected {program}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Turns a load error into the sentence a user needs.
 fn explain_load_error(err: aya::EbpfError) -> anyhow::Error {
     let text = format!("{err:#}");
@@ -106,22 +455,22 @@ fn explain_load_error(err: aya::EbpfError) -> anyhow::Error {
 }
 
 impl Probes {
-    /// Loads the programs, writes the configuration, attaches the tracepoints.
+    /// Loads the programs, writes the configuration, attaches the tracepoints (the floor: an error
+    /// if they fail), then every kernel-internal probe this host allows (each optional), and loads
+    /// the launch uprobes for [`Probes::watch_launches`].
     pub fn attach(opts: &ProbeOptions) -> Result<Self> {
         preflight()?;
-        // aya-log statements cost one global load each while disabled (level 0).
-        let level: u8 = if opts.ebpf_log { 0xff } else { 0 };
-        let mut ebpf = EbpfLoader::new()
-            .override_global("AYA_LOG_LEVEL", &level, false)
-            .load(EBPF_OBJECT)
-            .map_err(explain_load_error)?;
+        let mut ebpf = load_object(opts.ebpf_log)?;
         let logger = if opts.ebpf_log {
             Some(aya_log::EbpfLogger::init(&mut ebpf).context("starting the eBPF log reader")?)
         } else {
             None
         };
 
-        let mut config = Config::default();
+        let mut config = Config {
+            launch_gap_ns: opts.launch_gap_ns,
+            ..Config::default()
+        };
         if let Some(pid) = opts.pid {
             config.flags |= config_flag::FILTER_TGID;
             config.tgid = pid;
@@ -132,11 +481,8 @@ impl Probes {
             .set(0, config, 0)
             .context("writing the probe configuration")?;
 
-        for (prog, category, name) in [
-            ("kfd_ioctl_enter", "syscalls", "sys_enter_ioctl"),
-            ("kfd_ioctl_exit", "syscalls", "sys_exit_ioctl"),
-            ("kfd_process_exit", "sched", "sched_process_exit"),
-        ] {
+        let mut sources = Vec::new();
+        for (prog, category, name) in TRACEPOINTS {
             let tp: &mut TracePoint = ebpf
                 .program_mut(prog)
                 .with_context(|| format!("program {prog} missing from the eBPF object"))?
@@ -145,8 +491,139 @@ impl Probes {
                 .with_context(|| format!("the verifier rejected {prog}"))?;
             tp.attach(category, name)
                 .with_context(|| format!("attaching {prog} to tracepoint {category}/{name}"))?;
+            sources.push(SourceStatus {
+                name: format!("{category}/{name}"),
+                kind: SourceKind::Tracepoint,
+                live: true,
+                detail: String::new(),
+            });
         }
-        Ok(Self { ebpf, logger })
+
+        if opts.no_kernel_probes {
+            sources.push(SourceStatus {
+                name: "amdkfd kprobes".into(),
+                kind: SourceKind::Kprobe,
+                live: false,
+                detail: "not requested".into(),
+            });
+        } else {
+            let facts = HostProbeFacts::read(Path::new("/"));
+            sources.extend(attach_kernel_probes(&mut ebpf, &facts));
+        }
+
+        let launch_ready = load_launch_programs(&mut ebpf);
+        sources.push(SourceStatus {
+            name: "launch uprobes".into(),
+            kind: SourceKind::Uprobe,
+            live: false,
+            detail: match &launch_ready {
+                Ok(()) => "ready; no process watched".into(),
+                Err(e) => e.clone(),
+            },
+        });
+        for s in &sources {
+            if s.live {
+                log::debug!("event source {}: live {}", s.name, s.detail);
+            } else {
+                log::info!("event source {}: not live: {}", s.name, s.detail);
+            }
+        }
+        Ok(Self {
+            ebpf,
+            logger,
+            sources,
+            launch_links: HashMap::new(),
+            launch_ready,
+        })
+    }
+
+    /// Every event source and whether it is live.
+    pub fn sources(&self) -> &[SourceStatus] {
+        &self.sources
+    }
+
+    /// Attaches the launch uprobes to `pid` at `targets` (from [`crate::launch`]). Returns how
+    /// many points were attached; points that fail are logged and skipped.
+    pub fn watch_launches(&mut self, pid: u32, targets: &[LaunchTarget]) -> Result<usize> {
+        if let Err(e) = &self.launch_ready {
+            bail!("launch uprobes unavailable: {e}");
+        }
+        if self.launch_links.contains_key(&pid) {
+            return Ok(self.launch_links[&pid].len());
+        }
+        let Some(scope) = std::num::NonZeroU32::new(pid).map(UProbeScope::OneProcess) else {
+            bail!("pid 0 cannot be watched");
+        };
+        let mut links = Vec::new();
+        let mut last_err = None;
+        for t in targets {
+            let prog: &mut UProbe = match self.ebpf.program_mut(t.program) {
+                Some(p) => p.try_into()?,
+                None => bail!("program {} missing from the eBPF object", t.program),
+            };
+            match prog.attach(
+                UProbeAttachLocation::AbsoluteOffset(t.file_offset),
+                &t.path,
+                scope,
+            ) {
+                Ok(link) => links.push((t.program, link)),
+                Err(e) => {
+                    log::debug!(
+                        "uprobe {} at {}+{:#x} for pid {pid}: {e:#}",
+                        t.symbol,
+                        t.path.display(),
+                        t.file_offset
+                    );
+                    last_err = Some(e);
+                }
+            }
+        }
+        if links.is_empty() {
+            if let Some(e) = last_err {
+                return Err(
+                    anyhow::Error::new(e).context(format!("attaching launch uprobes to pid {pid}"))
+                );
+            }
+        }
+        let n = links.len();
+        self.launch_links.insert(pid, links);
+        self.update_launch_source();
+        Ok(n)
+    }
+
+    /// Detaches the launch uprobes of `pid` (its exit, or it is no longer watched).
+    pub fn unwatch_launches(&mut self, pid: u32) {
+        let Some(links) = self.launch_links.remove(&pid) else {
+            return;
+        };
+        for (program, link) in links {
+            if let Some(Ok(p)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
+                let _ = p.detach(link);
+            }
+        }
+        self.update_launch_source();
+    }
+
+    /// Pids whose launches are watched.
+    pub fn watched_launches(&self) -> impl Iterator<Item = u32> + '_ {
+        self.launch_links.keys().copied()
+    }
+
+    fn update_launch_source(&mut self) {
+        let procs = self.launch_links.len();
+        let points: usize = self.launch_links.values().map(Vec::len).sum();
+        if let Some(s) = self
+            .sources
+            .iter_mut()
+            .find(|s| s.kind == SourceKind::Uprobe)
+        {
+            s.live = procs > 0;
+            s.detail = if procs > 0 {
+                format!("{procs} process(es), {points} entry point(s)")
+            } else {
+                "ready; no process watched".into()
+            };
+        }
     }
 
     /// The ring buffer of records (taken once).
@@ -168,6 +645,9 @@ impl Probes {
             ringbuf_full: sum(stat::RINGBUF_FULL)?,
             inflight_full: sum(stat::INFLIGHT_FULL)?,
             args_fault: sum(stat::ARGS_FAULT)?,
+            kernel_seen: sum(stat::KERNEL_SEEN)?,
+            launch_seen: sum(stat::LAUNCH_SEEN)?,
+            launch_emitted: sum(stat::LAUNCH_EMITTED)?,
         })
     }
 

@@ -127,6 +127,7 @@ impl Ctx {
                 pid,
                 class: Some(class.label().to_string()),
             });
+            self.launch_hints(w, pid, class);
             let Some(control) = &self.control else {
                 continue;
             };
@@ -164,6 +165,21 @@ impl Ctx {
                 }
                 self.save_targets();
             }
+        }
+    }
+
+    /// Online processes get launch uprobes (when the policy wants hints); others lose them.
+    fn launch_hints(&mut self, w: &mut Watcher, pid: u32, class: Class) {
+        if class == Class::Online && self.engine.policy().launch_hints {
+            match w.watch_launches(pid) {
+                Ok(0) => log::debug!("pid {pid}: no launch entry point mapped (yet)"),
+                Ok(n) => log::info!("pid {pid}: launch hints from {n} entry point(s)"),
+                Err(e) => {
+                    log::info!("pid {pid}: no launch hints: {e:#}");
+                }
+            }
+        } else {
+            w.unwatch_launches(pid);
         }
     }
 

@@ -228,6 +228,8 @@ mod tests {
             exited_ns: None,
             queues: Default::default(),
             last_event_ns: 0,
+            last_launch_ns: None,
+            launches: 0,
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

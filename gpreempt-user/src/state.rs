@@ -8,7 +8,7 @@ use gpreempt_common::kfd::{self, dbg_op, queue_type, DOORBELL_PROCESS_SLICE_BYTE
 use serde::Serialize;
 
 use crate::{
-    events::{Event, IoctlEvent, KfdCall},
+    events::{Event, IoctlEvent, KernelEvent, KfdCall},
     kfd::{
         debugfs::{HqdId, HqdNode, MqdKind, MqdProcess, Regs},
         sysfs::{GpuNode, ProcSnapshot},
@@ -233,6 +233,10 @@ pub struct Process {
     pub queues: BTreeMap<u32, Queue>,
     #[serde(skip)]
     pub last_event_ns: u64,
+    /// The last launch hint (uprobe on a HIP/HSA launch entry point), when watched.
+    pub last_launch_ns: Option<u64>,
+    /// Launches seen by the launch uprobes (reported and rate-limited ones).
+    pub launches: u64,
 }
 
 impl Process {
@@ -247,6 +251,8 @@ impl Process {
             exited_ns: None,
             queues: BTreeMap::new(),
             last_event_ns: now,
+            last_launch_ns: None,
+            launches: 0,
         }
     }
     pub fn comm(&self) -> &str {
@@ -269,6 +275,9 @@ pub struct Gpu {
     pub hqds_total: u32,
     /// "Device is stopped" in `hqds`.
     pub stopped: bool,
+    /// HWS runlist uploads and unmaps seen by the kernel-internal probes.
+    pub runlists: u64,
+    pub unmaps: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -440,6 +449,9 @@ pub struct State {
     /// A one-line summary of the running controller (another process), for `top`'s title.
     #[serde(skip)]
     pub controller: Option<String>,
+    /// Which event sources are live (`probe::summarize`), for `top`.
+    #[serde(skip)]
+    pub sources: Option<String>,
 }
 
 impl State {
@@ -496,6 +508,14 @@ impl State {
     pub fn apply(&mut self, u: Update) {
         match u {
             Update::Event(Event::Ioctl(ev)) => self.ioctl(&ev),
+            Update::Event(Event::Kernel(k)) => self.kernel(&k),
+            Update::Event(Event::Launch(l)) => {
+                self.touch(l.origin.ts_ns);
+                if let Some(p) = self.procs.get_mut(&l.origin.pid) {
+                    p.last_launch_ns = Some(l.origin.ts_ns);
+                    p.launches += 1 + u64::from(l.suppressed);
+                }
+            }
             Update::Event(Event::ProcessExit(p)) => {
                 self.touch(p.origin.ts_ns);
                 self.process_exit(p.origin.pid, p.origin.ts_ns, "exited");
@@ -618,6 +638,74 @@ impl State {
                 }
             }
             KfdCall::DbgTrap(a) => self.dbg_trap(ts, pid, a),
+            _ => {}
+        }
+    }
+
+    /// What the kernel-internal probes add to the ioctl view: queues created or destroyed behind
+    /// the ioctls' back (CRIU restore, process teardown), evictions, the kernel's own resumes, and
+    /// HWS map/unmap counts.
+    fn kernel(&mut self, k: &KernelEvent) {
+        use gpreempt_common::kprobe::id;
+        let ts = k.origin.ts_ns;
+        self.touch(ts);
+        let target = k.target.unwrap_or(0);
+        match k.probe {
+            id::QUEUE_ADD => {
+                let (Some(qid), Some(gpu)) = (k.queue_id, k.gpu_id) else {
+                    return;
+                };
+                if target == 0 || self.queue(target, qid).is_some_and(Queue::alive) {
+                    return; // already known from its CREATE_QUEUE
+                }
+                let p = self.proc_mut(target, Source::Event, ts);
+                p.last_event_ns = ts;
+                let mut q = Queue::new(
+                    qid,
+                    gpu,
+                    QueueKind::from_sysfs(k.args[0] as u32),
+                    Source::Event,
+                    ts,
+                );
+                q.priority = Some(k.args[1] as u32);
+                q.ring_base_address = Some(k.args[3]);
+                q.ring_size = k.args[4];
+                q.created_ns = Some(ts);
+                p.queues.insert(qid, q);
+                self.log(
+                    ts,
+                    LogKind::Create,
+                    target,
+                    Some(qid),
+                    format!(
+                        "queue {qid} on gpu {gpu} created in the kernel (not by an ioctl seen)"
+                    ),
+                );
+            }
+            id::QUEUE_DEL => {
+                if let Some(qid) = k.queue_id {
+                    self.destroy(target, qid, ts, "destroyed (kernel)");
+                }
+            }
+            id::EVICT if target != 0 => self.evict(ts, target, true),
+            id::RESTORE if target != 0 => self.evict(ts, target, false),
+            // resume_queues(p, 0, NULL): the kernel's disable path (debugger gone or DISABLE).
+            id::RESUME if target != 0 && k.args[1] == 0 => {
+                self.resume_suspended(ts, target, "by the kernel: debug trap disabled")
+            }
+            id::RUNLIST | id::UNMAP => {
+                if let Some(g) = self
+                    .gpus
+                    .iter_mut()
+                    .find(|g| Some(g.node.gpu_id) == k.gpu_id)
+                {
+                    if k.probe == id::RUNLIST {
+                        g.runlists += 1;
+                    } else {
+                        g.unmaps += 1;
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -810,6 +898,8 @@ impl State {
                     hqds_total: node.hqd_slots * node.num_xcc,
                     hqds_used: prev.and_then(|g| g.hqds_used),
                     stopped: prev.is_some_and(|g| g.stopped),
+                    runlists: prev.map_or(0, |g| g.runlists),
+                    unmaps: prev.map_or(0, |g| g.unmaps),
                     node,
                 }
             })

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use gpreempt_common::kfd;
 
-use crate::events::{Event, IoctlEvent, KfdCall};
+use crate::events::{Event, IoctlEvent, KernelEvent, KfdCall};
 
 /// A field value: numbers are plain JSON numbers; `Hex` only changes the readable rendering.
 #[derive(Clone, Debug, PartialEq)]
@@ -236,16 +236,31 @@ pub fn event_name(ev: &Event) -> String {
     match ev {
         Event::Ioctl(i) => i.name(),
         Event::ProcessExit(_) => "process_exit".into(),
+        Event::Kernel(k) => k.name().into(),
+        Event::Launch(l) => l.name().into(),
     }
+}
+
+/// `target_pid`, `gpu_id`, `queue_id` and the probe's named values of a kernel event.
+fn kernel_fields(k: &KernelEvent) -> Vec<(&'static str, u64)> {
+    let mut f = Vec::with_capacity(10);
+    if let Some(t) = k.target {
+        f.push(("target_pid", u64::from(t)));
+    }
+    if let Some(g) = k.gpu_id {
+        f.push(("gpu_id", u64::from(g)));
+    }
+    if let Some(q) = k.queue_id {
+        f.push(("queue_id", u64::from(q)));
+    }
+    f.extend(k.fields());
+    f
 }
 
 /// Writes one JSON object per event (the README documents the schema). Written field by field:
 /// building a `serde_json::Value` per event was the bottleneck of the consumer.
 pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
-    let o = match ev {
-        Event::Ioctl(i) => &i.origin,
-        Event::ProcessExit(p) => &p.origin,
-    };
+    let o = ev.origin();
     write!(
         w,
         "{{\"ts_ns\":{},\"pid\":{},\"tid\":{},\"comm\":",
@@ -254,6 +269,21 @@ pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
     serde_json::to_writer(&mut *w, &o.comm)?;
     match ev {
         Event::ProcessExit(_) => w.write_all(b",\"event\":\"process_exit\"")?,
+        Event::Kernel(k) => {
+            write!(w, ",\"event\":\"{}\",\"source\":\"kprobe\"", k.name())?;
+            for (name, v) in kernel_fields(k) {
+                write!(w, ",\"{name}\":{v}")?;
+            }
+        }
+        Event::Launch(l) => {
+            write!(
+                w,
+                ",\"event\":\"{}\",\"source\":\"uprobe\",\"suppressed\":{},\"arg0\":{}",
+                l.name(),
+                l.suppressed,
+                l.arg0
+            )?;
+        }
         Event::Ioctl(i) => {
             write!(w, ",\"event\":\"{}\"", i.name())?;
             write!(
@@ -283,10 +313,7 @@ pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
 /// One readable line: `TIME PID/TID COMM EVENT fields... = RET (DURATION)`.
 pub fn to_line(ev: &Event, t0_ns: u64) -> String {
     use std::fmt::Write as _;
-    let o = match ev {
-        Event::Ioctl(i) => &i.origin,
-        Event::ProcessExit(p) => &p.origin,
-    };
+    let o = ev.origin();
     let rel = o.ts_ns.saturating_sub(t0_ns);
     let mut s = format!(
         "{:>5}.{:06} {:>7}/{:<7} {:<15} {}",
@@ -297,6 +324,21 @@ pub fn to_line(ev: &Event, t0_ns: u64) -> String {
         o.comm,
         event_name(ev)
     );
+    if let Event::Kernel(k) = ev {
+        for (name, v) in kernel_fields(k) {
+            if v > 0xffff {
+                let _ = write!(s, " {name}={v:#x}");
+            } else {
+                let _ = write!(s, " {name}={v}");
+            }
+        }
+    }
+    if let Event::Launch(l) = ev {
+        let _ = write!(s, " arg0={:#x}", l.arg0);
+        if l.suppressed > 0 {
+            let _ = write!(s, " (+{} launches since the last hint)", l.suppressed);
+        }
+    }
     if let Event::Ioctl(i) = ev {
         for (k, v) in call_fields(i) {
             let _ = write!(s, " {k}={}", v.text());
@@ -342,10 +384,7 @@ impl<W: Write> Sink<W> {
         match self.format {
             Format::Json => write_json(ev, &mut self.out),
             Format::Text => {
-                let ts = match ev {
-                    Event::Ioctl(i) => i.origin.ts_ns,
-                    Event::ProcessExit(p) => p.origin.ts_ns,
-                };
+                let ts = ev.origin().ts_ns;
                 let t0 = *self.t0_ns.get_or_insert(ts);
                 writeln!(self.out, "{}", to_line(ev, t0))
             }

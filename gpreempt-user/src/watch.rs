@@ -72,6 +72,8 @@ pub struct Watcher {
     lost_reported: u64,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
     pub controller: Option<crate::daemon::Status>,
+    /// Where launch uprobes go in each process (ELF files parsed once).
+    launch: crate::launch::LaunchResolver,
 }
 
 impl Watcher {
@@ -98,6 +100,7 @@ impl Watcher {
             timers: None,
             lost_reported: 0,
             controller: None,
+            launch: crate::launch::LaunchResolver::new(),
         })
     }
 
@@ -109,10 +112,69 @@ impl Watcher {
         let source = EventSource::new(probes.take_events()?, FdCheck::new(kfd_device))
             .context("watching the ring buffer")?;
         let mut w = Self::without_events(paths)?;
+        for why in crate::probe::not_live_reasons(probes.sources()) {
+            w.warn_once(why);
+        }
+        w.state.sources = Some(crate::probe::summarize(probes.sources()));
         w.events = Some((probes, source));
         w.timers = Some(Timers::new(&iv));
         w.read_all(true);
         Ok(w)
+    }
+
+    /// Every event source and whether it is live (empty without events).
+    pub fn sources(&self) -> Vec<crate::probe::SourceStatus> {
+        self.events
+            .as_ref()
+            .map(|(p, _)| p.sources().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Launch hints for `pid`: uprobes on its HIP/HSA launch entry points. Ok(0): the process
+    /// maps no launch entry point.
+    pub fn watch_launches(&mut self, pid: u32) -> Result<usize> {
+        let Some((probes, _)) = self.events.as_mut() else {
+            anyhow::bail!("no eBPF programs loaded");
+        };
+        if probes.watched_launches().any(|p| p == pid) {
+            return Ok(0);
+        }
+        let targets = self.launch.resolve(pid)?;
+        if targets.is_empty() {
+            return Ok(0);
+        }
+        let n = probes.watch_launches(pid, &targets)?;
+        self.state.sources = Some(crate::probe::summarize(probes.sources()));
+        Ok(n)
+    }
+
+    /// Stops the launch hints of `pid`.
+    pub fn unwatch_launches(&mut self, pid: u32) {
+        if let Some((probes, _)) = self.events.as_mut() {
+            if probes.watched_launches().any(|p| p == pid) {
+                probes.unwatch_launches(pid);
+                self.state.sources = Some(crate::probe::summarize(probes.sources()));
+            }
+        }
+    }
+
+    /// Drops the launch uprobes of processes that are gone.
+    fn prune_launches(&mut self) {
+        let Some((probes, _)) = self.events.as_ref() else {
+            return;
+        };
+        let gone: Vec<u32> = probes
+            .watched_launches()
+            .filter(|pid| {
+                self.state
+                    .procs
+                    .get(pid)
+                    .is_none_or(|p| p.exited_ns.is_some())
+            })
+            .collect();
+        for pid in gone {
+            self.unwatch_launches(pid);
+        }
     }
 
     /// sysfs, /proc, mqds, hqds and a sample, now.
@@ -390,6 +452,7 @@ impl Watcher {
             }
             Due::Reconcile => {
                 self.reconcile_now(false);
+                self.prune_launches();
                 self.controller_now();
                 self.state.apply(Update::Tick {
                     now_ns: monotonic_ns(),

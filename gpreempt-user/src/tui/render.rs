@@ -490,6 +490,9 @@ fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, queues: usize
     if let Some(c) = &state.controller {
         spans.push(Span::raw(format!("  {c}")));
     }
+    if let Some(s) = &state.sources {
+        spans.push(Span::raw(format!("  {s}")));
+    }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 

@@ -1,0 +1,107 @@
+//! Launch hints: uprobes on HIP/HSA launch entry points of watched processes.
+//!
+//! User space attaches these per process (only the processes the policy cares about), so the cost is
+//! paid only there. A record is emitted at most once per `Config::launch_gap_ns` per process: the
+//! first launch after a quiet spell is what the policy needs, and a request launches tens of kernels.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::uprobe,
+    programs::ProbeContext,
+};
+use gpreempt_common::{
+    kprobe::launch,
+    record::{kind, stat, LaunchRecord, LaunchState, RecordHeader},
+};
+
+use crate::{config, count, now_ns, EVENTS, LAUNCHES};
+
+#[inline(always)]
+fn hit(ctx: &ProbeContext, point: u32) -> u32 {
+    count(stat::LAUNCH_SEEN);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let now = now_ns();
+    let gap = config().launch_gap_ns;
+    let suppressed = match LAUNCHES.get_ptr_mut(tgid) {
+        Some(s) => {
+            // SAFETY: a pointer into the map value; concurrent threads of one process may race on
+            // these two fields, which only makes the rate limit approximate.
+            let s = unsafe { &mut *s };
+            if now.wrapping_sub(s.last_emit_ns) < gap {
+                s.suppressed = s.suppressed.wrapping_add(1);
+                return 0;
+            }
+            let n = s.suppressed;
+            s.last_emit_ns = now;
+            s.suppressed = 0;
+            n
+        }
+        None => {
+            let s = LaunchState {
+                last_emit_ns: now,
+                suppressed: 0,
+                _pad: 0,
+            };
+            let _ = LAUNCHES.insert(tgid, s, 0);
+            0
+        }
+    };
+    count(stat::LAUNCH_EMITTED);
+    let rec = LaunchRecord {
+        hdr: RecordHeader {
+            kind: kind::LAUNCH,
+            pid: tgid,
+            tid: pid_tgid as u32,
+            _pad: 0,
+            ts_ns: now,
+            comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        },
+        point,
+        suppressed,
+        arg0: ctx.arg::<u64>(0).unwrap_or(0),
+    };
+    if EVENTS.output::<LaunchRecord>(&rec, 0).is_err() {
+        count(stat::RINGBUF_FULL);
+    }
+    0
+}
+
+/// `hipError_t hipLaunchKernel(const void *function_address, dim3 numBlocks, dim3 dimBlocks,
+/// void **args, size_t sharedMemBytes, hipStream_t stream)`.
+#[uprobe]
+pub fn up_hip_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HIP_LAUNCH_KERNEL)
+}
+
+/// `hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gridDimX, ..., void **extra)`.
+#[uprobe]
+pub fn up_hip_module_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HIP_MODULE_LAUNCH_KERNEL)
+}
+
+/// `hipError_t hipExtModuleLaunchKernel(hipFunction_t f, uint32_t globalWorkSizeX, ...)`.
+#[uprobe]
+pub fn up_hip_ext_module_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HIP_EXT_MODULE_LAUNCH_KERNEL)
+}
+
+/// `hipError_t hipGraphLaunch(hipGraphExec_t graphExec, hipStream_t stream)`.
+#[uprobe]
+pub fn up_hip_graph_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HIP_GRAPH_LAUNCH)
+}
+
+/// `void hsa_queue_store_write_index_{relaxed,screlease,release}(const hsa_queue_t *queue,
+/// uint64_t value)`: the AQL packet is written, the doorbell comes next.
+#[uprobe]
+pub fn up_hsa_write_index(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HSA_QUEUE_STORE_WRITE_INDEX)
+}
+
+/// `void hsa_signal_store_{relaxed,screlease,release}(hsa_signal_t signal, hsa_signal_value_t
+/// value)`: doorbell signals among others, so it is the noisiest hint.
+#[uprobe]
+pub fn up_hsa_signal_store(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::HSA_SIGNAL_STORE)
+}
