@@ -5,6 +5,7 @@
 #   rust-web/usr   a rustc that can target bpfel-unknown-none (Debian's rustc-web, unpacked, with its
 #                  prebuilt core for bpf) -- or a link to the user's nightly when it already has rust-src
 #   bin/bpf-linker the BPF linker -- or a link to the one already on PATH
+# and, system-wide, clang of the same LLVM major (the BTF tests compile C with `-target bpf`).
 # A stamp file records what was installed so a second run does nothing.
 set -euo pipefail
 
@@ -16,19 +17,31 @@ BPF_LINKER_VERSION=0.13.0
 log() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
+# clang of the LLVM major the unpacked rustc reports (a nightly's own LLVM is not checked: its user
+# provides clang).
+have_clang() {
+  local v
+  grep -q '^nightly' "$stamp" && return 0
+  v=$("$tools/rust-web/usr/bin/rustc" -vV 2>/dev/null | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+  [[ -n "$v" ]] && { command -v "clang-$v" >/dev/null 2>&1 || [[ -x "/usr/lib/llvm-$v/bin/clang" ]]; }
+}
+
+ready=0
 if [[ -f "$stamp" && -x "$tools/bin/bpf-linker" && -x "$tools/rust-web/usr/bin/rustc" ]]; then
-  exit 0
+  have_clang && exit 0
+  ready=1 # only clang is missing: keep the toolchain that is there
 fi
 mkdir -p "$tools/bin"
 
 # 1. Prefer what the user already has: a nightly with rust-src plus bpf-linker on PATH.
-if command -v rustup >/dev/null 2>&1 && command -v bpf-linker >/dev/null 2>&1; then
+if [[ $ready -eq 0 ]] && command -v rustup >/dev/null 2>&1 && command -v bpf-linker >/dev/null 2>&1; then
   if sysroot=$(rustup run nightly rustc --print sysroot 2>/dev/null) \
       && [[ -d "$sysroot/lib/rustlib/src/rust/library" ]]; then
     log "using the existing nightly ($sysroot) with rust-src and $(command -v bpf-linker)"
     rm -rf "$tools/rust-web"; mkdir -p "$tools/rust-web"
     ln -sfn "$sysroot" "$tools/rust-web/usr"
     ln -sfn "$(command -v bpf-linker)" "$tools/bin/bpf-linker"
+    command -v clang >/dev/null 2>&1 || log "no clang on PATH: the BTF tests (tests/btf) need one"
     echo "nightly $sysroot" >"$stamp"
     exit 0
   fi
@@ -53,6 +66,16 @@ ensure_llvm() {
   if [[ ! -x "/usr/lib/llvm-$llvm/bin/llvm-config" ]]; then
     apt_update
     apt-get install -y -qq "llvm-$llvm-dev" >/dev/null || die "apt-get install llvm-$llvm-dev failed"
+  fi
+}
+
+# The BTF tests (tests/btf) compile C to BPF objects with clang of the same LLVM major.
+ensure_clang() {
+  [[ -n "$llvm" ]] || ensure_llvm
+  if ! command -v "clang-$llvm" >/dev/null 2>&1 && [[ ! -x "/usr/lib/llvm-$llvm/bin/clang" ]]; then
+    apt_update
+    log "installing clang-$llvm"
+    apt-get install -y -qq "clang-$llvm" >/dev/null || die "apt-get install clang-$llvm failed"
   fi
 }
 
@@ -87,6 +110,9 @@ if [[ ! -x "$tools/bin/bpf-linker" ]]; then
     --version "$BPF_LINKER_VERSION" --no-default-features --features "llvm-$llvm" --root "$tools" \
     || die "building bpf-linker failed"
 fi
+
+# 4. clang for the BTF tests.
+ensure_clang
 
 echo "rust-web $("$tools/rust-web/usr/bin/rustc" --version)" >"$stamp"
 log "toolchain ready in $tools"

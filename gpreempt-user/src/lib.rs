@@ -1,4 +1,5 @@
 //! gpreempt-ebpf: watch AMD GPU compute queues (amdkfd) with eBPF and preempt them by policy.
+pub mod btf;
 pub mod cli;
 pub mod clock;
 pub mod control;
@@ -6,6 +7,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod events;
 pub mod kfd;
+pub mod launch;
 pub mod manual;
 pub mod policy;
 pub mod probe;
