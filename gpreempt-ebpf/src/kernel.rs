@@ -58,18 +58,34 @@ fn node_id(dev: u64, o: &KernelOffsets) -> u32 {
 }
 
 /// Register argument `n` (0-based) when `n` is only known at run time (a parameter located by BTF).
+/// All six registers are read at constant context offsets first: a `match` on `n` around the reads
+/// gets merged by the compiler into one read at a computed context offset, which the verifier
+/// rejects ("dereference of modified ctx ptr").
 #[inline(always)]
 fn arg_at(ctx: &ProbeContext, n: u32) -> u64 {
-    match n {
-        0 => ctx.arg::<u64>(0),
-        1 => ctx.arg::<u64>(1),
-        2 => ctx.arg::<u64>(2),
-        3 => ctx.arg::<u64>(3),
-        4 => ctx.arg::<u64>(4),
-        5 => ctx.arg::<u64>(5),
-        _ => None,
+    let a = [
+        arg(ctx, 0),
+        arg(ctx, 1),
+        arg(ctx, 2),
+        arg(ctx, 3),
+        arg(ctx, 4),
+        arg(ctx, 5),
+    ];
+    if n == 0 {
+        a[0]
+    } else if n == 1 {
+        a[1]
+    } else if n == 2 {
+        a[2]
+    } else if n == 3 {
+        a[3]
+    } else if n == 4 {
+        a[4]
+    } else if n == 5 {
+        a[5]
+    } else {
+        0
     }
-    .unwrap_or(0)
 }
 
 #[inline(always)]

@@ -343,6 +343,79 @@ pub fn load_object(ebpf_log: bool) -> Result<Ebpf> {
         .map_err(explain_load_error)
 }
 
+/// The verdict of the verifier on one program.
+#[derive(Clone, Debug)]
+pub struct ProgramCheck {
+    pub program: String,
+    /// Ok: a note (empty, or what the fentry was verified against); Err: the verifier's words.
+    pub result: Result<String, String>,
+}
+
+/// Loads every program of the object into the kernel (the verifier's check) without attaching
+/// anything. The fentry program is verified against `kfd_ioctl` when vmlinux BTF has it, else
+/// against `compat_ptr_ioctl`, whose prototype is the same (`file_operations.unlocked_ioctl`).
+pub fn verify_programs() -> Result<Vec<ProgramCheck>> {
+    use aya::programs::Program;
+    let mut ebpf = load_object(false)?;
+    let btf = aya::Btf::from_sys_fs().ok();
+    let fentry_target = match crate::btf::load_system(Path::new("/")) {
+        Ok((vmlinux, _)) if vmlinux.has_function("kfd_ioctl") => "kfd_ioctl",
+        _ => "compat_ptr_ioctl",
+    };
+    let mut out = Vec::new();
+    for (name, prog) in ebpf.programs_mut() {
+        let mut note = String::new();
+        let r = match prog {
+            Program::TracePoint(p) => p.load(),
+            Program::KProbe(p) => p.load(),
+            Program::UProbe(p) => p.load(),
+            Program::FEntry(p) => match &btf {
+                Some(btf) => {
+                    if fentry_target != "kfd_ioctl" {
+                        note = format!(
+                            "verified against {fentry_target} (same prototype as kfd_ioctl)"
+                        );
+                    }
+                    p.load(fentry_target, btf)
+                }
+                None => {
+                    out.push(ProgramCheck {
+                        program: name.to_string(),
+                        result: Err("no vmlinux BTF: fentry programs cannot load".into()),
+                    });
+                    continue;
+                }
+            },
+            other => {
+                out.push(ProgramCheck {
+                    program: name.to_string(),
+                    result: Err(format!("unexpected program type {:?}", other.prog_type())),
+                });
+                continue;
+            }
+        };
+        out.push(ProgramCheck {
+            program: name.to_string(),
+            result: r.map(|()| note).map_err(|e| verifier_text(&e)),
+        });
+    }
+    out.sort_by(|a, b| a.program.cmp(&b.program));
+    Ok(out)
+}
+
+/// An aya program error with the verifier log, when there is one.
+fn verifier_text(e: &aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            format!("{io_error}: {verifier_log}")
+        }
+        other => format!("{other:#}"),
+    }
+}
+
 /// Loads and attaches the kernel-internal probes the facts allow; one status per probe.
 fn attach_kernel_probes(ebpf: &mut Ebpf, facts: &HostProbeFacts) -> Vec<SourceStatus> {
     let mut out = Vec::new();
