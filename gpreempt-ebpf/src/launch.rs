@@ -16,6 +16,10 @@ use gpreempt_common::{
 
 use crate::{config, count, now_ns, EVENTS, LAUNCHES};
 
+/// `BPF_RB_FORCE_WAKEUP`: a hint is worth a wakeup of the reader even when it has not caught up
+/// (the policy acts on it; the ring's adaptive wakeup would batch it with later records).
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
 #[inline(always)]
 fn hit(ctx: &ProbeContext, point: u32) -> u32 {
     count(stat::LAUNCH_SEEN);
@@ -61,7 +65,10 @@ fn hit(ctx: &ProbeContext, point: u32) -> u32 {
         suppressed,
         arg0: ctx.arg::<u64>(0).unwrap_or(0),
     };
-    if EVENTS.output::<LaunchRecord>(&rec, 0).is_err() {
+    if EVENTS
+        .output::<LaunchRecord>(&rec, BPF_RB_FORCE_WAKEUP)
+        .is_err()
+    {
         count(stat::RINGBUF_FULL);
     }
     0

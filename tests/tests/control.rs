@@ -516,3 +516,132 @@ kill -INT $W; wait $W
     assert!(!hqd.is_null(), "running again after top exits: {q3}");
     assert_nothing_left();
 }
+
+/// Per online request: its first launch (a burst start in an observer's launch hints: no hint in
+/// the 10 ms before) to the offline queue off the GPU (the next SUSPEND's return), in us. Requests
+/// that needed no suspend (offline already held) are left out.
+fn first_launch_to_suspended_us(hints: &[u64], audit: &[Value]) -> Vec<f64> {
+    let suspends: Vec<(u64, u64)> = audit
+        .iter()
+        .filter(|a| a["action"] == "suspend" && a["done"].as_array().is_some_and(|d| !d.is_empty()))
+        .filter_map(|a| Some((a["issued_ns"].as_u64()?, a["returned_ns"].as_u64()?)))
+        .collect();
+    let mut out = Vec::new();
+    for (i, &b) in hints.iter().enumerate() {
+        if i > 0 && b - hints[i - 1] < 10_000_000 {
+            continue;
+        }
+        if let Some(&(_, ret)) = suspends
+            .iter()
+            .find(|&&(iss, _)| iss >= b && iss < b + 20_000_000)
+        {
+            out.push((ret - b) as f64 / 1e3);
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+#[test]
+fn launch_hints_trigger_the_suspend_sooner_than_sampling() {
+    let _one = serial();
+    let t = TempDir::new("hints");
+    let d = t.0.display();
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let base = text(&example);
+    assert!(
+        !base.contains("launch_hints"),
+        "the example relies on the default"
+    );
+    std::fs::write(t.path("on.toml"), &base).unwrap();
+    std::fs::write(
+        t.path("off.toml"),
+        base.replacen("[policy]", "[policy]\nlaunch_hints = false", 1),
+    )
+    .unwrap();
+    let secs = 30;
+    // Sampling every 10 ms in both modes: polling that cheap leaves the suspend up to 10 ms late,
+    // which is what launch hints are for. An observer traces the online process's launches in
+    // both modes (the same uprobe cost in both); its hints mark when each request began.
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+for mode in off on; do
+  $GP run --policy {d}/$mode.toml --sample-interval 10 --audit {d}/audit-$mode.jsonl \
+    2>{d}/run-$mode.err & R=$!
+  sleep 2
+  $GP sim workload {ONLINE} --duration {secs} --report {d}/on-$mode.json 2>/dev/null & A=$!
+  $GP trace --launches --pid $A --json --output {d}/hints-$mode.json 2>{d}/trace-$mode.err & T=$!
+  $GP sim workload {OFFLINE} --duration {secs} --report {d}/off-$mode.json 2>/dev/null & B=$!
+  wait $A $B
+  kill -INT $T $R; wait $T; wait $R
+done
+"#
+    );
+    sim(&script, Duration::from_secs(2 * secs + 90));
+    let mut summary = Vec::new();
+    let mut med = Vec::new();
+    for mode in ["off", "on"] {
+        let on = json(&t.path(&format!("on-{mode}.json")));
+        let pid = on["pid"].as_u64().unwrap();
+        let hints: Vec<u64> = lines(&t.path(&format!("hints-{mode}.json")))
+            .iter()
+            .filter(|h| h["pid"] == pid)
+            .filter_map(|h| h["ts_ns"].as_u64())
+            .collect();
+        let audit = lines(&t.path(&format!("audit-{mode}.jsonl")));
+        let by_hint = audit
+            .iter()
+            .filter(|a| {
+                a["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("launch hint"))
+            })
+            .count();
+        let suspends = audit.iter().filter(|a| a["action"] == "suspend").count();
+        let lead = first_launch_to_suspended_us(&hints, &audit);
+        assert!(
+            lead.len() >= 100,
+            "{mode}: only {} requests measured",
+            lead.len()
+        );
+        let m = lead[lead.len() / 2];
+        let p90 = lead[lead.len() * 9 / 10];
+        let p99 = on["latency"]["p99_ms"].as_f64().unwrap();
+        let mean = on["latency"]["mean_ms"].as_f64().unwrap();
+        summary.push(format!(
+            "hints {mode}: online mean {mean:.2} ms p99 {p99:.2} ms; first launch -> offline \
+             suspended p50 {m:.0} us p90 {p90:.0} us ({} requests); {suspends} suspends, \
+             {by_hint} triggered by a launch hint",
+            lead.len()
+        ));
+        med.push((m, p99, mean, by_hint, suspends));
+        let err = text(&t.path(&format!("run-{mode}.err")));
+        assert!(err.contains("nothing is left suspended"), "{err}");
+    }
+    println!(
+        "emulated, {secs} s each, sampling every 10 ms:\n  {}",
+        summary.join("\n  ")
+    );
+    let ((m_off, p99_off, mean_off, hint_off, _), (m_on, p99_on, mean_on, hint_on, sus_on)) =
+        (med[0], med[1]);
+    assert_eq!(hint_off, 0, "hints off: no hint-triggered suspend");
+    assert!(
+        hint_on * 2 >= sus_on,
+        "hints on: most suspends come from a hint ({hint_on} of {sus_on})"
+    );
+    assert!(
+        m_on < 0.5 * m_off,
+        "the hint reacts sooner: p50 {m_on:.0} us with hints, {m_off:.0} us sampling"
+    );
+    assert!(
+        mean_on < mean_off,
+        "online latency improves: mean {mean_on:.2} ms with hints, {mean_off:.2} ms without"
+    );
+    assert!(
+        p99_on < 1.1 * p99_off,
+        "no online p99 regression: {p99_on:.2} ms with hints, {p99_off:.2} ms without"
+    );
+    assert_nothing_left();
+}
