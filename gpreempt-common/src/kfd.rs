@@ -579,6 +579,24 @@ pub const fn queue_type_name(t: u32) -> Option<&'static str> {
     }
 }
 
+/// Debug bits of a topology node's `capability` (`HSA_CAP_*`, include/uapi/linux/kfd_sysfs.h,
+/// Linux 6.4+).
+pub mod hsa_cap {
+    pub const TRAP_DEBUG_SUPPORT: u32 = 0x0000_8000;
+    pub const TRAP_DEBUG_WAVE_LAUNCH_TRAP_OVERRIDE_SUPPORTED: u32 = 0x0001_0000;
+    pub const TRAP_DEBUG_WAVE_LAUNCH_MODE_SUPPORTED: u32 = 0x0002_0000;
+    pub const TRAP_DEBUG_PRECISE_MEMORY_OPERATIONS_SUPPORTED: u32 = 0x0004_0000;
+    pub const TRAP_DEBUG_FIRMWARE_SUPPORTED: u32 = 0x2000_0000;
+    /// What `kfd_topology_set_capabilities` sets on every GPU.
+    pub const TRAP_DEBUG_ALL_GPUS: u32 = TRAP_DEBUG_SUPPORT
+        | TRAP_DEBUG_WAVE_LAUNCH_TRAP_OVERRIDE_SUPPORTED
+        | TRAP_DEBUG_WAVE_LAUNCH_MODE_SUPPORTED;
+    /// ... and on GC 9.4.2 up to (not including) 10.0 (gfx90a, gfx94x, gfx950), which add precise
+    /// memory operations.
+    pub const TRAP_DEBUG_GFX9_4_2: u32 =
+        TRAP_DEBUG_ALL_GPUS | TRAP_DEBUG_PRECISE_MEMORY_OPERATIONS_SUPPORTED;
+}
+
 pub const KFD_MAX_QUEUE_PERCENTAGE: u32 = 100;
 pub const KFD_MAX_QUEUE_PRIORITY: u32 = 15;
 pub const KFD_MIN_QUEUE_RING_SIZE: u32 = 1024;

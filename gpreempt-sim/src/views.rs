@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use gpreempt_common::kfd::hsa_cap;
+
 use crate::model::{Gpu, Kfd, Process, Queue};
 use crate::spec::Model;
 
@@ -28,6 +30,11 @@ pub fn node_name(kfd: &Kfd, node: u32) -> Option<String> {
         Model::Mi300x => "ip discovery\n".into(),
     })
 }
+
+/// A GPU node's `capability`: 4 watch points, RAS (EDC, event notify), SVM, debugger-capable
+/// firmware, and the trap-debug bits `kfd_topology_set_capabilities` (Linux 6.4+) sets on the
+/// emulated GPUs (GC 9.4.2 and 9.4.3: precise memory operations too).
+const CAPABILITY: u32 = 0x2838_0280 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
 
 /// `nodes/<n>/properties`, in `node_show`'s order.
 pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
@@ -111,7 +118,7 @@ pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
         ("max_engine_clk_fcompute", u64::from(sp.max_engine_clk_mhz)),
         ("local_mem_size", 0),
         ("fw_version", u64::from(sp.mec_fw_version)),
-        ("capability", 0x2838_0280),
+        ("capability", u64::from(CAPABILITY)),
         ("debug_prop", 0x1_7a),
         ("sdma_fw_version", u64::from(sp.sdma_fw_version)),
         ("unique_id", 0x5a11_0000_0000 | u64::from(g.gpu_id)),

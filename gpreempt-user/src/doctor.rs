@@ -1,9 +1,10 @@
 //! `doctor`: is this host ready for gpreempt-ebpf, and what to change if not.
 //!
 //! Every check reads files below a [`Root`] (`/` on a host; tests point it at a fake tree) and
-//! returns a [`Check`]: a verdict, one finding and, when not ok, one actionable fix. Only three
-//! things touch the running kernel directly: the bpf(2) map-create probe, opening the KFD device
-//! with its GET_VERSION ioctl, and the controller lock. Unreadable files are findings, never
+//! returns a [`Check`]: a verdict, one finding and, when not ok, one actionable fix. Only four
+//! things touch the running kernel directly: the bpf(2) map-create probe, loading (verifying, never
+//! attaching) every eBPF program when the root is `/`, opening the KFD device with its GET_VERSION
+//! ioctl, and the controller lock. Unreadable files are findings, never
 //! errors: the command always prints every line.
 
 use std::{
@@ -16,12 +17,16 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use gpreempt_common::kfd;
+use gpreempt_common::{
+    kfd,
+    kprobe::{self, ProbeSpec, FIELDS, PROBES},
+};
 use serde::Serialize;
 
 use crate::{
     cli::{Cli, DoctorArgs},
     kfd::sysfs::{self, GpuNode},
+    probe::{HostProbeFacts, ProgramCheck},
 };
 
 /// A check's outcome.
@@ -397,6 +402,249 @@ pub fn kprobes_check(root: &Root) -> Check {
 }
 
 // -------------------------------------------------------------------------------------------
+// 4b. The kernel-internal probes, their struct offsets, launch uprobes
+
+/// The fix for a kernel-internal probe that cannot attach, by the first obstacle `plan` met.
+fn kernel_probe_fix(facts: &HostProbeFacts, spec: &ProbeSpec) -> &'static str {
+    if facts.kprobes.is_err() {
+        "use a kernel built with CONFIG_KPROBES=y and CONFIG_KPROBE_EVENTS=y"
+    } else if !spec.functions.iter().any(|f| facts.kallsyms.contains(*f)) {
+        "load amdgpu (modprobe amdgpu) on a host with an AMD GPU; if it is loaded, this build inlines the function"
+    } else {
+        "use a kernel and amdgpu module built with BTF (CONFIG_DEBUG_INFO_BTF=y, CONFIG_DEBUG_INFO_BTF_MODULES=y) for struct offsets"
+    }
+}
+
+/// Check 4c: one line per kernel-internal probe ([`PROBES`]), named by its functions, from the
+/// plan `trace` and `top` attach by. Never a failure: the ioctl tracepoints remain the floor.
+pub fn kernel_probe_checks(facts: &HostProbeFacts) -> Vec<Check> {
+    facts
+        .plan()
+        .into_iter()
+        .map(|planned| {
+            let spec = planned.spec;
+            let name = format!("probe:{}", spec.functions.join("/"));
+            match planned.verdict {
+                Ok(functions) => {
+                    let how = if spec.id == kprobe::id::KFD_IOCTL && facts.kfd_ioctl_in_vmlinux {
+                        "fentry"
+                    } else {
+                        "kprobe"
+                    };
+                    let on = if functions.len() < spec.functions.len() {
+                        format!(" on {}", functions.join(", "))
+                    } else {
+                        String::new()
+                    };
+                    Check::ok(&name, format!("attachable ({how}){on}: {}", spec.gives))
+                }
+                Err(why) => Check::warn(
+                    &name,
+                    format!(
+                        "not attachable: {why}; unseen: {} (the ioctl tracepoints remain)",
+                        spec.gives
+                    ),
+                    kernel_probe_fix(facts, spec),
+                ),
+            }
+        })
+        .collect()
+}
+
+/// Check 4b: the struct offsets the probes read, resolved from BTF. Ok when every field some
+/// probe needs is known; the others are alternatives (`kfd_process.pasid` before about 6.15,
+/// `kfd_process_device.pasid` after) or optional reads.
+pub fn btf_offsets_check(facts: &HostProbeFacts) -> Check {
+    const NAME: &str = "btf-offsets";
+    let total = FIELDS.len();
+    let resolved = (0..total).filter(|&i| facts.offsets.is_known(i)).count();
+    let needed = PROBES.iter().fold(0u64, |acc, p| acc | p.needs);
+    let (missing_needed, missing_optional): (Vec<_>, Vec<_>) = facts
+        .missing
+        .iter()
+        .partition(|(f, _)| needed & (1u64 << f) != 0);
+    if missing_needed.is_empty() {
+        let mut finding = format!("{resolved}/{total} fields resolved (every field a probe needs)");
+        if !missing_optional.is_empty() {
+            let names: Vec<String> = missing_optional
+                .iter()
+                .map(|(f, _)| format!("{}.{}", FIELDS[*f].owner, FIELDS[*f].member))
+                .collect();
+            finding += &format!("; not found, needed by no probe: {}", names.join(", "));
+        }
+        return Check::ok(NAME, finding);
+    }
+    let mut reasons: Vec<&str> = Vec::new();
+    for (_, why) in &missing_needed {
+        if !reasons.contains(&why.as_str()) {
+            reasons.push(why);
+        }
+    }
+    const SHOWN: usize = 3;
+    let more = if reasons.len() > SHOWN {
+        format!(" (+{} more)", reasons.len() - SHOWN)
+    } else {
+        String::new()
+    };
+    Check::warn(
+        NAME,
+        format!(
+            "{resolved}/{total} fields resolved; {} that probes need are unknown: {}{more}",
+            missing_needed.len(),
+            reasons[..reasons.len().min(SHOWN)].join("; ")
+        ),
+        "use a kernel and amdgpu module built with BTF (CONFIG_DEBUG_INFO_BTF=y, CONFIG_DEBUG_INFO_BTF_MODULES=y) for struct offsets",
+    )
+}
+
+/// Check 4d: the uprobe PMU that launch hints (HIP / HSA entry points) attach through.
+pub fn launch_uprobes_check(root: &Root) -> Check {
+    const NAME: &str = "launch-uprobes";
+    const PMU: &str = "/sys/bus/event_source/devices/uprobe/type";
+    let points: Vec<&str> = kprobe::launch::POINTS
+        .iter()
+        .map(|(point, _, _)| kprobe::launch::name(*point))
+        .collect();
+    if root.exists(PMU) {
+        Check::ok(
+            NAME,
+            format!(
+                "uprobe PMU present ({PMU}): launch hints attach per watched process ({})",
+                points.join(", ")
+            ),
+        )
+    } else {
+        Check::warn(
+            NAME,
+            format!("no uprobe PMU ({PMU}): launch hints unavailable (CONFIG_UPROBES / CONFIG_UPROBE_EVENTS off); the ioctl tracepoints remain"),
+            "use a kernel built with CONFIG_UPROBES=y and CONFIG_UPROBE_EVENTS=y",
+        )
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// 4e. The verifier
+
+/// At most `head` first and `tail` last lines of a verifier error (the log's end names the
+/// reason).
+fn verifier_excerpt(text: &str) -> String {
+    const HEAD: usize = 2;
+    const TAIL: usize = 3;
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.len() <= HEAD + TAIL {
+        return lines.join(" | ");
+    }
+    format!(
+        "{} | ... | {}",
+        lines[..HEAD].join(" | "),
+        lines[lines.len() - TAIL..].join(" | ")
+    )
+}
+
+/// The active mode of a `/sys/kernel/security/lockdown` text (`none [integrity] confidentiality`).
+pub fn lockdown_mode(text: &str) -> Option<&str> {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+}
+
+/// A load refused with EPERM before the verifier ran (no verifier log): lockdown or an LSM, not
+/// the program.
+fn refused_before_verifier(error: &str) -> bool {
+    error.starts_with("Operation not permitted")
+        && error
+            .split_once(": ")
+            .is_none_or(|(_, log)| log.trim().is_empty())
+}
+
+/// Check 4e: every program of the object loaded into the kernel (verified), none attached.
+/// `lockdown`: the active lockdown mode, when known. A verifier rejection fails (a program this
+/// kernel cannot run); a load refused before verification (lockdown, LSM policy) or impossible
+/// without vmlinux BTF warns: the fentry has the kprobe, and everything the tracepoints, to fall
+/// back on.
+pub fn ebpf_programs_check(verified: &Result<Vec<ProgramCheck>>, lockdown: Option<&str>) -> Check {
+    const NAME: &str = "ebpf-programs";
+    let programs = match verified {
+        Ok(p) => p,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("the eBPF object did not load: {e:#}"),
+                "see the bpf and btf lines above; a kernel with CONFIG_BPF_SYSCALL and ring buffers (Linux 5.8+) is needed",
+            )
+        }
+    };
+    let err = |p: &ProgramCheck| {
+        p.result
+            .as_ref()
+            .err()
+            .map_or("", String::as_str)
+            .to_string()
+    };
+    let (mut no_btf, mut refused, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+    for p in programs.iter().filter(|p| p.result.is_err()) {
+        let e = err(p);
+        if e.starts_with("no vmlinux BTF") {
+            no_btf.push(p.program.as_str());
+        } else if refused_before_verifier(&e) {
+            refused.push(p.program.as_str());
+        } else {
+            rejected.push(format!("{}: {}", p.program, verifier_excerpt(&e)));
+        }
+    }
+    let passed = programs.iter().filter(|p| p.result.is_ok()).count();
+    let mut finding = if passed == programs.len() {
+        format!("{passed} programs pass the verifier")
+    } else {
+        format!("{passed}/{} programs pass the verifier", programs.len())
+    };
+    let notes: Vec<String> = programs
+        .iter()
+        .filter_map(|p| match &p.result {
+            Ok(note) if !note.is_empty() => Some(format!("{}: {note}", p.program)),
+            _ => None,
+        })
+        .collect();
+    if !notes.is_empty() {
+        finding += &format!(" ({})", notes.join("; "));
+    }
+    if !rejected.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("{finding}; the verifier rejected {}", rejected.join("; ")),
+            "use a newer kernel (Linux 5.15+), or report this line with `uname -r` to gpreempt-ebpf's maintainers",
+        );
+    }
+    let mut fixes = Vec::new();
+    if !refused.is_empty() {
+        let by = match lockdown {
+            Some(m) if m != "none" => format!("kernel lockdown ({m}) or an LSM policy"),
+            _ => "an LSM policy or kernel lockdown".to_string(),
+        };
+        finding += &format!(
+            "; refused before the verifier ran (EPERM, no verifier log; {by}): {}",
+            refused.join(", ")
+        );
+        fixes.push(match lockdown {
+            Some(m) if m != "none" => "fentry needs a kernel booted without lockdown (no lockdown= parameter, Secure Boot off); meanwhile the kfd_ioctl kprobe or the ioctl tracepoints stand in",
+            _ => "check the LSM policy (/sys/kernel/security/lsm) and lockdown (/sys/kernel/security/lockdown); meanwhile the kfd_ioctl kprobe or the ioctl tracepoints stand in",
+        });
+    }
+    if !no_btf.is_empty() {
+        finding += &format!("; not loadable without vmlinux BTF: {}", no_btf.join(", "));
+        fixes.push("use a kernel built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    if fixes.is_empty() {
+        Check::ok(NAME, finding)
+    } else {
+        Check::warn(NAME, finding, fixes.join("; "))
+    }
+}
+
+// -------------------------------------------------------------------------------------------
 // 5. tracefs
 
 /// Check 5: the tracepoints every gpreempt-ebpf program stands on.
@@ -639,6 +887,27 @@ pub fn kfd_check(
     c
 }
 
+/// Check 7b (informational): KFD PC sampling. Mainline amdkfd has no PC-sampling ioctl (through
+/// KFD 1.18 and the later 1.19/1.20 changes); AMD's out-of-tree amdgpu-dkms has one (nr 0x85), and
+/// one DKMS branch numbered it "1.15", so the version cannot tell (reference/kfd.md §1.2).
+pub fn pc_sampling_check(version: &io::Result<(u32, u32)>) -> Check {
+    const NAME: &str = "pc-sampling";
+    let what = format!(
+        "KFD PC sampling (AMDKFD_IOC_PC_SAMPLE, nr {:#x}) exists only in AMD's amdgpu-dkms driver, mainline amdkfd has none; gpreempt-ebpf does not use it",
+        kfd::nr::PC_SAMPLE
+    );
+    match version {
+        Ok((major, minor)) => Check::ok(
+            NAME,
+            format!("KFD {major}.{minor}: whether this driver has PC sampling cannot be determined from its version (DKMS numbering differs); {what}"),
+        ),
+        Err(_) => Check::ok(
+            NAME,
+            format!("cannot be determined: no KFD version (see kfd); {what}"),
+        ),
+    }
+}
+
 // -------------------------------------------------------------------------------------------
 // 8. amdgpu module parameters
 
@@ -724,8 +993,9 @@ pub fn amdgpu_params_checks(root: &Root) -> Vec<Check> {
 // 9. Per GPU
 
 /// `capability` bits (include/uapi/linux/kfd_sysfs.h).
-const HSA_CAP_TRAP_DEBUG_SUPPORT: u64 = 0x0000_8000;
-const HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED: u64 = 0x2000_0000;
+const HSA_CAP_TRAP_DEBUG_SUPPORT: u64 = kfd::hsa_cap::TRAP_DEBUG_SUPPORT as u64;
+const HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED: u64 =
+    kfd::hsa_cap::TRAP_DEBUG_FIRMWARE_SUPPORTED as u64;
 
 /// Whether the KFD debugs per VMID on this target (`kfd_dbg_is_per_vmid_supported`: GC 9.4.2,
 /// 9.4.3 and later 9.4.x/9.5, and 11.0.0+; reference/kfd.md §2). GC 9.4.2 is gfx90a (90010),
@@ -1012,15 +1282,34 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     ));
     checks.push(btf_vmlinux_check(root));
     checks.push(btf_amdgpu_check(root));
+    let facts = HostProbeFacts::read(&root.base);
+    checks.push(btf_offsets_check(&facts));
     checks.push(kprobes_check(root));
+    checks.extend(kernel_probe_checks(&facts));
+    checks.push(launch_uprobes_check(root));
     checks.push(tracefs_check(root));
+    // Loading programs touches the running kernel: only for the host itself, never a fake tree.
+    if root.base == Path::new("/") {
+        checks.push(if p.bpf {
+            ebpf_programs_check(
+                &crate::probe::verify_programs(),
+                root.value("/sys/kernel/security/lockdown")
+                    .as_deref()
+                    .and_then(lockdown_mode),
+            )
+        } else {
+            Check::warn(
+                "ebpf-programs",
+                "not verified: loading programs needs root (or CAP_BPF + CAP_PERFMON)",
+                "run gpreempt-ebpf doctor with sudo",
+            )
+        });
+    }
     checks.push(debugfs_check(root, p.admin || euid == 0));
     let topology = sysfs::read_topology(&root.path("/sys/class/kfd/kfd"));
-    checks.push(kfd_check(
-        kfd_device,
-        &kfd_get_version(kfd_device),
-        &topology,
-    ));
+    let version = kfd_get_version(kfd_device);
+    checks.push(kfd_check(kfd_device, &version, &topology));
+    checks.push(pc_sampling_check(&version));
     checks.extend(amdgpu_params_checks(root));
     checks.extend(gpu_checks(root, &topology));
     checks.push(ptrace_scope_check(
@@ -1041,9 +1330,12 @@ pub fn counts(checks: &[Check]) -> (usize, usize, usize) {
 
 /// The text report: one line per check (verdict, name, finding), its fix below when not ok.
 pub fn to_text(checks: &[Check]) -> String {
+    // Longer names (the kernel probes') overflow the column rather than widen it for every line.
+    const MAX_WIDTH: usize = 20;
     let width = checks
         .iter()
         .map(|c| c.name.len())
+        .filter(|&n| n <= MAX_WIDTH)
         .max()
         .unwrap_or(0)
         .max(5);
@@ -1258,8 +1550,14 @@ mod tests {
             gfx_target_version: v,
             ..Default::default()
         };
-        let fw = Some(0x2838_0280);
+        let fw = Some(0x283f_8280); // what the emulator advertises for gfx90a
         assert_eq!(gpu_check(&g(90010), fw).verdict, Verdict::Ok); // gfx90a
+        assert!(gpu_check(&g(90010), fw)
+            .finding
+            .contains("trap debug yes, debug firmware yes"));
+        assert!(gpu_check(&g(90010), Some(0x2000_0000))
+            .finding
+            .contains("trap debug not advertised"));
         assert_eq!(gpu_check(&g(90402), fw).verdict, Verdict::Ok); // gfx942
         assert_eq!(gpu_check(&g(110000), fw).verdict, Verdict::Ok); // gfx1100
         assert!(gpu_check(&g(110000), fw)
@@ -1311,6 +1609,235 @@ mod tests {
         assert_eq!(
             config_option("CONFIG_KPROBES_X=y\n", "CONFIG_KPROBES"),
             None
+        );
+    }
+
+    fn by_name<'a>(cs: &'a [Check], name: &str) -> &'a Check {
+        cs.iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {cs:#?}"))
+    }
+
+    #[test]
+    fn doctor_kernel_probes_with_kprobes_and_no_btf() {
+        let t = Tree::new();
+        t.write("/sys/bus/event_source/devices/kprobe/type", "6\n")
+            .write(
+                "/proc/kallsyms",
+                "ffffffffc0a00000 t kfd_ioctl\t[amdgpu]\n\
+                 ffffffffc0a01000 t kgd_gfx_v9_hqd_load\t[amdgpu]\n\
+                 ffffffffc0a02000 T kfd_procfs_add_queue\t[amdgpu]\n\
+                 ffffffff81000000 T vfs_read\n",
+            );
+        let facts = HostProbeFacts::read(&t.0);
+        let cs = kernel_probe_checks(&facts);
+        assert_eq!(cs.len(), PROBES.len());
+        assert!(cs.iter().all(|c| c.verdict != Verdict::Fail), "{cs:#?}");
+        // No fields needed: attachable on the kprobe PMU alone.
+        let c = by_name(&cs, "probe:kfd_ioctl");
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert!(c.finding.starts_with("attachable (kprobe): "), "{c:?}");
+        let c = by_name(&cs, "probe:kgd_gfx_v9_hqd_load/kgd_gfx_v9_4_3_hqd_load");
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert!(
+            c.finding
+                .starts_with("attachable (kprobe) on kgd_gfx_v9_hqd_load: "),
+            "{c:?}"
+        );
+        // Not in kallsyms: amdgpu.
+        let c = by_name(
+            &cs,
+            "probe:kgd_gfx_v9_hqd_destroy/kgd_gfx_v9_4_3_hqd_destroy",
+        );
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.finding.contains("not in /proc/kallsyms"), "{c:?}");
+        assert!(
+            c.fix.as_deref().unwrap().starts_with("load amdgpu"),
+            "{c:?}"
+        );
+        // In kallsyms but its struct offsets are unknown: BTF.
+        let c = by_name(&cs, "probe:kfd_procfs_add_queue");
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.finding.contains("struct offsets unknown"), "{c:?}");
+        assert!(c.finding.contains("CONFIG_DEBUG_INFO_BTF"), "{c:?}");
+        assert!(
+            c.fix
+                .as_deref()
+                .unwrap()
+                .contains("CONFIG_DEBUG_INFO_BTF_MODULES"),
+            "{c:?}"
+        );
+        assert!(c.finding.contains("the ioctl tracepoints remain"), "{c:?}");
+
+        let c = btf_offsets_check(&facts);
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(
+            c.finding
+                .starts_with(&format!("0/{} fields resolved; ", FIELDS.len())),
+            "{c:?}"
+        );
+        assert!(
+            c.finding.contains("/sys/kernel/btf/vmlinux is missing"),
+            "{c:?}"
+        );
+
+        let c = launch_uprobes_check(&t.root());
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.finding.contains("CONFIG_UPROBES"), "{c:?}");
+        t.write("/sys/bus/event_source/devices/uprobe/type", "7\n");
+        let c = launch_uprobes_check(&t.root());
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(c.finding.contains("hipLaunchKernel"), "{c:?}");
+    }
+
+    #[test]
+    fn doctor_kernel_probes_without_the_kprobe_pmu() {
+        let t = Tree::new();
+        t.write("/proc/kallsyms", "ffffffffc0a00000 t kfd_ioctl\t[amdgpu]\n");
+        let facts = HostProbeFacts::read(&t.0);
+        let cs = kernel_probe_checks(&facts);
+        assert_eq!(cs.len(), PROBES.len());
+        for c in &cs {
+            assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+            assert!(c.finding.contains("no kprobe PMU"), "{c:?}");
+            assert!(
+                c.fix.as_deref().unwrap().contains("CONFIG_KPROBES=y"),
+                "{c:?}"
+            );
+        }
+        // kfd_ioctl in vmlinux BTF (amdgpu built in): fentry needs no kprobes.
+        let facts = HostProbeFacts {
+            kfd_ioctl_in_vmlinux: true,
+            ..facts
+        };
+        let c = &kernel_probe_checks(&facts)[0];
+        assert_eq!(c.name, "probe:kfd_ioctl");
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(c.finding.starts_with("attachable (fentry)"), "{c:?}");
+    }
+
+    #[test]
+    fn doctor_btf_offsets_ok_when_every_needed_field_resolves() {
+        use gpreempt_common::kprobe::{field, KernelOffsets};
+        let mut offsets = KernelOffsets::default();
+        let mut missing = Vec::new();
+        for f in FIELDS.iter() {
+            if f.id == field::PROCESS_PASID {
+                missing.push((f.id, "struct kfd_process has no member pasid".to_string()));
+            } else {
+                offsets.set(f.id, 8, 4);
+            }
+        }
+        let facts = HostProbeFacts {
+            kprobes: Ok(()),
+            kallsyms: Default::default(),
+            offsets,
+            missing,
+            kfd_ioctl_in_vmlinux: false,
+        };
+        let c = btf_offsets_check(&facts);
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        let n = FIELDS.len();
+        assert!(
+            c.finding.starts_with(&format!(
+                "{}/{n} fields resolved (every field a probe needs)",
+                n - 1
+            )),
+            "{c:?}"
+        );
+        assert!(c.finding.contains("kfd_process.pasid"), "{c:?}");
+    }
+
+    #[test]
+    fn doctor_ebpf_programs_verdicts() {
+        let pc = |name: &str, r: Result<&str, &str>| ProgramCheck {
+            program: name.into(),
+            result: r.map(str::to_string).map_err(str::to_string),
+        };
+        let all_ok = Ok(vec![
+            pc(
+                "fe_kfd_ioctl",
+                Ok("verified against compat_ptr_ioctl (same prototype as kfd_ioctl)"),
+            ),
+            pc("kfd_ioctl_enter", Ok("")),
+            pc("kp_unmap", Ok("")),
+        ]);
+        let c = ebpf_programs_check(&all_ok, Some("none"));
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(
+            c.finding.starts_with("3 programs pass the verifier"),
+            "{c:?}"
+        );
+        assert!(
+            c.finding.contains("compat_ptr_ioctl (same prototype"),
+            "{c:?}"
+        );
+
+        let refused = Ok(vec![
+            pc(
+                "fe_kfd_ioctl",
+                Err("Operation not permitted (os error 1): "),
+            ),
+            pc("kfd_ioctl_enter", Ok("")),
+        ]);
+        let c = ebpf_programs_check(&refused, Some("integrity"));
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.finding.starts_with("1/2 programs pass"), "{c:?}");
+        assert!(c.finding.contains("lockdown (integrity)") && c.finding.contains("fe_kfd_ioctl"));
+        assert!(c.fix.unwrap().contains("without lockdown"));
+
+        let log = "Permission denied (os error 13): 0: (bf) r6 = r1\n1: (85) call 113\n\
+                   2: (b7) r0 = 0\n3: (95) exit\nR1 invalid mem access 'scalar'\n\
+                   processed 4 insns (limit 1000000)\n";
+        let rejected = Ok(vec![
+            pc("kp_unmap", Err(log)),
+            pc("kfd_ioctl_enter", Ok("")),
+        ]);
+        let c = ebpf_programs_check(&rejected, None);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(
+            c.finding
+                .contains("the verifier rejected kp_unmap: Permission denied"),
+            "{c:?}"
+        );
+        assert!(c.finding.contains("R1 invalid mem access"), "{c:?}");
+        assert!(
+            !c.finding.contains("(b7) r0 = 0"),
+            "only the head and tail: {c:?}"
+        );
+
+        let no_btf = Ok(vec![pc(
+            "fe_kfd_ioctl",
+            Err("no vmlinux BTF: fentry programs cannot load"),
+        )]);
+        assert_eq!(ebpf_programs_check(&no_btf, None).verdict, Verdict::Warn);
+        let c = ebpf_programs_check(&Err(anyhow::anyhow!("EPERM")), None);
+        assert_eq!(c.verdict, Verdict::Fail);
+
+        assert_eq!(
+            lockdown_mode("none [integrity] confidentiality\n"),
+            Some("integrity")
+        );
+        assert_eq!(
+            lockdown_mode("[none] integrity confidentiality"),
+            Some("none")
+        );
+        assert_eq!(lockdown_mode(""), None);
+    }
+
+    #[test]
+    fn doctor_pc_sampling_is_informational() {
+        let c = pc_sampling_check(&Ok((1, 18)));
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(c.finding.starts_with("KFD 1.18: "), "{c:?}");
+        assert!(c.finding.contains("cannot be determined"), "{c:?}");
+        assert!(c.finding.contains("nr 0x85"), "{c:?}");
+        let c = pc_sampling_check(&Err(io::Error::from(io::ErrorKind::NotFound)));
+        assert_eq!(c.verdict, Verdict::Ok);
+        assert!(
+            c.finding
+                .starts_with("cannot be determined: no KFD version"),
+            "{c:?}"
         );
     }
 
@@ -1426,6 +1953,15 @@ mod tests {
         assert!(text.contains("fail  c"), "{text}");
         assert!(text.contains("fix: do y"), "{text}");
         assert!(text.ends_with("1 ok, 1 warn, 1 fail\n"), "{text}");
+        // A long name overflows its column instead of widening every line.
+        let mut long = cs.clone();
+        long.push(Check::ok("probe:a_very_long_function/another_one", "x"));
+        let text = to_text(&long);
+        assert!(text.contains("ok    a     fine\n"), "{text}");
+        assert!(
+            text.contains("ok    probe:a_very_long_function/another_one x\n"),
+            "{text}"
+        );
         let v: serde_json::Value = serde_json::from_str(&to_json(&cs).unwrap()).unwrap();
         assert_eq!(v["fail"], 1);
         assert_eq!(v["checks"][1]["verdict"], "warn");

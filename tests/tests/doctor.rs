@@ -1,11 +1,13 @@
-//! `doctor --json` as root: on this host (no amdgpu, no kprobes) it must exit 1 and say exactly
-//! what is and is not here; inside `sim` the emulated KFD must pass its device, version, topology
-//! and debugfs checks.
+//! `doctor --json` as root: on this host (no amdgpu, no kprobes, vmlinux BTF, the uprobe PMU,
+//! lockdown=integrity) it must exit 1 and say exactly what is and is not here; inside `sim` the
+//! emulated KFD must pass its device, version, topology and debugfs checks, and the kernel-facing
+//! lines must say what they say on the host.
 
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
+use gpreempt_common::kprobe::{FIELDS, PROBES};
 use serde_json::Value;
 use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
 
@@ -49,6 +51,68 @@ fn verdict<'a>(checks: &'a HashMap<String, Value>, name: &str) -> &'a str {
         .unwrap()
 }
 
+fn finding<'a>(checks: &'a HashMap<String, Value>, name: &str) -> &'a str {
+    checks[name]["finding"].as_str().unwrap()
+}
+
+/// The active kernel lockdown mode (`None`: securityfs not mounted here).
+fn lockdown() -> Option<String> {
+    let t = std::fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    t.split_whitespace()
+        .find_map(|w| Some(w.strip_prefix('[')?.strip_suffix(']')?.to_string()))
+}
+
+/// The kernel-facing lines, the same on this host and inside sim (the emulator adds no kernel
+/// functions): no kprobe PMU, vmlinux BTF but no amdgpu BTF, the uprobe PMU, and the verifier.
+fn assert_kernel_lines(c: &HashMap<String, Value>) {
+    assert_eq!(verdict(c, "btf"), "ok");
+    assert_eq!(verdict(c, "btf-amdgpu"), "warn");
+    assert_eq!(verdict(c, "kprobes"), "warn", "this kernel has no kprobes");
+    // One line per kernel-internal probe; none fails (the ioctl tracepoints are the floor).
+    for p in PROBES.iter() {
+        let name = format!("probe:{}", p.functions.join("/"));
+        assert_eq!(verdict(c, &name), "warn", "{}", c[&name]);
+        assert!(finding(c, &name).contains("no kprobe PMU"), "{}", c[&name]);
+        assert!(
+            c[&name]["fix"]
+                .as_str()
+                .unwrap()
+                .contains("CONFIG_KPROBES=y"),
+            "{}",
+            c[&name]
+        );
+    }
+    // vmlinux resolves task_struct.tgid and file.private_data; the amdkfd structs need amdgpu's BTF.
+    assert_eq!(verdict(c, "btf-offsets"), "warn");
+    let f = finding(c, "btf-offsets");
+    assert!(
+        f.starts_with(&format!("2/{} fields resolved; ", FIELDS.len())),
+        "{f}"
+    );
+    assert!(f.contains("/sys/kernel/btf/amdgpu missing"), "{f}");
+    assert_eq!(
+        verdict(c, "launch-uprobes"),
+        "ok",
+        "{}",
+        c["launch-uprobes"]
+    );
+    // Every program loads; under lockdown the kernel refuses the fentry before the verifier runs.
+    let f = finding(c, "ebpf-programs");
+    assert!(!f.contains("the verifier rejected"), "{f}");
+    match lockdown().as_deref() {
+        Some("none") => assert_eq!(verdict(c, "ebpf-programs"), "ok", "{f}"),
+        Some(mode) => {
+            assert_eq!(verdict(c, "ebpf-programs"), "warn", "{f}");
+            assert!(
+                f.contains(&format!("kernel lockdown ({mode})")) && f.ends_with(": fe_kfd_ioctl"),
+                "{f}"
+            );
+        }
+        None => assert_ne!(verdict(c, "ebpf-programs"), "fail", "{f}"),
+    }
+    assert!(f.contains("programs pass the verifier"), "{f}");
+}
+
 #[test]
 fn doctor_on_this_host_without_amdgpu() {
     require_root();
@@ -67,12 +131,20 @@ fn doctor_on_this_host_without_amdgpu() {
     );
     let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     let c = checks(&doc);
-    assert_eq!(verdict(&c, "privileges"), "ok");
-    assert_eq!(verdict(&c, "bpf"), "ok");
-    assert_eq!(verdict(&c, "btf"), "ok");
-    assert_eq!(verdict(&c, "kprobes"), "warn", "this kernel has no kprobes");
-    assert_eq!(verdict(&c, "tracefs"), "ok");
-    assert_eq!(verdict(&c, "kfd"), "fail");
+    for (name, want) in [
+        ("privileges", "ok"),
+        ("bpf", "ok"),
+        ("tracefs", "ok"),
+        ("debugfs", "warn"), // no amdgpu: no /sys/kernel/debug/kfd, mounted or not
+        ("kfd", "fail"),
+        ("pc-sampling", "ok"),
+        ("amdgpu", "warn"),
+        ("ptrace_scope", "ok"),
+        ("controller", "ok"),
+    ] {
+        assert_eq!(verdict(&c, name), want, "{name}: {}", c[name]);
+    }
+    assert_kernel_lines(&c);
     assert!(
         c["kfd"]["finding"]
             .as_str()
@@ -81,17 +153,14 @@ fn doctor_on_this_host_without_amdgpu() {
         "{}",
         c["kfd"]
     );
-    assert_eq!(verdict(&c, "amdgpu"), "warn");
-    // Every other line is still printed.
-    for name in [
-        "btf-amdgpu",
-        "debugfs",
-        "ptrace_scope",
-        "traced",
-        "controller",
-    ] {
-        verdict(&c, name);
-    }
+    assert!(
+        finding(&c, "pc-sampling").starts_with("cannot be determined: no KFD version"),
+        "{}",
+        c["pc-sampling"]
+    );
+    // Every line is printed (traced depends on what else runs here).
+    verdict(&c, "traced");
+    assert_eq!(c.len(), 16 + PROBES.len(), "{:?}", c.keys());
     assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
 
     // The text form: same exit code, a summary line.
@@ -131,13 +200,24 @@ fn doctor_inside_sim_sees_the_emulated_kfd() {
     assert!(kfd.contains("KFD 1.18"), "{kfd}");
     assert!(kfd.contains("1 GPU: gfx90a"), "{kfd}");
     assert_eq!(verdict(&c, "gpu:1"), "ok", "{}", c["gpu:1"]);
-    assert!(c["gpu:1"]["finding"]
-        .as_str()
-        .unwrap()
-        .starts_with("gfx90a"));
+    let gpu = finding(&c, "gpu:1");
+    assert!(gpu.starts_with("gfx90a"), "{gpu}");
+    // The emulator advertises the trap-debug bits upstream sets on gfx90a.
+    assert!(
+        gpu.contains("capability 0x283f8280: trap debug yes, debug firmware yes"),
+        "{gpu}"
+    );
     assert_eq!(verdict(&c, "debugfs"), "ok", "{}", c["debugfs"]);
     assert_eq!(verdict(&c, "privileges"), "ok");
     assert_eq!(verdict(&c, "tracefs"), "ok");
+    assert_eq!(verdict(&c, "pc-sampling"), "ok");
+    assert!(
+        finding(&c, "pc-sampling")
+            .starts_with("KFD 1.18: whether this driver has PC sampling cannot be determined"),
+        "{}",
+        c["pc-sampling"]
+    );
+    assert_kernel_lines(&c);
     // Doctor itself opened /dev/kfd and is not counted as a KFD process of the host.
     assert!(
         c["traced"]["finding"]
