@@ -1293,6 +1293,8 @@ impl Kfd {
                     array_count: sp.array_count,
                     simd_arrays_per_engine: sp.simd_arrays_per_engine,
                     num_xcc: sp.num_xcc,
+                    // kfd_dbg_trap_device_snapshot copies the topology node's capability.
+                    capability: crate::views::CAPABILITY,
                     ..Default::default()
                 }
             })

@@ -34,7 +34,7 @@ pub fn node_name(kfd: &Kfd, node: u32) -> Option<String> {
 /// A GPU node's `capability`: 4 watch points, RAS (EDC, event notify), SVM, debugger-capable
 /// firmware, and the trap-debug bits `kfd_topology_set_capabilities` (Linux 6.4+) sets on the
 /// emulated GPUs (GC 9.4.2 and 9.4.3: precise memory operations too).
-const CAPABILITY: u32 = 0x2838_0280 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
+pub(crate) const CAPABILITY: u32 = 0x2838_0280 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
 
 /// `nodes/<n>/properties`, in `node_show`'s order.
 pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {

@@ -866,6 +866,11 @@ done; done
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect())
     };
+    let report = |name: &str| -> Result<serde_json::Value> {
+        let p = dir.join(name);
+        let t = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&t).with_context(|| format!("parsing {}", p.display()))
+    };
     println!("\nlaunch hints vs the sampling trigger (EMULATED GPU: gpreempt-sim MI210, seed 3; {seconds} s per row)");
     println!("{}", machine());
     println!(
@@ -874,9 +879,8 @@ done; done
     );
     for s in [1, 10] {
         for mode in ["off", "on"] {
-            let on = read(&format!("on-{s}-{mode}.json"))?;
-            let on = on.first().context("online report")?;
-            let off = read(&format!("off-{s}-{mode}.json"))?;
+            let on = report(&format!("on-{s}-{mode}.json"))?;
+            let off = report(&format!("off-{s}-{mode}.json"))?;
             let pid = on["pid"].as_u64().unwrap_or(0);
             let hints: Vec<u64> = read(&format!("hints-{s}-{mode}.json"))?
                 .iter()
@@ -916,9 +920,7 @@ done; done
                 "{label:<28} {:>9.2} {:>9.2} {:>9.0} {:>12.0} / {:>7.0} {:>6}/{}",
                 on["latency"]["mean_ms"].as_f64().unwrap_or(f64::NAN),
                 on["latency"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
-                off.first()
-                    .and_then(|o| o["items_per_s"].as_f64())
-                    .unwrap_or(f64::NAN),
+                off["items_per_s"].as_f64().unwrap_or(f64::NAN),
                 pct(&lead, 0.5),
                 pct(&lead, 0.9),
                 by_hint,
