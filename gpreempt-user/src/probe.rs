@@ -419,13 +419,23 @@ fn verifier_text(e: &aya::programs::ProgramError) -> String {
 /// Loads and attaches the kernel-internal probes the facts allow; one status per probe.
 fn attach_kernel_probes(ebpf: &mut Ebpf, facts: &HostProbeFacts) -> Vec<SourceStatus> {
     let mut out = Vec::new();
-    match Array::<_, KernelOffsets>::try_from(ebpf.map_mut("OFFSETS").expect("OFFSETS")) {
-        Ok(mut m) => {
-            if let Err(e) = m.set(0, facts.offsets, 0) {
-                log::warn!("writing kernel struct offsets: {e}");
-            }
-        }
-        Err(e) => log::warn!("map OFFSETS: {e}"),
+    let written = ebpf
+        .map_mut("OFFSETS")
+        .context("map OFFSETS missing from the eBPF object")
+        .and_then(|m| Ok(Array::<_, KernelOffsets>::try_from(m)?))
+        .and_then(|mut m| Ok(m.set(0, facts.offsets, 0)?));
+    if let Err(e) = written {
+        // Without offsets the programs read nothing: no kernel probe is attached.
+        let detail = format!("writing kernel struct offsets: {e:#}");
+        return PROBES
+            .iter()
+            .map(|spec| SourceStatus {
+                name: spec.functions.join(" / "),
+                kind: SourceKind::Kprobe,
+                live: false,
+                detail: detail.clone(),
+            })
+            .collect();
     }
     for planned in facts.plan() {
         let spec = planned.spec;
