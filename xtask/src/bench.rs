@@ -609,11 +609,7 @@ kill -INT $R; wait $R
         policy = policy.display()
     );
     eprintln!("bench: controller, {seconds} s without then {seconds} s with (emulated GPU)");
-    let status = Command::new(&gp)
-        .args(["sim", "--seed", "3", "--", "sh", "-c", &script])
-        .env("GP", &gp)
-        .status()
-        .context("running the emulator")?;
+    let status = in_sim(&gp, &script)?;
     if !status.success() {
         bail!(
             "the controller scenario failed ({status}); see {}",
@@ -818,6 +814,15 @@ fn launch(repeat: usize) -> Result<()> {
     Ok(())
 }
 
+/// Runs a shell script inside the emulator (seed 3), with `$GP` naming the binary.
+fn in_sim(gp: &Path, script: &str) -> Result<std::process::ExitStatus> {
+    Command::new(gp)
+        .args(["sim", "--seed", "3", "--", "sh", "-c", script])
+        .env("GP", gp)
+        .status()
+        .context("running the emulator")
+}
+
 /// Launch hints against the sampling trigger (emulated GPU): the controller with hints off and
 /// on, sampling every 1 ms and every 10 ms. An observer (`trace --launches`, in every scenario)
 /// marks when each online request began, so "first launch -> offline queue off the GPU" is
@@ -851,11 +856,7 @@ done; done
 "#
     );
     eprintln!("bench: launch hints vs sampling, 4 x {seconds} s (emulated GPU)");
-    let status = Command::new(&gp)
-        .args(["sim", "--seed", "3", "--", "sh", "-c", &script])
-        .env("GP", &gp)
-        .status()
-        .context("running the emulator")?;
+    let status = in_sim(&gp, &script)?;
     if !status.success() {
         bail!("the launch-hint scenario failed ({status}); see {d}/run.err");
     }
