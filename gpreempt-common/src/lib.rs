@@ -8,4 +8,5 @@ extern crate std;
 pub mod aql;
 pub mod kfd;
 pub mod kprobe;
+pub mod nv;
 pub mod record;
