@@ -203,8 +203,14 @@ mod tests {
 
     #[test]
     fn layouts_are_consistent() {
-        assert_eq!(disable_channels::H_CHANNEL_LIST, disable_channels::H_CLIENT_LIST + 4 * 64);
-        assert_eq!(disable_channels::SIZE, disable_channels::H_CHANNEL_LIST + 4 * 64);
+        assert_eq!(
+            disable_channels::H_CHANNEL_LIST,
+            disable_channels::H_CLIENT_LIST + 4 * 64
+        );
+        assert_eq!(
+            disable_channels::SIZE,
+            disable_channels::H_CHANNEL_LIST + 4 * 64
+        );
         assert!(ALLOC_PARAMS_AT + ALLOC_PARAMS_LEN <= crate::record::ARGS_MAX);
         assert_eq!(ALLOC_PARAMS_AT as u32, alloc::NVOS64_SIZE);
         assert!(class::is_channel(class::HOPPER_CHANNEL_GPFIFO_A));

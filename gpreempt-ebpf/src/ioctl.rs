@@ -1,4 +1,5 @@
-//! KFD ioctls through the syscall tracepoints (present on every kernel; the floor of observation).
+//! KFD ioctls (and NVIDIA RM escapes) through the syscall tracepoints (present on every kernel; the
+//! floor of observation).
 //!
 //! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone (reference/kfd.md §1.1), so the
 //! filter is the type byte 'K' plus the KFD nr ranges; user space then confirms the fd is /dev/kfd.
@@ -11,7 +12,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use gpreempt_common::{
-    kfd,
+    kfd, nv,
     record::{config_flag, kind, stat, IoctlRecord, ARGS_MAX},
 };
 
@@ -60,9 +61,15 @@ pub fn kfd_ioctl_enter(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn enter(ctx: &TracePointContext) {
     let cmd = field::<u64>(ctx, ENTER_CMD) as u32;
-    if kfd::ioc_type(cmd) != kfd::AMDKFD_IOCTL_BASE || !kfd::is_kfd_nr(kfd::ioc_nr(cmd)) {
+    let (ty, nr) = (kfd::ioc_type(cmd), kfd::ioc_nr(cmd));
+    // The kernel's copy size of each struct: KFD by its table; NVIDIA RM escapes by theirs.
+    let ksize = if ty == kfd::AMDKFD_IOCTL_BASE && kfd::is_kfd_nr(nr) {
+        kfd::arg_size(nr)
+    } else if ty == nv::NV_IOCTL_MAGIC && nv::is_rm_nr(nr) {
+        nv::arg_size(nr)
+    } else {
         return;
-    }
+    };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -73,11 +80,9 @@ fn enter(ctx: &TracePointContext) {
     count(stat::SEEN);
 
     // Copy what the kernel will read: the caller's size, capped by the kernel struct's.
-    let nr = kfd::ioc_nr(cmd);
     let mut len = kfd::ioc_size(cmd) as u64;
-    let ksize = kfd::arg_size(nr) as u64;
-    if ksize < len {
-        len = ksize;
+    if (ksize as u64) < len {
+        len = ksize as u64;
     }
     // Built in a per-CPU scratch slot: the entry is too big to zero on the stack per event.
     let Some(inflight) = SCRATCH.get_ptr_mut(0) else {
@@ -159,6 +164,23 @@ fn exit(ctx: &TracePointContext) {
         (*rec).out_len = 0;
         if kfd::ioc_dir(inf.cmd) & kfd::IOC_READ != 0 {
             (*rec).out_len = read_user((*rec).out.as_mut_ptr(), inf.arg, inf.args_len as u64);
+        }
+        // RM_ALLOC: the class-specific parameters live behind pAllocParms (often on the caller's
+        // stack, gone by the time user space could look): their head goes after the struct.
+        if kfd::ioc_type(inf.cmd) == nv::NV_IOCTL_MAGIC
+            && kfd::ioc_nr(inf.cmd) == nv::nr::RM_ALLOC
+            && inf.args_len >= 24
+        {
+            let a = &inf.args;
+            let p = u64::from_le_bytes([a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]]);
+            let got = read_user(
+                (*rec).out.as_mut_ptr().add(nv::ALLOC_PARAMS_AT),
+                p,
+                nv::ALLOC_PARAMS_LEN as u64,
+            );
+            if got > 0 {
+                (*rec).out_len = (nv::ALLOC_PARAMS_AT + nv::ALLOC_PARAMS_LEN) as u32;
+            }
         }
     }
     entry.submit(0);

@@ -6,7 +6,7 @@ use std::{
 };
 
 use gpreempt_common::{
-    kfd, kprobe,
+    kfd, kprobe, nv,
     record::{
         kind, IoctlRecord, KernelRecord, LaunchRecord, ProcessExitRecord, RecordHeader, ARGS_MAX,
     },
@@ -21,6 +21,8 @@ pub enum Event {
     Kernel(KernelEvent),
     /// A watched process entered a launch entry point (uprobe).
     Launch(LaunchEvent),
+    /// An NVIDIA resource-manager escape (RM_ALLOC / RM_FREE / RM_CONTROL) on an NVIDIA device.
+    Nv(NvEvent),
 }
 
 impl Event {
@@ -30,7 +32,157 @@ impl Event {
             Event::ProcessExit(p) => &p.origin,
             Event::Kernel(k) => &k.origin,
             Event::Launch(l) => &l.origin,
+            Event::Nv(n) => &n.origin,
         }
+    }
+}
+
+/// An NVIDIA RM escape, with the struct as the driver left it (status filled) when the ioctl
+/// returned 0. The RM's own result is `status` (NV_STATUS), not the ioctl's return value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvEvent {
+    pub origin: Origin,
+    pub fd: i32,
+    pub cmd: u32,
+    pub ret: i64,
+    pub duration_ns: u64,
+    pub call: NvCall,
+    /// Whether the fd was confirmed to be an NVIDIA device (/dev/nvidiactl, /dev/nvidiaN).
+    pub verified: bool,
+}
+
+/// The decoded RM escape, named as in the driver's nvos.h.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NvCall {
+    /// NVOS21 (32 bytes) or NVOS64 (48 bytes, `nvos64`). `alloc_params`: the head of
+    /// `*pAllocParms`, read at exit (None if unreadable).
+    Alloc {
+        h_root: u32,
+        h_object_parent: u32,
+        h_object_new: u32,
+        h_class: u32,
+        params_size: u32,
+        status: u32,
+        nvos64: bool,
+        alloc_params: Option<[u8; nv::ALLOC_PARAMS_LEN]>,
+    },
+    Free {
+        h_root: u32,
+        h_object_parent: u32,
+        h_object_old: u32,
+        status: u32,
+    },
+    Control {
+        h_client: u32,
+        h_object: u32,
+        cmd: u32,
+        flags: u32,
+        params_size: u32,
+        status: u32,
+    },
+    /// A struct too short to decode.
+    Short,
+}
+
+impl NvEvent {
+    pub fn name(&self) -> &'static str {
+        match kfd::ioc_nr(self.cmd) {
+            nv::nr::RM_ALLOC => "rm_alloc",
+            nv::nr::RM_FREE => "rm_free",
+            nv::nr::RM_CONTROL => "rm_control",
+            _ => "rm_unknown",
+        }
+    }
+
+    /// The RM's status, when the ioctl itself succeeded.
+    pub fn status(&self) -> Option<u32> {
+        match self.call {
+            NvCall::Alloc { status, .. }
+            | NvCall::Free { status, .. }
+            | NvCall::Control { status, .. } => (self.ret == 0).then_some(status),
+            NvCall::Short => None,
+        }
+    }
+
+    /// Succeeded in the RM too.
+    pub fn ok(&self) -> bool {
+        self.status() == Some(nv::status::OK)
+    }
+
+    /// A TSG allocation's engine type (`engineType` of its alloc params).
+    pub fn engine_type(&self) -> Option<u32> {
+        match &self.call {
+            NvCall::Alloc {
+                h_class: nv::class::KEPLER_CHANNEL_GROUP_A,
+                alloc_params: Some(p),
+                ..
+            } => Some(nv::u32_at(p, nv::TSG_ENGINE_TYPE_AT)),
+            _ => None,
+        }
+    }
+}
+
+/// Decodes an RM escape record.
+pub fn decode_nv(r: &IoctlRecord) -> NvEvent {
+    let args_len = (r.args_len as usize).min(ARGS_MAX);
+    let out_len = (r.out_len as usize).min(ARGS_MAX);
+    let succeeded = r.ret == 0 && out_len >= args_len && args_len > 0;
+    let view: &[u8] = if succeeded {
+        &r.out[..args_len]
+    } else {
+        &r.args[..args_len]
+    };
+    let u = |at| nv::u32_at(view, at);
+    let call = match (kfd::ioc_nr(r.cmd), args_len as u32) {
+        (nv::nr::RM_ALLOC, n) if n >= nv::alloc::NVOS21_SIZE => {
+            let nvos64 = n >= nv::alloc::NVOS64_SIZE;
+            let (size_at, status_at) = if nvos64 {
+                (nv::alloc::NVOS64_PARAMS_SIZE, nv::alloc::NVOS64_STATUS)
+            } else {
+                (nv::alloc::NVOS21_PARAMS_SIZE, nv::alloc::NVOS21_STATUS)
+            };
+            let end = nv::ALLOC_PARAMS_AT + nv::ALLOC_PARAMS_LEN;
+            // Inputs: read at exit whatever the outcome.
+            let alloc_params = (out_len >= end).then(|| {
+                let mut p = [0u8; nv::ALLOC_PARAMS_LEN];
+                p.copy_from_slice(&r.out[nv::ALLOC_PARAMS_AT..end]);
+                p
+            });
+            NvCall::Alloc {
+                h_root: u(nv::alloc::H_ROOT),
+                h_object_parent: u(nv::alloc::H_OBJECT_PARENT),
+                h_object_new: u(nv::alloc::H_OBJECT_NEW),
+                h_class: u(nv::alloc::H_CLASS),
+                params_size: u(size_at),
+                status: u(status_at),
+                nvos64,
+                alloc_params,
+            }
+        }
+        (nv::nr::RM_FREE, n) if n >= nv::free::SIZE => NvCall::Free {
+            h_root: u(nv::free::H_ROOT),
+            h_object_parent: u(nv::free::H_OBJECT_PARENT),
+            h_object_old: u(nv::free::H_OBJECT_OLD),
+            status: u(nv::free::STATUS),
+        },
+        (nv::nr::RM_CONTROL, n) if n >= nv::control::SIZE => NvCall::Control {
+            h_client: u(nv::control::H_CLIENT),
+            h_object: u(nv::control::H_OBJECT),
+            cmd: u(nv::control::CMD),
+            flags: u(nv::control::FLAGS),
+            params_size: u(nv::control::PARAMS_SIZE),
+            status: u(nv::control::STATUS),
+        },
+        _ => NvCall::Short,
+    };
+    NvEvent {
+        origin: origin(&r.hdr),
+        fd: r.fd,
+        cmd: r.cmd,
+        ret: r.ret,
+        duration_ns: r.duration_ns,
+        call,
+        verified: false,
     }
 }
 
@@ -262,7 +414,14 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         });
     }
     Ok(match hdr.kind {
-        kind::IOCTL => Event::Ioctl(decode_ioctl(&read_plain::<IoctlRecord>(bytes))),
+        kind::IOCTL => {
+            let r = read_plain::<IoctlRecord>(bytes);
+            if kfd::ioc_type(r.cmd) == nv::NV_IOCTL_MAGIC {
+                Event::Nv(decode_nv(&r))
+            } else {
+                Event::Ioctl(decode_ioctl(&r))
+            }
+        }
         kind::KERNEL => {
             let r: KernelRecord = read_plain(bytes);
             Event::Kernel(KernelEvent {
@@ -343,9 +502,18 @@ fn decode_call(nr: u32, size: u32, b: &[u8]) -> KfdCall {
 
 /// Whether (pid, fd) is the KFD device, by `readlink /proc/PID/fd/N`, cached per (pid, fd).
 pub struct FdCheck {
+    /// The KFD device node; NVIDIA nodes are recognised by name (/dev/nvidiactl, /dev/nvidiaN).
     device: PathBuf,
     proc_root: PathBuf,
     cache: HashMap<(u32, i32), bool>,
+}
+
+/// `/dev/nvidiactl` or `/dev/nvidia<digits>` (not nvidia-uvm, nvidia-modeset: other ABIs).
+pub fn is_nvidia_node(p: &Path) -> bool {
+    let Some(name) = p.to_str().and_then(|s| s.strip_prefix("/dev/nvidia")) else {
+        return false;
+    };
+    name == "ctl" || (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The verdict on one (pid, fd).
@@ -376,7 +544,17 @@ impl FdCheck {
         &self.device
     }
 
+    /// Whether `pid`'s `fd` is an NVIDIA device node (RM escapes go to nvidiactl and nvidiaN).
+    pub fn check_nv(&mut self, pid: u32, fd: i32) -> FdVerdict {
+        self.check_with(pid, fd, is_nvidia_node)
+    }
+
     pub fn check(&mut self, pid: u32, fd: i32) -> FdVerdict {
+        let device = self.device.clone();
+        self.check_with(pid, fd, |p| p == device)
+    }
+
+    fn check_with(&mut self, pid: u32, fd: i32, want: impl Fn(&Path) -> bool) -> FdVerdict {
         if let Some(&is_kfd) = self.cache.get(&(pid, fd)) {
             return if is_kfd {
                 FdVerdict::Kfd
@@ -391,7 +569,7 @@ impl FdCheck {
             .join(fd.to_string());
         match std::fs::read_link(&link) {
             Ok(target) => {
-                let is_kfd = target == self.device;
+                let is_kfd = want(&target);
                 self.cache.insert((pid, fd), is_kfd);
                 if is_kfd {
                     FdVerdict::Kfd
@@ -489,6 +667,20 @@ impl EventSource {
                 self.fds.forget(p.origin.pid);
                 true
             }
+            Event::Nv(n) => match self.fds.check_nv(n.origin.pid, n.fd) {
+                FdVerdict::Kfd => {
+                    n.verified = true;
+                    true
+                }
+                FdVerdict::Unknown => {
+                    self.stats.unverified += 1;
+                    true
+                }
+                FdVerdict::Other => {
+                    self.stats.not_kfd += 1;
+                    false
+                }
+            },
             Event::Kernel(_) | Event::Launch(_) => true,
         });
     }

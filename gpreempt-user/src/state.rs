@@ -509,6 +509,8 @@ impl State {
         match u {
             Update::Event(Event::Ioctl(ev)) => self.ioctl(&ev),
             Update::Event(Event::Kernel(k)) => self.kernel(&k),
+            // NVIDIA objects are modelled by the NVIDIA backend, not the KFD host model.
+            Update::Event(Event::Nv(n)) => self.touch(n.origin.ts_ns),
             Update::Event(Event::Launch(l)) => {
                 self.touch(l.origin.ts_ns);
                 if let Some(p) = self.procs.get_mut(&l.origin.pid) {

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use gpreempt_common::kfd;
 
-use crate::events::{Event, IoctlEvent, KernelEvent, KfdCall};
+use crate::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent};
 
 /// A field value: numbers are plain JSON numbers; `Hex` only changes the readable rendering.
 #[derive(Clone, Debug, PartialEq)]
@@ -238,7 +238,68 @@ pub fn event_name(ev: &Event) -> String {
         Event::ProcessExit(_) => "process_exit".into(),
         Event::Kernel(k) => k.name().into(),
         Event::Launch(l) => l.name().into(),
+        Event::Nv(n) => n.name().into(),
     }
+}
+
+/// An RM escape's fields under the driver's own names (nvos.h).
+pub fn nv_fields(n: &NvEvent) -> Vec<(&'static str, Val)> {
+    use gpreempt_common::nv;
+    let mut f = Vec::with_capacity(10);
+    match &n.call {
+        NvCall::Alloc {
+            h_root,
+            h_object_parent,
+            h_object_new,
+            h_class,
+            params_size,
+            status,
+            nvos64,
+            ..
+        } => {
+            f.push(("hRoot", Val::Hex((*h_root).into())));
+            f.push(("hObjectParent", Val::Hex((*h_object_parent).into())));
+            f.push(("hObjectNew", Val::Hex((*h_object_new).into())));
+            f.push(("hClass", Val::Hex((*h_class).into())));
+            if let Some(name) = nv::class::name(*h_class) {
+                f.push(("class", Val::S(name.into())));
+            }
+            f.push(("paramsSize", Val::U((*params_size).into())));
+            f.push(("nvos", Val::U(if *nvos64 { 64 } else { 21 })));
+            if let Some(e) = n.engine_type() {
+                f.push(("engineType", Val::Hex(e.into())));
+            }
+            f.push(("status", Val::Hex((*status).into())));
+        }
+        NvCall::Free {
+            h_root,
+            h_object_parent,
+            h_object_old,
+            status,
+        } => {
+            f.push(("hRoot", Val::Hex((*h_root).into())));
+            f.push(("hObjectParent", Val::Hex((*h_object_parent).into())));
+            f.push(("hObjectOld", Val::Hex((*h_object_old).into())));
+            f.push(("status", Val::Hex((*status).into())));
+        }
+        NvCall::Control {
+            h_client,
+            h_object,
+            cmd,
+            flags,
+            params_size,
+            status,
+        } => {
+            f.push(("hClient", Val::Hex((*h_client).into())));
+            f.push(("hObject", Val::Hex((*h_object).into())));
+            f.push(("cmd", Val::Hex((*cmd).into())));
+            f.push(("flags", Val::Hex((*flags).into())));
+            f.push(("paramsSize", Val::U((*params_size).into())));
+            f.push(("status", Val::Hex((*status).into())));
+        }
+        NvCall::Short => {}
+    }
+    f
 }
 
 /// `target_pid`, `gpu_id`, `queue_id` and the probe's named values of a kernel event.
@@ -283,6 +344,27 @@ pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
                 l.suppressed,
                 l.arg0
             )?;
+        }
+        Event::Nv(n) => {
+            write!(
+                w,
+                ",\"event\":\"{}\",\"vendor\":\"nvidia\",\"ret\":{},\"duration_ns\":{},\"fd\":{}",
+                n.name(),
+                n.ret,
+                n.duration_ns,
+                n.fd
+            )?;
+            if !n.verified {
+                w.write_all(b",\"verified\":false")?;
+            }
+            for (k, v) in nv_fields(n) {
+                write!(w, ",\"{k}\":")?;
+                match v {
+                    Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
+                    Val::I(n) => write!(w, "{n}")?,
+                    Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
+                }
+            }
         }
         Event::Ioctl(i) => {
             write!(w, ",\"event\":\"{}\"", i.name())?;
@@ -331,6 +413,15 @@ pub fn to_line(ev: &Event, t0_ns: u64) -> String {
             } else {
                 let _ = write!(s, " {name}={v}");
             }
+        }
+    }
+    if let Event::Nv(n) = ev {
+        for (k, v) in nv_fields(n) {
+            let _ = write!(s, " {k}={}", v.text());
+        }
+        let _ = write!(s, " = {} <{:.1}us>", n.ret, n.duration_ns as f64 / 1000.0);
+        if !n.verified {
+            s.push_str(" [fd unverified]");
         }
     }
     if let Event::Launch(l) = ev {

@@ -197,9 +197,24 @@ pub struct Poke {
 
 impl Poke {
     pub fn spawn(file: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(bin("kfd-poke"))
-            .arg(file)
-            .args(args)
+        let mut c = Command::new(bin("kfd-poke"));
+        c.arg(file).args(args);
+        Self::from_command(c)
+    }
+
+    /// `kfd-poke /dev/nvidiactl ARGS` in a private mount namespace where /dev is a tmpfs holding
+    /// a regular file named nvidiactl: ioctls fail (ENOTTY) but the fd reads as an NVIDIA node.
+    pub fn spawn_as_nvidiactl(args: &[&str]) -> Self {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs none /dev && : > /dev/nvidiactl && exec \"$0\" /dev/nvidiactl \"$@\"")
+            .arg(bin("kfd-poke"))
+            .args(args);
+        Self::from_command(c)
+    }
+
+    fn from_command(mut c: Command) -> Self {
+        let mut child = c
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -215,3 +215,54 @@ fn ebpf_log_shows_the_programs_diagnostics() {
     poke.finish();
     let (_, _) = tracer.stop();
 }
+
+#[test]
+fn trace_decodes_nvidia_rm_escapes_under_the_drivers_names() {
+    require_root();
+    let dir = TempDir::new("trace-nv");
+    // The KFD device is irrelevant here: NVIDIA nodes are recognised by their names.
+    let dev = dir.path("kfd");
+    std::fs::write(&dev, b"").unwrap();
+    let mut poke = Poke::spawn_as_nvidiactl(&["nv"]);
+    let pid = poke.pid();
+    let tracer = Tracer::start(&dir.path("out.jsonl"), &dev, &["--pid", &pid.to_string()]);
+    poke.go();
+    tracer.wait_for("4 RM escapes", |e| ioctls(e, pid).len() >= 4);
+    poke.finish();
+    let (events, _) = tracer.stop();
+    let io = ioctls(&events, pid);
+    let names: Vec<&str> = io.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    // NV_ESC_CARD_INFO ('F', 0xC8) is not an RM escape: not reported.
+    assert_eq!(names, ["rm_alloc", "rm_alloc", "rm_control", "rm_free"]);
+    for e in &io {
+        assert_eq!(e["vendor"], "nvidia");
+        assert_eq!(e["ret"], ENOTTY);
+        assert!(
+            e.get("verified").is_none(),
+            "/dev/nvidiactl not confirmed: {e}"
+        );
+    }
+    let (tsg, chan, ctl, free) = (io[0], io[1], io[2], io[3]);
+    assert_eq!(tsg["nvos"], 64);
+    assert_eq!(tsg["hRoot"], 0xc1d0_0001u32);
+    assert_eq!(tsg["hObjectParent"], 0x5c00_0002u32);
+    assert_eq!(tsg["hObjectNew"], 0x5c00_0010u32);
+    assert_eq!(tsg["hClass"], 0xA06C);
+    assert_eq!(tsg["class"], "KEPLER_CHANNEL_GROUP_A");
+    assert_eq!(tsg["paramsSize"], 32);
+    assert_eq!(
+        tsg["engineType"], 1,
+        "read from *pAllocParms at exit: {tsg}"
+    );
+    assert_eq!(chan["nvos"], 21);
+    assert_eq!(chan["hObjectParent"], 0x5c00_0010u32);
+    assert_eq!(chan["hObjectNew"], 0x5c00_0011u32);
+    assert_eq!(chan["class"], "HOPPER_CHANNEL_GPFIFO_A");
+    assert!(chan.get("engineType").is_none());
+    assert_eq!(ctl["hClient"], 0xc1d0_0001u32);
+    assert_eq!(ctl["hObject"], 0x5c00_0003u32);
+    assert_eq!(ctl["cmd"], 0x2080_110bu32);
+    assert_eq!(ctl["paramsSize"], 536);
+    assert_eq!(free["hObjectParent"], 0x5c00_0010u32);
+    assert_eq!(free["hObjectOld"], 0x5c00_0011u32);
+}

@@ -4,6 +4,7 @@
 //! them, which is all the tracer tests need.
 //!
 //! Usage: kfd-poke PATH script   issue the scripted sequence (see `script`), after a line on stdin
+//!        kfd-poke PATH nv       NVIDIA RM escapes (see `script_nv`), after a line on stdin
 //!        kfd-poke PATH flood N  issue N CREATE_QUEUE ioctls as fast as possible, after a line on stdin
 //!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
 //! Each mode prints "ready" when the file is open, waits for one line on stdin, runs, prints
@@ -75,6 +76,64 @@ pub fn script(fd: i32) {
     ioctl(fd, kfd::cmd::RUNTIME_ENABLE, &mut rt);
 }
 
+/// NVIDIA RM escapes with known handles; tests/tests/trace.rs asserts exactly these values.
+pub fn script_nv(fd: i32) {
+    use gpreempt_common::nv;
+    let put = |b: &mut [u8], at: usize, v: u32| b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 = |b: &mut [u8], at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    // A compute TSG (engineType 1), NVOS64 as libcuda 13 does.
+    let mut tsg = [0u8; 32];
+    put(&mut tsg, nv::TSG_ENGINE_TYPE_AT, nv::ENGINE_TYPE_GRAPHICS);
+    let mut a64 = [0u8; 48];
+    put(&mut a64, nv::alloc::H_ROOT, 0xc1d0_0001);
+    put(&mut a64, nv::alloc::H_OBJECT_PARENT, 0x5c00_0002);
+    put(&mut a64, nv::alloc::H_OBJECT_NEW, 0x5c00_0010);
+    put(
+        &mut a64,
+        nv::alloc::H_CLASS,
+        nv::class::KEPLER_CHANNEL_GROUP_A,
+    );
+    put64(&mut a64, nv::alloc::P_ALLOC_PARMS, tsg.as_ptr() as u64);
+    put(&mut a64, nv::alloc::NVOS64_PARAMS_SIZE, 32);
+    ioctl(fd, nv::iowr(nv::nr::RM_ALLOC, 48), &mut a64);
+    // A channel in it, NVOS21.
+    let chan = [0u8; 32];
+    let mut a21 = [0u8; 32];
+    put(&mut a21, nv::alloc::H_ROOT, 0xc1d0_0001);
+    put(&mut a21, nv::alloc::H_OBJECT_PARENT, 0x5c00_0010);
+    put(&mut a21, nv::alloc::H_OBJECT_NEW, 0x5c00_0011);
+    put(
+        &mut a21,
+        nv::alloc::H_CLASS,
+        nv::class::HOPPER_CHANNEL_GPFIFO_A,
+    );
+    put64(&mut a21, nv::alloc::P_ALLOC_PARMS, chan.as_ptr() as u64);
+    put(&mut a21, nv::alloc::NVOS21_PARAMS_SIZE, 32);
+    ioctl(fd, nv::iowr(nv::nr::RM_ALLOC, 32), &mut a21);
+    // A control on the subdevice.
+    let params = [0u8; nv::disable_channels::SIZE];
+    let mut c = [0u8; 32];
+    put(&mut c, nv::control::H_CLIENT, 0xc1d0_0001);
+    put(&mut c, nv::control::H_OBJECT, 0x5c00_0003);
+    put(&mut c, nv::control::CMD, nv::CTRL_FIFO_DISABLE_CHANNELS);
+    put64(&mut c, nv::control::PARAMS, params.as_ptr() as u64);
+    put(
+        &mut c,
+        nv::control::PARAMS_SIZE,
+        nv::disable_channels::SIZE as u32,
+    );
+    ioctl(fd, nv::iowr(nv::nr::RM_CONTROL, 32), &mut c);
+    // The channel freed.
+    let mut f = [0u8; 16];
+    put(&mut f, nv::free::H_ROOT, 0xc1d0_0001);
+    put(&mut f, nv::free::H_OBJECT_PARENT, 0x5c00_0010);
+    put(&mut f, nv::free::H_OBJECT_OLD, 0x5c00_0011);
+    ioctl(fd, nv::iowr(nv::nr::RM_FREE, 16), &mut f);
+    // An 'F' escape that is not RM alloc/free/control (NV_ESC_CARD_INFO 0xC8): not reported.
+    let mut junk = [0u8; 8];
+    ioctl(fd, nv::iowr(0xC8, 8), &mut junk);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
@@ -97,6 +156,7 @@ fn main() {
     let _ = stdin.lock().read_line(&mut line);
     match args[2].as_str() {
         "script" => script(fd),
+        "nv" => script_nv(fd),
         "flood" => {
             let mut cq = kfd::CreateQueueArgs::default();
             for i in 0..n {
