@@ -34,6 +34,7 @@ pub const fn arg_size(nr: u32) -> u32 {
 pub const ALLOC_PARAMS_AT: usize = 48;
 /// Bytes of `*pAllocParms` copied (enough for the TSG's engineType at 12).
 pub const ALLOC_PARAMS_LEN: usize = 32;
+const _: () = assert!(ALLOC_PARAMS_AT + ALLOC_PARAMS_LEN <= crate::record::ARGS_MAX);
 
 /// NVOS21 (RM_ALLOC, 32 bytes) and NVOS64 (48 bytes, libcuda 13) field offsets.
 pub mod alloc {
@@ -211,7 +212,6 @@ mod tests {
             disable_channels::SIZE,
             disable_channels::H_CHANNEL_LIST + 4 * 64
         );
-        assert!(ALLOC_PARAMS_AT + ALLOC_PARAMS_LEN <= crate::record::ARGS_MAX);
         assert_eq!(ALLOC_PARAMS_AT as u32, alloc::NVOS64_SIZE);
         assert!(class::is_channel(class::HOPPER_CHANNEL_GPFIFO_A));
         assert!(!class::is_channel(class::KEPLER_CHANNEL_GROUP_A));
