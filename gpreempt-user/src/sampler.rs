@@ -201,6 +201,7 @@ mod tests {
             source: Source::Event,
             pointers_from_mqds: false,
             activity: Default::default(),
+            nv: None,
             last_event_ns: 0,
         };
         q.activity.status = SampleStatus::None;

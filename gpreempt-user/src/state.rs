@@ -8,7 +8,7 @@ use gpreempt_common::kfd::{self, dbg_op, queue_type, DOORBELL_PROCESS_SLICE_BYTE
 use serde::Serialize;
 
 use crate::{
-    events::{Event, IoctlEvent, KernelEvent, KfdCall},
+    events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent},
     kfd::{
         debugfs::{HqdId, HqdNode, MqdKind, MqdProcess, Regs},
         sysfs::{GpuNode, ProcSnapshot},
@@ -30,6 +30,10 @@ pub enum QueueKind {
     Compute,
     Sdma,
     SdmaXgmi,
+    /// NVIDIA TSG on the graphics/compute engine.
+    NvCompute,
+    /// NVIDIA TSG on a copy engine.
+    NvCopy,
     Other,
 }
 
@@ -58,11 +62,11 @@ impl QueueKind {
             Self::ComputeAql | Self::Compute => 0,
             Self::Sdma => 1,
             Self::SdmaXgmi => 3,
-            Self::Other => u32::MAX,
+            Self::NvCompute | Self::NvCopy | Self::Other => u32::MAX,
         }
     }
     pub fn is_compute(self) -> bool {
-        matches!(self, Self::ComputeAql | Self::Compute)
+        matches!(self, Self::ComputeAql | Self::Compute | Self::NvCompute)
     }
     pub fn label(self) -> &'static str {
         match self {
@@ -70,6 +74,8 @@ impl QueueKind {
             Self::Compute => "compute",
             Self::Sdma => "sdma",
             Self::SdmaXgmi => "xgmi",
+            Self::NvCompute => "tsg-gr",
+            Self::NvCopy => "tsg-ce",
             Self::Other => "?",
         }
     }
@@ -164,9 +170,26 @@ pub struct Queue {
     /// The ring and pointers came from debugfs `mqds`, matched by order (no queue id there).
     pub pointers_from_mqds: bool,
     pub activity: Activity,
+    /// NVIDIA: the TSG's RM identity and its channels (None for KFD queues).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nv: Option<NvTsg>,
     /// Time of the last event about this queue: reconciliation does not undo newer events.
     #[serde(skip)]
     pub last_event_ns: u64,
+}
+
+/// An NVIDIA TSG (KEPLER_CHANNEL_GROUP_A) as the RM escapes showed it: what pausing needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NvTsg {
+    /// The RM client (hRoot) that owns it, and the fd of the process it was created on.
+    pub h_client: u32,
+    pub fd: i32,
+    /// The client's subdevice (NV20_SUBDEVICE_0), where FIFO_DISABLE_CHANNELS goes.
+    pub h_subdevice: Option<u32>,
+    /// NV2080_ENGINE_TYPE (1 graphics/compute, 0xb.. copy engines).
+    pub engine_type: u32,
+    /// Its GPFIFO channels (handles), in allocation order.
+    pub channels: Vec<u32>,
 }
 
 impl Queue {
@@ -191,6 +214,7 @@ impl Queue {
             source,
             pointers_from_mqds: false,
             activity: Activity::default(),
+            nv: None,
             last_event_ns: now,
         }
     }
@@ -452,6 +476,19 @@ pub struct State {
     /// Which event sources are live (`probe::summarize`), for `top`.
     #[serde(skip)]
     pub sources: Option<String>,
+    /// NVIDIA RM objects per (pid, hClient): handle -> (class, parent), and the client's fd.
+    #[serde(skip)]
+    nv_objects: HashMap<(u32, u32), NvClient>,
+}
+
+/// What the model remembers of one RM client.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct NvClient {
+    fd: i32,
+    objects: HashMap<u32, (u32, u32)>,
+    /// NV01_DEVICE_0 handle -> device index (its alloc params' deviceId).
+    devices: HashMap<u32, u32>,
+    subdevice: Option<u32>,
 }
 
 impl State {
@@ -509,8 +546,7 @@ impl State {
         match u {
             Update::Event(Event::Ioctl(ev)) => self.ioctl(&ev),
             Update::Event(Event::Kernel(k)) => self.kernel(&k),
-            // NVIDIA objects are modelled by the NVIDIA backend, not the KFD host model.
-            Update::Event(Event::Nv(n)) => self.touch(n.origin.ts_ns),
+            Update::Event(Event::Nv(n)) => self.nv(&n),
             Update::Event(Event::Launch(l)) => {
                 self.touch(l.origin.ts_ns);
                 if let Some(p) = self.procs.get_mut(&l.origin.pid) {
@@ -712,6 +748,124 @@ impl State {
         }
     }
 
+    /// NVIDIA RM escapes: clients, devices, subdevices, TSGs (as queues) and their channels.
+    fn nv(&mut self, n: &NvEvent) {
+        use gpreempt_common::nv::{self as abi, class};
+        let ts = n.origin.ts_ns;
+        self.touch(ts);
+        if !n.ok() {
+            return;
+        }
+        let pid = n.origin.pid;
+        match n.call {
+            NvCall::Alloc {
+                h_root,
+                h_object_parent,
+                h_object_new,
+                h_class,
+                alloc_params,
+                ..
+            } => {
+                let c = self.nv_objects.entry((pid, h_root)).or_default();
+                if class::is_client(h_class) {
+                    c.fd = n.fd;
+                    return;
+                }
+                c.objects.insert(h_object_new, (h_class, h_object_parent));
+                match h_class {
+                    class::NV01_DEVICE_0 => {
+                        let idx = alloc_params.map_or(0, |p| abi::u32_at(&p, 0));
+                        c.devices.insert(h_object_new, idx);
+                    }
+                    class::NV20_SUBDEVICE_0 => {
+                        c.subdevice.get_or_insert(h_object_new);
+                    }
+                    class::KEPLER_CHANNEL_GROUP_A => {
+                        let engine = n.engine_type().unwrap_or(0);
+                        let gpu = c.devices.get(&h_object_parent).copied().unwrap_or(0);
+                        let tsg = NvTsg {
+                            h_client: h_root,
+                            fd: c.fd,
+                            h_subdevice: c.subdevice,
+                            engine_type: engine,
+                            channels: Vec::new(),
+                        };
+                        let kind = if engine == abi::ENGINE_TYPE_GRAPHICS {
+                            QueueKind::NvCompute
+                        } else {
+                            QueueKind::NvCopy
+                        };
+                        let p = self.proc_mut(pid, Source::Event, ts);
+                        p.last_event_ns = ts;
+                        let mut q = Queue::new(h_object_new, gpu, kind, Source::Event, ts);
+                        q.created_ns = Some(ts);
+                        q.nv = Some(tsg);
+                        p.queues.insert(h_object_new, q);
+                        self.log(
+                            ts,
+                            LogKind::Create,
+                            pid,
+                            Some(h_object_new),
+                            format!(
+                                "NVIDIA TSG {h_object_new:#x} (engine {engine:#x}) of client {h_root:#x}"
+                            ),
+                        );
+                    }
+                    c if class::is_channel(c) => {
+                        let Some(q) = self
+                            .procs
+                            .get_mut(&pid)
+                            .and_then(|p| p.queues.get_mut(&h_object_parent))
+                        else {
+                            return;
+                        };
+                        if let Some(t) = q.nv.as_mut().filter(|t| t.h_client == h_root) {
+                            t.channels.push(h_object_new);
+                            q.last_event_ns = ts;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            NvCall::Free {
+                h_root,
+                h_object_old,
+                ..
+            } => {
+                if h_object_old == h_root {
+                    // The client and everything under it.
+                    if let Some(c) = self.nv_objects.remove(&(pid, h_root)) {
+                        for (h, (cl, _)) in c.objects {
+                            if cl == class::KEPLER_CHANNEL_GROUP_A {
+                                self.destroy(pid, h, ts, "NVIDIA client freed");
+                            }
+                        }
+                    }
+                    return;
+                }
+                let Some(c) = self.nv_objects.get_mut(&(pid, h_root)) else {
+                    return;
+                };
+                let Some((cl, parent)) = c.objects.remove(&h_object_old) else {
+                    return;
+                };
+                if cl == class::KEPLER_CHANNEL_GROUP_A {
+                    self.destroy(pid, h_object_old, ts, "NVIDIA TSG freed");
+                } else if class::is_channel(cl) {
+                    if let Some(t) = self
+                        .procs
+                        .get_mut(&pid)
+                        .and_then(|p| p.queues.get_mut(&parent))
+                        .and_then(|q| q.nv.as_mut())
+                    {
+                        t.channels.retain(|&h| h != h_object_old);
+                    }
+                }
+            }
+            NvCall::Control { .. } | NvCall::Short => {}
+        }
+    }
+
     fn dbg_trap(&mut self, ts: u64, caller: u32, a: &kfd::DbgTrapArgs) {
         match a.op {
             dbg_op::ENABLE => {
@@ -859,6 +1013,7 @@ impl State {
     /// The process is gone: its queues are destroyed, and the queues it suspended as a debugger
     /// resume (the kernel disables the trap when the debugger's mm goes away).
     fn process_exit(&mut self, pid: u32, ts: u64, why: &str) {
+        self.nv_objects.retain(|&(p, _), _| p != pid);
         let targets: Vec<u32> = self
             .procs
             .values()
@@ -956,7 +1111,9 @@ impl State {
             let vanished: Vec<u32> = p
                 .live_queues()
                 .filter(|q| {
-                    q.last_event_ns < taken && !sp.queues.iter().any(|s| s.queue_id == q.queue_id)
+                    q.nv.is_none()
+                        && q.last_event_ns < taken
+                        && !sp.queues.iter().any(|s| s.queue_id == q.queue_id)
                 })
                 .map(|q| q.queue_id)
                 .collect();
@@ -990,9 +1147,10 @@ impl State {
             .procs
             .values()
             .filter(|p| {
+                // KFD's sysfs knows nothing of NVIDIA processes.
                 !present.contains(&p.pid)
                     && p.last_event_ns < taken
-                    && p.live_queues().next().is_some()
+                    && p.live_queues().any(|q| q.nv.is_none())
             })
             .map(|p| p.pid)
             .collect();

@@ -336,6 +336,7 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         source: Source::Event,
         pointers_from_mqds: false,
         activity: Activity::default(),
+        nv: None,
         // The call's return: what reconciliation compares snapshots with.
         last_event_ns: 5_000 + 1_234,
     };
@@ -2097,4 +2098,163 @@ fn a_suspend_names_an_unknown_debugger_and_its_exit_resumes() {
     s.apply(exit(DEBUGGER, 3 * SEC));
     assert_eq!(states(&s, A), vec![(0, QueueState::Active)]);
     assert_eq!(proc_(&s, A).debugger, None);
+}
+
+mod nvidia {
+    use super::*;
+    use crate::events::{NvCall, NvEvent, Origin};
+    use gpreempt_common::nv::{self as abi, class};
+
+    const PID: u32 = 440;
+    const CLIENT: u32 = 0xc1d0_001c;
+
+    fn alloc(ts: u64, parent: u32, new: u32, h_class: u32, params_head: u32) -> Update {
+        let mut p = [0u8; abi::ALLOC_PARAMS_LEN];
+        let at = if h_class == class::KEPLER_CHANNEL_GROUP_A {
+            abi::TSG_ENGINE_TYPE_AT
+        } else {
+            0
+        };
+        p[at..at + 4].copy_from_slice(&params_head.to_le_bytes());
+        nv(
+            ts,
+            NvCall::Alloc {
+                h_root: CLIENT,
+                h_object_parent: parent,
+                h_object_new: new,
+                h_class,
+                params_size: 0,
+                status: 0,
+                nvos64: true,
+                alloc_params: Some(p),
+            },
+        )
+    }
+
+    fn nv(ts: u64, call: NvCall) -> Update {
+        Update::Event(Event::Nv(NvEvent {
+            origin: Origin {
+                ts_ns: ts,
+                pid: PID,
+                tid: PID,
+                comm: "python3".into(),
+            },
+            fd: 8,
+            cmd: abi::iowr(abi::nr::RM_ALLOC, 48),
+            ret: 0,
+            duration_ns: 1000,
+            call,
+            verified: true,
+        }))
+    }
+
+    fn free(ts: u64, parent: u32, old: u32) -> Update {
+        nv(
+            ts,
+            NvCall::Free {
+                h_root: CLIENT,
+                h_object_parent: parent,
+                h_object_old: old,
+                status: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn tsgs_and_channels_of_a_pytorch_like_process_become_queues() {
+        let mut s = State::new();
+        s.apply(alloc(1, CLIENT, CLIENT, class::NV01_ROOT_CLIENT, 0));
+        s.apply(alloc(2, CLIENT, 0x5c00_0001, class::NV01_DEVICE_0, 0));
+        s.apply(alloc(
+            3,
+            0x5c00_0001,
+            0x5c00_0002,
+            class::NV20_SUBDEVICE_0,
+            0,
+        ));
+        s.apply(alloc(
+            4,
+            0x5c00_0001,
+            0x5c00_0015,
+            class::KEPLER_CHANNEL_GROUP_A,
+            1,
+        ));
+        for (i, ch) in [0x5c00_001c, 0x5c00_0022].into_iter().enumerate() {
+            s.apply(alloc(
+                5 + i as u64,
+                0x5c00_0015,
+                ch,
+                class::HOPPER_CHANNEL_GPFIFO_A,
+                0,
+            ));
+        }
+        s.apply(alloc(
+            8,
+            0x5c00_0001,
+            0x5c00_003e,
+            class::KEPLER_CHANNEL_GROUP_A,
+            0xb,
+        ));
+        s.apply(alloc(
+            9,
+            0x5c00_003e,
+            0x5c00_0040,
+            class::HOPPER_CHANNEL_GPFIFO_A,
+            0,
+        ));
+        let p = proc_(&s, PID);
+        let gr = &p.queues[&0x5c00_0015];
+        assert_eq!(gr.kind, QueueKind::NvCompute);
+        assert!(gr.kind.is_compute());
+        let t = gr.nv.as_ref().unwrap();
+        assert_eq!(
+            (t.h_client, t.fd, t.h_subdevice, t.engine_type),
+            (CLIENT, 8, Some(0x5c00_0002), 1)
+        );
+        assert_eq!(t.channels, vec![0x5c00_001c, 0x5c00_0022]);
+        let ce = &p.queues[&0x5c00_003e];
+        assert_eq!(ce.kind, QueueKind::NvCopy);
+        assert_eq!(ce.nv.as_ref().unwrap().channels, vec![0x5c00_0040]);
+
+        // KFD's sysfs knows nothing of them: reconciliation leaves them alone.
+        s.apply(Update::Procs(ProcSnapshot {
+            taken_ns: 100,
+            procs: vec![],
+        }));
+        assert_eq!(proc_(&s, PID).live_queues().count(), 2);
+
+        // A channel freed, then the copy TSG, then the whole client.
+        s.apply(free(101, 0x5c00_0015, 0x5c00_0022));
+        assert_eq!(
+            proc_(&s, PID).queues[&0x5c00_0015]
+                .nv
+                .as_ref()
+                .unwrap()
+                .channels,
+            vec![0x5c00_001c]
+        );
+        s.apply(free(102, 0x5c00_0001, 0x5c00_003e));
+        assert!(!proc_(&s, PID).queues[&0x5c00_003e].alive());
+        s.apply(free(103, CLIENT, CLIENT));
+        assert_eq!(proc_(&s, PID).live_queues().count(), 0);
+    }
+
+    #[test]
+    fn failed_rm_calls_change_nothing() {
+        let mut s = State::new();
+        let Update::Event(Event::Nv(mut ev)) = alloc(
+            1,
+            0x5c00_0001,
+            0x5c00_0015,
+            class::KEPLER_CHANNEL_GROUP_A,
+            1,
+        ) else {
+            unreachable!()
+        };
+        if let NvCall::Alloc { status, .. } = &mut ev.call {
+            *status = abi::status::INVALID_CLIENT;
+        }
+        s.apply(Update::Event(Event::Nv(ev)));
+        assert!(s.procs.get(&PID).is_none());
+    }
 }

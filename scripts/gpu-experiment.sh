@@ -1,0 +1,39 @@
+#!/bin/bash
+# GPU experiment kit for the NVIDIA backend, run on the device machine (H100) with the built
+# binary carried at .carry/gpreempt-ebpf. Usage: scripts/gpu-experiment.sh observe
+# Results go to $OUT (or ./gpu-out).
+set -u
+OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+GP=${GP:-.carry/gpreempt-ebpf}
+step=${1:-observe}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+uname -r | tee -a "$OUT/gpu.txt"
+
+# A PyTorch process: matmuls in a loop, printing iterations/s once a second.
+cat > /tmp/load.py <<'PY'
+import sys, time, torch
+secs = float(sys.argv[1]); n = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+torch.cuda.synchronize(); t0 = time.time(); last = t0; it = 0
+while time.time() - t0 < secs:
+    c = a @ b; torch.cuda.synchronize(); it += 1
+    now = time.time()
+    if now - last >= 0.25:
+        print(f"{now:.3f} {it/(now-last):.1f}", flush=True); it = 0; last = now
+PY
+
+case "$step" in
+observe)
+  # (a) the observer sees a PyTorch process's clients, TSGs and channels.
+  "$GP" trace --json --output "$OUT/trace.json" --duration 25 2>"$OUT/trace.err" &
+  T=$!
+  for i in $(seq 100); do grep -q tracing "$OUT/trace.err" 2>/dev/null && break; sleep 0.1; done
+  python3 /tmp/load.py 5 > "$OUT/load.txt" 2>&1 &
+  P=$!; echo "$P" > "$OUT/load.pid"
+  wait $P
+  sleep 1; kill -INT $T; wait $T
+  grep -c rm_alloc "$OUT/trace.json"
+  grep '"pid":'"$P" "$OUT/trace.json" | grep -E 'KEPLER_CHANNEL_GROUP|GPFIFO' | head -40
+  tail -3 "$OUT/trace.err"
+  ;;
+esac
