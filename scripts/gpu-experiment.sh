@@ -23,6 +23,32 @@ while time.time() - t0 < secs:
 PY
 
 case "$step" in
+pause)
+  # (b) pause / resume cycles of a PyTorch process through the guardian, throughput around them;
+  # (d) the pauser killed (-9) while the target is paused: the guardian re-enables it.
+  mkdir -p /run/gpreempt-ebpf
+  "$GP" nv-pause-test --comm python3 --run 1.5 --pause 1 --cycles 4 \
+      > "$OUT/pause.json" 2>"$OUT/pause.err" &
+  X=$!
+  sleep 2
+  python3 /tmp/load.py 16 > "$OUT/load-pause.txt" 2>&1 &
+  P=$!
+  wait $X; echo "pause-test rc=$?"
+  wait $P
+  cat "$OUT/pause.json"; tail -5 "$OUT/pause.err"
+  echo "--- throughput (t it/s) around the pauses:"; cat "$OUT/load-pause.txt" | head -80
+  echo "--- (d) kill -9 while paused"
+  "$GP" nv-pause-test --comm python3 --run 1.5 --pause 30 --cycles 1 --die-while-paused \
+      > "$OUT/die.json" 2>"$OUT/die.err" &
+  X=$!
+  sleep 2
+  python3 /tmp/load.py 10 > "$OUT/load-die.txt" 2>&1 &
+  P=$!
+  wait $X; echo "pause-test (killed) rc=$?"
+  wait $P
+  cat "$OUT/die.json"; tail -5 "$OUT/die.err"
+  echo "--- throughput after the kill:"; cat "$OUT/load-die.txt" | head -60
+  ;;
 observe)
   # (a) the observer sees a PyTorch process's clients, TSGs and channels.
   "$GP" trace --json --output "$OUT/trace.json" --duration 25 2>"$OUT/trace.err" &

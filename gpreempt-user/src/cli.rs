@@ -59,6 +59,12 @@ pub enum Command {
     Resume(ResumeArgs),
     /// Is this host ready, and what to change if not.
     Doctor(DoctorArgs),
+    /// Resumes NVIDIA channels a dead controller paused (started by the controller).
+    #[command(hide = true)]
+    NvGuardian(crate::nv::guardian::Args),
+    /// NVIDIA pause/resume cycles of a process started after it (GPU experiment kit).
+    #[command(hide = true)]
+    NvPauseTest(crate::nv::pausetest::Args),
 }
 
 #[derive(Args, Debug)]
@@ -306,6 +312,8 @@ pub fn main() -> Result<ExitCode> {
         Command::Suspend(ref args) => rt()?.block_on(crate::manual::suspend(&cli, args)),
         Command::Resume(ref args) => rt()?.block_on(crate::manual::resume(&cli, args)),
         Command::Doctor(ref args) => crate::doctor::main(&cli, args),
+        Command::NvGuardian(ref args) => crate::nv::guardian::main(args),
+        Command::NvPauseTest(ref args) => rt()?.block_on(crate::nv::pausetest::main(args)),
     }
 }
 

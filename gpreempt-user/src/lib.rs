@@ -9,6 +9,7 @@ pub mod events;
 pub mod kfd;
 pub mod launch;
 pub mod manual;
+pub mod nv;
 pub mod policy;
 pub mod probe;
 pub mod procinfo;

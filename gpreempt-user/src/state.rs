@@ -766,9 +766,17 @@ impl State {
                 alloc_params,
                 ..
             } => {
-                let c = self.nv_objects.entry((pid, h_root)).or_default();
+                // A client's hRoot is its own new handle (0 on input when the RM picks it).
+                let client = if class::is_client(h_class) {
+                    h_object_new
+                } else {
+                    h_root
+                };
+                let c = self.nv_objects.entry((pid, client)).or_default();
+                // The RM ties a client to the file it was created on: every call on it uses
+                // that fd.
+                c.fd = n.fd;
                 if class::is_client(h_class) {
-                    c.fd = n.fd;
                     return;
                 }
                 c.objects.insert(h_object_new, (h_class, h_object_parent));

@@ -2255,6 +2255,6 @@ mod nvidia {
             *status = abi::status::INVALID_CLIENT;
         }
         s.apply(Update::Event(Event::Nv(ev)));
-        assert!(s.procs.get(&PID).is_none());
+        assert!(!s.procs.contains_key(&PID));
     }
 }

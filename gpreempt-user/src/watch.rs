@@ -88,8 +88,17 @@ impl Watcher {
     }
 
     fn without_events(paths: Paths) -> Result<Self> {
+        Self::without_events_kfd(paths, true)
+    }
+
+    /// `require_kfd`: a missing KFD topology is an error (AMD hosts) or an empty one (NVIDIA).
+    fn without_events_kfd(paths: Paths, require_kfd: bool) -> Result<Self> {
         let mut state = State::new();
-        let gpus = sysfs::read_topology(&paths.sysfs)?;
+        let gpus = match sysfs::read_topology(&paths.sysfs) {
+            Ok(g) => g,
+            Err(_) if !require_kfd && !paths.sysfs.exists() => Vec::new(),
+            Err(e) => return Err(e),
+        };
         state.apply(Update::Topology(gpus));
         Ok(Self {
             state,
@@ -107,11 +116,21 @@ impl Watcher {
     /// Attaches the eBPF programs, then reads the current state (queues that existed before).
     /// Must run inside a tokio runtime.
     pub fn start(paths: Paths, kfd_device: &std::path::Path, iv: Intervals) -> Result<Self> {
+        Self::start_kfd(paths, kfd_device, iv, true)
+    }
+
+    /// As [`Watcher::start`]; without `require_kfd` a host with no KFD is watched too (NVIDIA).
+    pub fn start_kfd(
+        paths: Paths,
+        kfd_device: &std::path::Path,
+        iv: Intervals,
+        require_kfd: bool,
+    ) -> Result<Self> {
         // Events first, so nothing created between the sysfs read and the attach is missed.
         let mut probes = Probes::attach(&ProbeOptions::default())?;
         let source = EventSource::new(probes.take_events()?, FdCheck::new(kfd_device))
             .context("watching the ring buffer")?;
-        let mut w = Self::without_events(paths)?;
+        let mut w = Self::without_events_kfd(paths, require_kfd)?;
         for why in crate::probe::not_live_reasons(probes.sources()) {
             w.warn_once(why);
         }
@@ -382,6 +401,9 @@ impl Watcher {
         // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
         let mut pids = Vec::new();
         for ev in batch.drain(..) {
+            if let Event::Nv(n) = &ev {
+                pids.push(n.origin.pid);
+            }
             if let Event::Ioctl(i) = &ev {
                 pids.push(i.origin.pid);
                 if let KfdCall::DbgTrap(a) = &i.call {

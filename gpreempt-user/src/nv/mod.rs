@@ -1,0 +1,4 @@
+//! NVIDIA (RM, GSP firmware): pausing a process's GPU channels, and the guardian that undoes it.
+pub mod control;
+pub mod guardian;
+pub mod pausetest;
