@@ -23,6 +23,47 @@ while time.time() - t0 < secs:
 PY
 
 case "$step" in
+top)
+  # (a) `top` and launch hints on an NVIDIA host: the PyTorch process's TSGs and channels live,
+  # and cuLaunchKernel hints from `trace --launches`.
+  python3 /tmp/load.py 12 > "$OUT/load-top.txt" 2>&1 &
+  P=$!
+  "$GP" trace --launches --json --output "$OUT/launch.json" --duration 10 2>"$OUT/launch.err" &
+  T=$!
+  sleep 1
+  python3 /tmp/load.py 8 > "$OUT/load-top2.txt" 2>&1 &
+  # `top` on a pseudo-terminal (160x40) for 8 s, then Ctrl-C.
+  GP="$GP" OUTF="$OUT/top.raw" python3 - <<'PY'
+import fcntl, os, pty, select, signal, struct, termios, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ["TERM"] = "xterm-256color"
+    os.execv(os.environ["GP"], [os.environ["GP"], "top", "--interval", "500"])
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+os.kill(pid, signal.SIGWINCH)
+out, t0, sent = b"", time.time(), False
+while True:
+    if not sent and time.time() - t0 > 8:
+        os.write(fd, b"q"); sent = True
+    if time.time() - t0 > 15:
+        os.kill(pid, signal.SIGKILL); break
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            b = os.read(fd, 65536)
+        except OSError:
+            break
+        if not b:
+            break
+        out += b
+open(os.environ["OUTF"], "wb").write(out)
+PY
+  wait $T; wait $P
+  tail -4 "$OUT/launch.err"
+  grep -c '"source":"uprobe"' "$OUT/launch.json"; head -3 "$OUT/launch.json"
+  # The last frame, without escape sequences.
+  wc -c "$OUT/top.raw"
+  ;;
 pause)
   # (b) pause / resume cycles of a PyTorch process through the guardian, throughput around them;
   # (d) the pauser killed (-9) while the target is paused: the guardian re-enables it.

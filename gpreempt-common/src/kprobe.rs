@@ -361,7 +361,8 @@ pub const PROBES: [ProbeSpec; 14] = {
     ]
 };
 
-/// Launch entry points in HIP / HSA runtimes (uprobes), values of `LaunchRecord::point`.
+/// Launch entry points in HIP / HSA runtimes and libcuda (uprobes), values of
+/// `LaunchRecord::point`.
 pub mod launch {
     pub const HIP_LAUNCH_KERNEL: u32 = 1;
     pub const HIP_MODULE_LAUNCH_KERNEL: u32 = 2;
@@ -369,10 +370,13 @@ pub mod launch {
     pub const HIP_GRAPH_LAUNCH: u32 = 4;
     pub const HSA_QUEUE_STORE_WRITE_INDEX: u32 = 5;
     pub const HSA_SIGNAL_STORE: u32 = 6;
+    pub const CU_LAUNCH_KERNEL: u32 = 7;
+    pub const CU_LAUNCH_KERNEL_EX: u32 = 8;
+    pub const CU_GRAPH_LAUNCH: u32 = 9;
 
     /// `(point, program, symbols)`: every symbol is probed with the point's program wherever a
     /// mapped file of the process defines it.
-    pub const POINTS: [(u32, &str, &[&str]); 6] = [
+    pub const POINTS: [(u32, &str, &[&str]); 9] = [
         (HIP_LAUNCH_KERNEL, "up_hip_launch", &["hipLaunchKernel"]),
         (
             HIP_MODULE_LAUNCH_KERNEL,
@@ -403,6 +407,22 @@ pub mod launch {
                 "hsa_signal_store_release",
             ],
         ),
+        // libcuda (NVIDIA), with the per-thread default stream forms.
+        (
+            CU_LAUNCH_KERNEL,
+            "up_cu_launch",
+            &["cuLaunchKernel", "cuLaunchKernel_ptsz"],
+        ),
+        (
+            CU_LAUNCH_KERNEL_EX,
+            "up_cu_launch_ex",
+            &["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"],
+        ),
+        (
+            CU_GRAPH_LAUNCH,
+            "up_cu_graph_launch",
+            &["cuGraphLaunch", "cuGraphLaunch_ptsz"],
+        ),
     ];
 
     /// Name of a point, as `trace` prints it.
@@ -414,6 +434,9 @@ pub mod launch {
             HIP_GRAPH_LAUNCH => "hipGraphLaunch",
             HSA_QUEUE_STORE_WRITE_INDEX => "hsa_queue_store_write_index",
             HSA_SIGNAL_STORE => "hsa_signal_store",
+            CU_LAUNCH_KERNEL => "cuLaunchKernel",
+            CU_LAUNCH_KERNEL_EX => "cuLaunchKernelEx",
+            CU_GRAPH_LAUNCH => "cuGraphLaunch",
             _ => "unknown",
         }
     }

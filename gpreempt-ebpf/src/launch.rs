@@ -112,3 +112,22 @@ pub fn up_hsa_write_index(ctx: ProbeContext) -> u32 {
 pub fn up_hsa_signal_store(ctx: ProbeContext) -> u32 {
     hit(&ctx, launch::HSA_SIGNAL_STORE)
 }
+
+/// `CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, ..., void **extra)` (and `_ptsz`).
+#[uprobe]
+pub fn up_cu_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::CU_LAUNCH_KERNEL)
+}
+
+/// `CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+/// void **extra)` (and `_ptsz`).
+#[uprobe]
+pub fn up_cu_launch_ex(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::CU_LAUNCH_KERNEL_EX)
+}
+
+/// `CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)` (and `_ptsz`).
+#[uprobe]
+pub fn up_cu_graph_launch(ctx: ProbeContext) -> u32 {
+    hit(&ctx, launch::CU_GRAPH_LAUNCH)
+}

@@ -490,6 +490,7 @@ impl LaunchWatch {
         for ev in batch {
             match ev {
                 Event::Ioctl(i) => self.watch(probes, i.origin.pid),
+                Event::Nv(n) => self.watch(probes, n.origin.pid),
                 Event::ProcessExit(p) => {
                     probes.unwatch_launches(p.origin.pid);
                     self.tried.remove(&p.origin.pid);

@@ -116,7 +116,9 @@ impl Watcher {
     /// Attaches the eBPF programs, then reads the current state (queues that existed before).
     /// Must run inside a tokio runtime.
     pub fn start(paths: Paths, kfd_device: &std::path::Path, iv: Intervals) -> Result<Self> {
-        Self::start_kfd(paths, kfd_device, iv, true)
+        // An NVIDIA host has no KFD: its processes come from the RM escapes alone.
+        let nvidia = std::path::Path::new("/dev/nvidiactl").exists();
+        Self::start_kfd(paths, kfd_device, iv, !nvidia)
     }
 
     /// As [`Watcher::start`]; without `require_kfd` a host with no KFD is watched too (NVIDIA).
