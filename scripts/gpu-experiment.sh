@@ -23,6 +23,40 @@ while time.time() - t0 < secs:
 PY
 
 case "$step" in
+seeds)
+  # (c) online ResNet-18 b1 at 20 req/s next to offline ResNet-50 b1024, without then with
+  # `run --policy` (launch hints trigger the pause; the guardian holds the way back).
+  S=${SECS:-60}
+  if [ -z "${SKIP_BASE:-}" ]; then
+    python3 scripts/gpu/online.py "$S" 20 "$OUT/on-solo.json" 2>/dev/null
+    python3 scripts/gpu/offline.py "$((S + 15))" "$OUT/off0.json" 2>/dev/null & B=$!
+    sleep 8
+    python3 scripts/gpu/online.py "$S" 20 "$OUT/on0.json" 2>/dev/null
+    wait $B
+  fi
+  mkdir -p /run/gpreempt-ebpf
+  "$GP" ${RUNV:--v} run --policy scripts/gpu/policy.toml --audit "$OUT/audit.jsonl" 2>"$OUT/run.err" & R=$!
+  # The observer knows only objects allocated after it attached: start the workloads after.
+  for i in $(seq 200); do grep -q "gpreempt-ebpf run:" "$OUT/run.err" 2>/dev/null && break; sleep 0.1; done
+  sleep 1
+  if [ -n "${DEBUG:-}" ]; then "$GP" trace --json --output "$OUT/dbg.json" --duration $((S + 25)) 2>/dev/null & fi
+  python3 scripts/gpu/offline.py "$((S + 15))" "$OUT/off1.json" 2>/dev/null & B=$!
+  echo "offline pid $B"
+  sleep 8
+  python3 scripts/gpu/online.py "$S" 20 "$OUT/on1.json" 2>/dev/null &
+  A=$!; sleep $((S / 2)); cp /run/gpreempt-ebpf/status.json "$OUT/status.json" 2>/dev/null; wait $A
+  wait $B
+  kill -INT $R; wait $R; echo "run rc=$?"
+  for f in on-solo on0 on1 off0 off1; do echo "$f $(cat $OUT/$f.json)"; done
+  echo "suspends: $(grep -c '"action":"suspend"' $OUT/audit.jsonl) resumes: $(grep -c '"action":"resume"' $OUT/audit.jsonl)"
+  grep '"action":"suspend"' "$OUT/audit.jsonl" | head -2
+  grep -v "event source" "$OUT/run.err" | grep -E "pid $B|offline|online|gone|run:|error|warn" | head -30
+  head -c 1500 "$OUT/status.json"; echo
+  if [ -n "${DEBUG:-}" ]; then
+    echo "trace: events of the offline pid: $(grep -c "\"pid\":$B," "$OUT/dbg.json")"
+    grep "\"pid\":$B," "$OUT/dbg.json" | grep -E "KEPLER|ROOT" | head -5
+  fi
+  ;;
 top)
   # (a) `top` and launch hints on an NVIDIA host: the PyTorch process's TSGs and channels live,
   # and cuLaunchKernel hints from `trace --launches`.

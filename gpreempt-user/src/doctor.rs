@@ -1,11 +1,12 @@
 //! `doctor`: is this host ready for gpreempt-ebpf, and what to change if not.
 //!
 //! Every check reads files below a [`Root`] (`/` on a host; tests point it at a fake tree) and
-//! returns a [`Check`]: a verdict, one finding and, when not ok, one actionable fix. Only four
+//! returns a [`Check`]: a verdict, one finding and, when not ok, one actionable fix. Only five
 //! things touch the running kernel directly: the bpf(2) map-create probe, loading (verifying, never
 //! attaching) every eBPF program when the root is `/`, opening the KFD device with its GET_VERSION
-//! ioctl, and the controller lock. Unreadable files are findings, never
-//! errors: the command always prints every line.
+//! ioctl, the controller lock, and (on NVIDIA hosts, root `/` only) `pidfd_getfd` of one of our own
+//! fds. The NVIDIA lines appear only where the NVIDIA driver is. Unreadable files are findings,
+//! never errors: the command always prints every line.
 
 use std::{
     collections::BTreeSet,
@@ -1266,6 +1267,315 @@ pub fn controller_check(run_dir: &Path) -> Check {
 }
 
 // -------------------------------------------------------------------------------------------
+// 13. NVIDIA (only on hosts with the NVIDIA driver; reference/nvidia.md)
+
+/// The driver version pausing was measured on.
+const NV_MEASURED: &str = "580.159.04";
+/// Older major versions are untested.
+const NV_MIN_MAJOR: u32 = 580;
+/// Pausing's other precondition, said on the NVIDIA lines' fixes.
+const NV_PTRACE: &str = "pausing duplicates the target's /dev/nvidiactl fd with pidfd_getfd, which needs ptrace-attach rights over it (root, or CAP_SYS_PTRACE with Yama ptrace_scope <= 2: see privileges and ptrace_scope)";
+
+/// Whether this host has the NVIDIA driver: its control device or its procfs version file.
+pub fn nvidia_present(root: &Root) -> bool {
+    root.exists("/dev/nvidiactl") || root.exists("/proc/driver/nvidia/version")
+}
+
+/// The kernel module's version and flavour, from `/proc/driver/nvidia/version`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvDriver {
+    /// `580.159.04`
+    pub version: String,
+    pub major: u32,
+    /// The open kernel module (`NVIDIA UNIX Open Kernel Module for x86_64`), not the proprietary one.
+    pub open: bool,
+}
+
+/// Parses the `NVRM version:` line: `NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release
+/// Build (...)` or the proprietary `NVIDIA UNIX x86_64 Kernel Module  550.54.14  <date>`.
+pub fn parse_nvidia_version(text: &str) -> Option<NvDriver> {
+    let line = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("NVRM version:"))?;
+    let version = line.split_whitespace().find(|w| {
+        w.starts_with(|c: char| c.is_ascii_digit())
+            && w.contains('.')
+            && w.chars().all(|c| c.is_ascii_digit() || c == '.')
+    })?;
+    Some(NvDriver {
+        version: version.to_string(),
+        major: version.split('.').next()?.parse().ok()?,
+        open: line.contains("Open Kernel Module"),
+    })
+}
+
+/// `nvidia-driver`: the version file's text (`None`: unreadable) and whether `/dev/nvidiactl`
+/// exists.
+pub fn nvidia_driver_check(version_file: Option<&str>, nvidiactl: bool) -> Check {
+    const NAME: &str = "nvidia-driver";
+    let Some(text) = version_file else {
+        let finding = if nvidiactl {
+            "/dev/nvidiactl exists but /proc/driver/nvidia/version is unreadable: the nvidia module is not (fully) loaded"
+        } else {
+            "/proc/driver/nvidia/version is unreadable"
+        };
+        return Check::fail(
+            NAME,
+            finding,
+            "load the nvidia kernel module (modprobe nvidia) and check dmesg | grep NVRM",
+        );
+    };
+    let Some(d) = parse_nvidia_version(text) else {
+        let first = text.lines().next().unwrap_or("").trim();
+        return Check::warn(
+            NAME,
+            format!("/proc/driver/nvidia/version not understood: {first:?}"),
+            format!("pausing was measured on the open kernel module {NV_MEASURED}: use it or a later one"),
+        );
+    };
+    let flavour = if d.open {
+        "open kernel module"
+    } else {
+        "proprietary kernel module"
+    };
+    let finding = format!("NVIDIA {} ({flavour})", d.version);
+    if d.major < NV_MIN_MAJOR {
+        Check::warn(
+            NAME,
+            format!("{finding}: pausing was measured on {NV_MEASURED}; older drivers untested"),
+            format!("upgrade to the open kernel module {NV_MEASURED} or later (nvidia-open); {NV_PTRACE}"),
+        )
+    } else if d.version == NV_MEASURED {
+        Check::ok(
+            NAME,
+            format!("{finding}: the driver pausing was measured on"),
+        )
+    } else {
+        Check::ok(
+            NAME,
+            format!("{finding} (pausing was measured on {NV_MEASURED})"),
+        )
+    }
+}
+
+/// The value of `key:` in a `/proc/driver/nvidia/gpus/*/information` text (`Model: \t\t NVIDIA H200`).
+fn info_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// `nvidia-gsp:<bus id>`: does the GPU run GSP-RM? The driver prints `GPU Firmware: <version>`
+/// only when the GPU runs the GSP firmware (`GSP Firmware Version:`, nvidia-smi's spelling, is
+/// accepted too); `N/A` or no such line means the legacy, CPU-side RM.
+pub fn nvidia_gsp_check(bus_id: &str, information: Option<&str>) -> Check {
+    let name = format!("nvidia-gsp:{bus_id}");
+    let Some(info) = information else {
+        return Check::warn(
+            &name,
+            format!("/proc/driver/nvidia/gpus/{bus_id}/information is unreadable: GSP unknown"),
+            "read it as root; pausing needs the GPU to run GSP-RM",
+        );
+    };
+    let model = info_field(info, "Model").unwrap_or("unknown model");
+    let firmware = ["GPU Firmware", "GSP Firmware Version", "GSP Firmware"]
+        .iter()
+        .find_map(|k| info_field(info, k))
+        .filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("N/A"));
+    match firmware {
+        Some(v) => Check::ok(&name, format!("{model}: GSP-RM (GSP firmware {v})")),
+        None => Check::fail(
+            &name,
+            format!("{model}: no GSP firmware (legacy RM): NV2080_CTRL_CMD_FIFO_DISABLE_CHANNELS is NOT_SUPPORTED without GSP, so its processes cannot be paused"),
+            format!("use the open kernel module (nvidia-open, always GSP-RM) or load the proprietary one with NVreg_EnableGpuFirmware=1 (GSP needs Turing or newer); {NV_PTRACE}"),
+        ),
+    }
+}
+
+/// `nvidia-gsp:*` for every GPU under `/proc/driver/nvidia/gpus`, by bus id.
+pub fn nvidia_gsp_checks(root: &Root) -> Vec<Check> {
+    let dir = root.path("/proc/driver/nvidia/gpus");
+    let mut buses: Vec<String> = fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    buses.sort();
+    if buses.is_empty() {
+        return vec![Check::warn(
+            "nvidia-gsp",
+            "no GPU under /proc/driver/nvidia/gpus: GSP unknown",
+            "check that the nvidia module initialised the GPUs (nvidia-smi, dmesg | grep NVRM)",
+        )];
+    }
+    buses
+        .iter()
+        .map(|b| {
+            nvidia_gsp_check(
+                b,
+                fs::read_to_string(dir.join(b).join("information"))
+                    .ok()
+                    .as_deref(),
+            )
+        })
+        .collect()
+}
+
+/// A failed pidfd_getfd probe: the syscall that failed and how.
+#[derive(Debug)]
+pub struct PidfdError {
+    /// `pidfd_open` or `pidfd_getfd`.
+    pub call: &'static str,
+    pub error: io::Error,
+}
+
+/// `pidfd_open` on ourselves, then `pidfd_getfd` of one of our own fds (a fresh `/dev/null`): the
+/// syscalls pausing duplicates a target's nvidiactl fd with. Touches nothing but this process.
+pub fn try_pidfd_getfd() -> std::result::Result<(), PidfdError> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    let err = |call| PidfdError {
+        call,
+        error: io::Error::last_os_error(),
+    };
+    let probe = fs::File::open("/dev/null").map_err(|error| PidfdError {
+        call: "open(/dev/null)",
+        error,
+    })?;
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: pidfd_open takes a pid and flags by value and returns a new fd or -1.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if r < 0 {
+        return Err(err("pidfd_open"));
+    }
+    // SAFETY: `r` is a fresh fd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(r as libc::c_int) };
+    // SAFETY: pidfd_getfd takes two fds and flags by value and returns a new fd or -1; both fds
+    // stay open for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            pidfd.as_raw_fd(),
+            probe.as_raw_fd(),
+            0 as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(err("pidfd_getfd"));
+    }
+    // SAFETY: `r` is a fresh fd that nothing else owns; dropping it closes it.
+    drop(unsafe { OwnedFd::from_raw_fd(r as libc::c_int) });
+    Ok(())
+}
+
+/// `pidfd_getfd`: the outcome of [`try_pidfd_getfd`]; `ptrace`: whether we hold CAP_SYS_PTRACE.
+pub fn pidfd_getfd_check(probe: &std::result::Result<(), PidfdError>, ptrace: bool) -> Check {
+    const NAME: &str = "pidfd_getfd";
+    match probe {
+        Ok(()) if ptrace => Check::ok(
+            NAME,
+            "pidfd_open + pidfd_getfd work (own fd duplicated); with CAP_SYS_PTRACE a target's nvidiactl fd can be duplicated",
+        ),
+        Ok(()) => Check::warn(
+            NAME,
+            "pidfd_open + pidfd_getfd work (own fd duplicated), but without CAP_SYS_PTRACE only processes we may ptrace-attach to can be paused",
+            format!("run the controller as root; {NV_PTRACE}"),
+        ),
+        Err(PidfdError { call, error }) => {
+            let why = match error.raw_os_error() {
+                Some(libc::ENOSYS) if *call == "pidfd_open" => {
+                    " (no pidfd_open: Linux < 5.3)".to_string()
+                }
+                Some(libc::ENOSYS) => " (no pidfd_getfd: Linux < 5.6)".to_string(),
+                Some(libc::EPERM) | Some(libc::EACCES) => {
+                    " (refused: a seccomp filter or LSM policy?)".to_string()
+                }
+                _ => String::new(),
+            };
+            Check::fail(
+                NAME,
+                format!("{call} failed: {error}{why}: a target's nvidiactl fd cannot be duplicated, so NVIDIA processes cannot be paused"),
+                format!("use Linux 5.6 or later, outside a seccomp filter that blocks pidfd_open/pidfd_getfd; {NV_PTRACE}"),
+            )
+        }
+    }
+}
+
+/// A running MPS daemon: pid and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpsDaemon {
+    pub pid: u32,
+    pub name: String,
+}
+
+/// Processes whose `comm` starts with `nvidia-cuda-mps` (comm is cut at 15 characters, so the
+/// control daemon and the server both read `nvidia-cuda-mps`; the name comes from argv[0]).
+pub fn mps_daemons(root: &Root) -> Vec<MpsDaemon> {
+    let mut pids = numeric_entries(&root.path("/proc"));
+    pids.sort_unstable();
+    pids.into_iter()
+        .filter_map(|pid| {
+            let comm = root.value(&format!("/proc/{pid}/comm"))?;
+            if !comm.starts_with("nvidia-cuda-mps") {
+                return None;
+            }
+            let argv0 = fs::read(root.path(&format!("/proc/{pid}/cmdline")))
+                .ok()
+                .and_then(|c| {
+                    let a = c.split(|&b| b == 0).next()?;
+                    let a = String::from_utf8_lossy(a);
+                    let base = a.rsplit('/').next()?.to_string();
+                    base.starts_with("nvidia-cuda-mps").then_some(base)
+                });
+            Some(MpsDaemon {
+                pid,
+                name: argv0.unwrap_or(comm),
+            })
+        })
+        .collect()
+}
+
+/// `nvidia-mps`: under MPS every client's work runs on the MPS server's channels.
+pub fn mps_check(daemons: &[MpsDaemon]) -> Check {
+    const NAME: &str = "nvidia-mps";
+    if daemons.is_empty() {
+        return Check::ok(NAME, "no MPS daemon: each process has its own channels");
+    }
+    let list = daemons
+        .iter()
+        .map(|d| format!("{} (pid {})", d.name, d.pid))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Check::warn(
+        NAME,
+        format!("MPS running: {list}. MPS: clients share the server's channels; per-process pausing would pause every MPS client"),
+        "stop MPS for the processes to control (echo quit | nvidia-cuda-mps-control), or run them outside it",
+    )
+}
+
+/// Every NVIDIA line, or none when the host has no NVIDIA driver. `pidfd`: the
+/// [`try_pidfd_getfd`] outcome (`None`: not probed, no line, as under a fake root).
+pub fn nvidia_checks(
+    root: &Root,
+    pidfd: Option<&std::result::Result<(), PidfdError>>,
+    ptrace: bool,
+) -> Vec<Check> {
+    if !nvidia_present(root) {
+        return Vec::new();
+    }
+    let mut checks = vec![nvidia_driver_check(
+        root.read("/proc/driver/nvidia/version").ok().as_deref(),
+        root.exists("/dev/nvidiactl"),
+    )];
+    checks.extend(nvidia_gsp_checks(root));
+    if let Some(p) = pidfd {
+        checks.push(pidfd_getfd_check(p, ptrace));
+    }
+    checks.push(mps_check(&mps_daemons(root)));
+    checks
+}
+
+// -------------------------------------------------------------------------------------------
 // The report
 
 /// Every check, in order.
@@ -1312,6 +1622,10 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     checks.push(pc_sampling_check(&version));
     checks.extend(amdgpu_params_checks(root));
     checks.extend(gpu_checks(root, &topology));
+    // The pidfd probe is a syscall on this process: only for the host itself, and only when it has
+    // the NVIDIA driver (nothing NVIDIA is printed elsewhere).
+    let pidfd = (root.base == Path::new("/") && nvidia_present(root)).then(try_pidfd_getfd);
+    checks.extend(nvidia_checks(root, pidfd.as_ref(), p.ptrace));
     checks.push(ptrace_scope_check(
         root.value("/proc/sys/kernel/yama/ptrace_scope").as_deref(),
         p.ptrace,
@@ -1980,5 +2294,270 @@ mod tests {
             c.finding.contains(&format!("pid {}", std::process::id())),
             "{c:?}"
         );
+    }
+
+    // What the open kernel module 580.159.04 prints (an H200, GSP-RM), verbatim.
+    const NV_OPEN_580: &str = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)  \nGCC version:  gcc version 15.3.0 (GCC) \n";
+    const H200_INFO: &str = "Model: \t\t NVIDIA H200\nIRQ:   \t\t 41\nGPU UUID: \t GPU-030c94aa-1b45-c8bb-b21a-a586bf0e7e3e\nVideo BIOS: \t 96.00.a5.00.1a\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t 0000:00:06.0\nDevice Minor: \t 0\nGPU Firmware: \t 580.159.04\nGPU Excluded:\t No\n";
+    // The proprietary module's line; a GPU without GSP prints no firmware line.
+    const NV_PROP_535: &str = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n";
+    const T4_INFO_NO_GSP: &str = "Model: \t\t Tesla T4\nIRQ:   \t\t 35\nBus Location: \t 0000:00:1e.0\nDevice Minor: \t 0\nGPU Excluded:\t No\n";
+
+    fn nv_names(cs: &[Check]) -> Vec<&str> {
+        cs.iter()
+            .map(|c| c.name.as_str())
+            .filter(|n| n.starts_with("nvidia") || *n == "pidfd_getfd")
+            .collect()
+    }
+
+    #[test]
+    fn doctor_nvidia_version_lines() {
+        assert_eq!(
+            parse_nvidia_version(NV_OPEN_580),
+            Some(NvDriver {
+                version: "580.159.04".into(),
+                major: 580,
+                open: true
+            })
+        );
+        assert_eq!(
+            parse_nvidia_version(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n"
+            ),
+            Some(NvDriver {
+                version: "550.54.14".into(),
+                major: 550,
+                open: false
+            })
+        );
+        assert_eq!(parse_nvidia_version("GCC version: 12.2.0\n"), None);
+
+        let c = nvidia_driver_check(Some(NV_OPEN_580), true);
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert!(
+            c.finding
+                .starts_with("NVIDIA 580.159.04 (open kernel module)"),
+            "{c:?}"
+        );
+        let c = nvidia_driver_check(
+            Some("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  590.44.01  Release Build\n"),
+            true,
+        );
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert!(c.finding.contains("measured on 580.159.04"), "{c:?}");
+        let c = nvidia_driver_check(Some(NV_PROP_535), true);
+        assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+        assert!(
+            c.finding.starts_with("NVIDIA 535.183.01 (proprietary kernel module): pausing was measured on 580.159.04; older drivers untested"),
+            "{c:?}"
+        );
+        assert!(c.fix.unwrap().contains("ptrace-attach rights"));
+        let c = nvidia_driver_check(None, true);
+        assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+        assert!(c.finding.starts_with("/dev/nvidiactl exists"), "{c:?}");
+        assert_eq!(
+            nvidia_driver_check(Some("garbage\n"), true).verdict,
+            Verdict::Warn
+        );
+    }
+
+    #[test]
+    fn doctor_nvidia_gsp_lines() {
+        let c = nvidia_gsp_check("0000:00:06.0", Some(H200_INFO));
+        assert_eq!(c.name, "nvidia-gsp:0000:00:06.0");
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert_eq!(c.finding, "NVIDIA H200: GSP-RM (GSP firmware 580.159.04)");
+        // nvidia-smi's spelling, with N/A: legacy RM.
+        let na = "Model: \t\t NVIDIA A100-SXM4-40GB\nGSP Firmware Version: \t N/A\n";
+        let c = nvidia_gsp_check("0000:07:00.0", Some(na));
+        assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+        assert!(
+            c.finding
+                .starts_with("NVIDIA A100-SXM4-40GB: no GSP firmware"),
+            "{c:?}"
+        );
+        assert!(c.finding.contains("NOT_SUPPORTED without GSP"), "{c:?}");
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("open kernel module") && fix.contains("NVreg_EnableGpuFirmware=1"),
+            "{fix}"
+        );
+        let c = nvidia_gsp_check("0000:00:1e.0", Some(T4_INFO_NO_GSP));
+        assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+        assert!(c.finding.starts_with("Tesla T4: "), "{c:?}");
+        assert_eq!(
+            nvidia_gsp_check("0000:00:1e.0", None).verdict,
+            Verdict::Warn
+        );
+    }
+
+    #[test]
+    fn doctor_pidfd_getfd_lines() {
+        // This process duplicating its own fd: works on any Linux 5.6+.
+        let probe = try_pidfd_getfd();
+        assert!(probe.is_ok(), "{probe:?}");
+        assert_eq!(pidfd_getfd_check(&Ok(()), true).verdict, Verdict::Ok);
+        let c = pidfd_getfd_check(&Ok(()), false);
+        assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+        assert!(c.fix.unwrap().contains("ptrace-attach rights"));
+        let e = |call, errno| {
+            Err(PidfdError {
+                call,
+                error: io::Error::from_raw_os_error(errno),
+            })
+        };
+        let c = pidfd_getfd_check(&e("pidfd_getfd", libc::ENOSYS), true);
+        assert_eq!(c.verdict, Verdict::Fail);
+        assert!(
+            c.finding.starts_with("pidfd_getfd failed: ")
+                && c.finding.contains("(no pidfd_getfd: Linux < 5.6)"),
+            "{c:?}"
+        );
+        let c = pidfd_getfd_check(&e("pidfd_open", libc::ENOSYS), true);
+        assert!(c.finding.contains("Linux < 5.3"), "{c:?}");
+        let c = pidfd_getfd_check(&e("pidfd_getfd", libc::EPERM), true);
+        assert!(c.finding.contains("seccomp"), "{c:?}");
+        assert!(c.fix.unwrap().contains("CAP_SYS_PTRACE"));
+    }
+
+    #[test]
+    fn doctor_nvidia_open_580_with_gsp_is_all_ok() {
+        let t = Tree::new();
+        t.write("/dev/nvidiactl", "")
+            .write("/proc/driver/nvidia/version", NV_OPEN_580)
+            .write(
+                "/proc/driver/nvidia/gpus/0000:00:06.0/information",
+                H200_INFO,
+            )
+            .write("/proc/1/comm", "init\n")
+            .write("/proc/4242/comm", "python3\n");
+        let cs = nvidia_checks(&t.root(), Some(&Ok(())), true);
+        assert_eq!(
+            verdicts(&cs),
+            [
+                ("nvidia-driver", Verdict::Ok),
+                ("nvidia-gsp:0000:00:06.0", Verdict::Ok),
+                ("pidfd_getfd", Verdict::Ok),
+                ("nvidia-mps", Verdict::Ok),
+            ],
+            "{cs:#?}"
+        );
+        // Not probed (a fake root): no pidfd_getfd line.
+        assert_eq!(
+            nv_names(&nvidia_checks(&t.root(), None, true)),
+            ["nvidia-driver", "nvidia-gsp:0000:00:06.0", "nvidia-mps"]
+        );
+    }
+
+    #[test]
+    fn doctor_nvidia_proprietary_535_without_gsp() {
+        let t = Tree::new();
+        t.write("/dev/nvidiactl", "")
+            .write("/proc/driver/nvidia/version", NV_PROP_535)
+            .write(
+                "/proc/driver/nvidia/gpus/0000:00:1e.0/information",
+                T4_INFO_NO_GSP,
+            )
+            .write(
+                "/proc/driver/nvidia/gpus/0000:00:1f.0/information",
+                H200_INFO,
+            );
+        let cs = nvidia_checks(&t.root(), None, true);
+        assert_eq!(
+            verdicts(&cs),
+            [
+                ("nvidia-driver", Verdict::Warn),
+                ("nvidia-gsp:0000:00:1e.0", Verdict::Fail),
+                ("nvidia-gsp:0000:00:1f.0", Verdict::Ok),
+                ("nvidia-mps", Verdict::Ok),
+            ],
+            "{cs:#?}"
+        );
+        // The driver loaded but listing no GPU: one warning.
+        let t = Tree::new();
+        t.write("/proc/driver/nvidia/version", NV_OPEN_580);
+        let cs = nvidia_checks(&t.root(), None, true);
+        assert_eq!(
+            verdicts(&cs),
+            [
+                ("nvidia-driver", Verdict::Ok),
+                ("nvidia-gsp", Verdict::Warn),
+                ("nvidia-mps", Verdict::Ok),
+            ]
+        );
+        // /dev/nvidiactl without the version file: the driver line fails.
+        let t = Tree::new();
+        t.write("/dev/nvidiactl", "");
+        assert_eq!(
+            nvidia_checks(&t.root(), None, true)[0].verdict,
+            Verdict::Fail
+        );
+    }
+
+    #[test]
+    fn doctor_nvidia_mps_running() {
+        let t = Tree::new();
+        t.write("/dev/nvidiactl", "")
+            .write("/proc/driver/nvidia/version", NV_OPEN_580)
+            .write(
+                "/proc/driver/nvidia/gpus/0000:00:06.0/information",
+                H200_INFO,
+            )
+            .write("/proc/77/comm", "nvidia-cuda-mps\n")
+            .write("/proc/77/cmdline", "/usr/bin/nvidia-cuda-mps-control\0-d\0")
+            .write("/proc/78/comm", "nvidia-cuda-mps\n")
+            .write("/proc/78/cmdline", "nvidia-cuda-mps-server\0")
+            .write("/proc/79/comm", "nvidia-cuda-mps\n") // cmdline unreadable: comm
+            .write("/proc/80/comm", "python3\n");
+        assert_eq!(
+            mps_daemons(&t.root()),
+            [
+                MpsDaemon {
+                    pid: 77,
+                    name: "nvidia-cuda-mps-control".into()
+                },
+                MpsDaemon {
+                    pid: 78,
+                    name: "nvidia-cuda-mps-server".into()
+                },
+                MpsDaemon {
+                    pid: 79,
+                    name: "nvidia-cuda-mps".into()
+                },
+            ]
+        );
+        let cs = nvidia_checks(&t.root(), None, true);
+        let c = by_name(&cs, "nvidia-mps");
+        assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+        assert!(
+            c.finding.starts_with(
+                "MPS running: nvidia-cuda-mps-control (pid 77), nvidia-cuda-mps-server (pid 78)"
+            ),
+            "{c:?}"
+        );
+        assert!(
+            c.finding.contains("MPS: clients share the server's channels; per-process pausing would pause every MPS client"),
+            "{c:?}"
+        );
+        assert!(c.fix.as_deref().unwrap().contains("stop MPS"), "{c:?}");
+        assert_eq!(mps_check(&[]).verdict, Verdict::Ok);
+        assert!(mps_check(&[]).finding.starts_with("no MPS daemon"));
+    }
+
+    #[test]
+    fn doctor_no_nvidia_line_on_an_amd_host() {
+        let t = Tree::new();
+        t.write("/dev/kfd", "")
+            .write("/sys/module/amdgpu/parameters/sched_policy", "0\n")
+            .write("/proc/100/comm", "nvidia-cuda-mps\n") // a stray name is not a driver
+            .write(
+                "/proc/self/status",
+                "Name:\tdoctor\nCapEff:\t000001ffffffffff\n",
+            );
+        assert!(!nvidia_present(&t.root()));
+        // Even with a probe outcome at hand, nothing NVIDIA without the driver.
+        assert!(nvidia_checks(&t.root(), Some(&Ok(())), true).is_empty());
+        let cs = run_checks(&t.root(), &t.root().path("/dev/kfd"), &t.0);
+        assert!(nv_names(&cs).is_empty(), "{cs:#?}");
     }
 }

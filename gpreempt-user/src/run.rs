@@ -46,6 +46,8 @@ struct Ctx {
     dry_run: bool,
     dir: std::path::PathBuf,
     control: Option<Control>,
+    /// NVIDIA processes: paused through their own RM clients, a guardian holding the way back.
+    nv: Option<crate::nv::ctl::NvControl>,
     engine: Engine,
     audit: Option<std::fs::File>,
     recent: VecDeque<serde_json::Value>,
@@ -123,6 +125,15 @@ impl Ctx {
 
     async fn classify(&mut self, w: &mut Watcher) {
         for (pid, class) in self.engine.classify(&w.state) {
+            log::info!(
+                "pid {pid} ({}): {class}, {} live queue(s)",
+                w.state.procs.get(&pid).map_or("?", |p| p.comm()),
+                w.state
+                    .procs
+                    .get(&pid)
+                    .map_or(0, |p| p.live_queues().count())
+            );
+            self.status_dirty = true;
             w.state.apply(Update::Class {
                 pid,
                 class: Some(class.label().to_string()),
@@ -185,6 +196,9 @@ impl Ctx {
 
     async fn tick(&mut self, w: &mut Watcher) {
         self.classify(w).await;
+        if let Some(nv) = self.nv.as_mut() {
+            nv.prune(&w.state);
+        }
         let now = monotonic_ns();
         let decisions = self.engine.decide(&w.state, now);
         for d in decisions {
@@ -210,7 +224,7 @@ impl Ctx {
     async fn act(&mut self, w: &mut Watcher, d: Decision) {
         let suspend = d.action == Action::Suspend;
         // The audit record is built after the ioctl: nothing but the decision precedes it.
-        let Some(control) = &self.control else {
+        if self.dry_run {
             let rec = self.audit_record(&d);
             self.engine.confirm(&d, &d.queues);
             log::info!(
@@ -223,14 +237,28 @@ impl Ctx {
             );
             self.record(rec);
             return;
-        };
-        let r = if suspend {
-            control
-                .suspend(d.pid, Some(d.queues.clone()), d.grace)
-                .await
-        } else {
-            control.resume(d.pid, Some(d.queues.clone())).await
-        };
+        }
+        let r: Result<OpReport, String> =
+            if crate::nv::ctl::NvControl::<crate::nv::ctl::Rm>::is_nvidia(&w.state, d.pid) {
+                match self.nv.as_mut() {
+                    Some(nv) => nv
+                        .act(&w.state, d.pid, &d.queues, suspend)
+                        .map_err(|e| format!("{e:#}")),
+                    None => Err("NVIDIA control is not available".into()),
+                }
+            } else {
+                match &self.control {
+                    Some(control) if suspend => control
+                        .suspend(d.pid, Some(d.queues.clone()), d.grace)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Some(control) => control
+                        .resume(d.pid, Some(d.queues.clone()))
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Err("no KFD on this host".into()),
+                }
+            };
         let mut rec = self.audit_record(&d);
         match r {
             Ok(report) => {
@@ -258,7 +286,7 @@ impl Ctx {
             }
             Err(e) => {
                 self.engine.confirm(&d, &[]);
-                rec["failed"] = serde_json::json!(e.to_string());
+                rec["failed"] = serde_json::json!(e);
                 log::warn!("pid {}: {e}", d.pid);
             }
         }
@@ -367,7 +395,14 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let policy = Policy::load(&args.policy)?;
     let dir = daemon::run_dir();
     let _lock = daemon::Lock::acquire(&dir)?;
-    let control = if args.dry_run {
+    // An NVIDIA host has no KFD: its processes are controlled through their RM clients alone.
+    let nvidia_only = !cli.kfd_device.exists() && Path::new("/dev/nvidiactl").exists();
+    let nv = if args.dry_run {
+        None
+    } else {
+        Some(crate::nv::ctl::NvControl::new(&dir)?)
+    };
+    let control = if args.dry_run || nvidia_only {
         None
     } else {
         let (c, n) = Control::start(
@@ -421,6 +456,7 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         dry_run: args.dry_run,
         dir: dir.clone(),
         control,
+        nv,
         engine: Engine::new(policy),
         audit,
         recent: VecDeque::new(),
@@ -471,7 +507,19 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
     }
     .await;
-    // Every way out passes here (and Control's Drop covers an unwinding panic).
+    // Every way out passes here (and Control's Drop covers an unwinding panic; for NVIDIA the
+    // guardian covers any death).
+    if let Some(nv) = ctx.nv.as_mut() {
+        let reports = nv.shutdown();
+        let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();
+        if !resumed.is_empty() {
+            eprintln!(
+                "resumed {} NVIDIA process(es): {:?}",
+                resumed.len(),
+                resumed
+            );
+        }
+    }
     if let Some(c) = ctx.control.take() {
         let reports = c.shutdown().await;
         let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();

@@ -158,6 +158,21 @@ fn doctor_on_this_host_without_amdgpu() {
         "{}",
         c["pc-sampling"]
     );
+    // No NVIDIA GPU here: none of the NVIDIA lines (they appear only with /dev/nvidiactl or
+    // /proc/driver/nvidia/version).
+    assert!(
+        !std::path::Path::new("/dev/nvidiactl").exists()
+            && !std::path::Path::new("/proc/driver/nvidia/version").exists(),
+        "this test expects a host without the NVIDIA driver"
+    );
+    let nvidia: Vec<&String> = c
+        .keys()
+        .filter(|n| n.starts_with("nvidia") || *n == "pidfd_getfd")
+        .collect();
+    assert!(
+        nvidia.is_empty(),
+        "NVIDIA lines on a host without NVIDIA: {nvidia:?}"
+    );
     // Every line is printed (traced depends on what else runs here).
     verdict(&c, "traced");
     assert_eq!(c.len(), 16 + PROBES.len(), "{:?}", c.keys());

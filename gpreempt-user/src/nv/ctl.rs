@@ -1,0 +1,469 @@
+//! The NVIDIA side of the controller: pauses and resumes a process's TSGs through its own RM
+//! client (a duplicate of its fd), with the guardian holding the way back.
+//!
+//! The first pause of a (process, client, subdevice) registers every channel of that client with
+//! the guardian (one hold per target, kept until the target exits or the controller stops), so a
+//! controller that dies in any way leaves nothing paused. Results come back as the KFD path's
+//! [`OpReport`], so the policy, the audit and the model treat both vendors alike.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    clock::monotonic_ns,
+    control::{OpReport, QueueOutcome, QueueResult},
+    nv::{
+        control::{dup_fd, set_disabled, Channels},
+        guardian::{GuardianHandle, HoldEntry},
+    },
+    state::State,
+};
+
+/// What pausing needs from the system; the real one is [`Rm`], tests use a fake.
+pub trait NvOps {
+    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd>;
+    fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration>;
+}
+
+/// The driver itself.
+pub struct Rm;
+
+impl NvOps for Rm {
+    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
+        dup_fd(pid, fd)
+    }
+    fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
+        set_disabled(fd, ch, disable)
+    }
+}
+
+/// Where a TSG lives: the RM client, its subdevice and the target's fd that holds the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ClientKey {
+    h_client: u32,
+    h_subdevice: u32,
+    fd: i32,
+}
+
+struct ClientState {
+    dup: OwnedFd,
+    /// TSG handle -> its channels (the TSG handle itself when none were seen).
+    tsgs: BTreeMap<u32, Vec<u32>>,
+    paused: BTreeSet<u32>,
+}
+
+/// Paused and pausable TSGs per process.
+pub struct NvControl<O: NvOps = Rm> {
+    ops: O,
+    exe: PathBuf,
+    journal: PathBuf,
+    /// Spawned at the first pause; None in tests.
+    guardian: Option<GuardianHandle>,
+    use_guardian: bool,
+    targets: HashMap<u32, BTreeMap<ClientKey, ClientState>>,
+}
+
+impl NvControl<Rm> {
+    /// `dir`: the run directory (the guardian's journal lives there).
+    pub fn new(dir: &Path) -> Result<Self> {
+        Ok(Self {
+            ops: Rm,
+            exe: std::env::current_exe().context("locating our own binary")?,
+            journal: dir.join("nv-journal"),
+            guardian: None,
+            use_guardian: true,
+            targets: HashMap::new(),
+        })
+    }
+}
+
+impl<O: NvOps> NvControl<O> {
+    /// Without a guardian (unit tests only: nothing would undo a pause if this process died).
+    #[cfg(test)]
+    fn unguarded(ops: O) -> Self {
+        Self {
+            ops,
+            exe: PathBuf::new(),
+            journal: PathBuf::new(),
+            guardian: None,
+            use_guardian: false,
+            targets: HashMap::new(),
+        }
+    }
+
+    /// Whether `pid`'s queues are NVIDIA TSGs in the model.
+    pub fn is_nvidia(state: &State, pid: u32) -> bool {
+        state
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.live_queues().any(|q| q.nv.is_some()))
+    }
+
+    /// Learns `pid`'s clients from the model (dups their fds, registers them with the guardian).
+    fn learn(&mut self, state: &State, pid: u32) -> Result<()> {
+        let Some(p) = state.procs.get(&pid) else {
+            anyhow::bail!("pid {pid} is not known");
+        };
+        let mut found: BTreeMap<ClientKey, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
+        for q in p.live_queues() {
+            let Some(t) = &q.nv else { continue };
+            let Some(h_subdevice) = t.h_subdevice else {
+                continue;
+            };
+            let key = ClientKey {
+                h_client: t.h_client,
+                h_subdevice,
+                fd: t.fd,
+            };
+            let ch = if t.channels.is_empty() {
+                vec![q.queue_id]
+            } else {
+                t.channels.clone()
+            };
+            found.entry(key).or_default().insert(q.queue_id, ch);
+        }
+        let known = self.targets.entry(pid).or_default();
+        for (key, tsgs) in found {
+            if let Some(c) = known.get_mut(&key) {
+                c.tsgs = tsgs; // TSGs come and go; keep what is paused
+                continue;
+            }
+            let dup = self.ops.dup(pid, key.fd)?;
+            if self.use_guardian {
+                let g = match self.guardian.as_mut() {
+                    Some(g) => g,
+                    None => self
+                        .guardian
+                        .insert(GuardianHandle::spawn(&self.exe, &self.journal)?),
+                };
+                g.hold(&HoldEntry {
+                    pid,
+                    fd: key.fd,
+                    h_client: key.h_client,
+                    h_subdevice: key.h_subdevice,
+                    channels: tsgs.values().flatten().copied().collect(),
+                })?;
+            }
+            known.insert(
+                key,
+                ClientState {
+                    dup,
+                    tsgs,
+                    paused: BTreeSet::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Pauses (`disable`) or resumes the TSGs `tsgs` of `pid` (queue ids in the model).
+    pub fn act(
+        &mut self,
+        state: &State,
+        pid: u32,
+        tsgs: &[u32],
+        disable: bool,
+    ) -> Result<OpReport> {
+        if disable {
+            self.learn(state, pid)?;
+        }
+        let issued_ns = monotonic_ns();
+        let mut queues = Vec::new();
+        let gpu = |q: u32| state.queue(pid, q).map(|q| q.gpu_id);
+        let Some(clients) = self.targets.get_mut(&pid) else {
+            anyhow::bail!("pid {pid}: nothing paused");
+        };
+        let mut first_err = None;
+        for (key, c) in clients.iter_mut() {
+            let mine: Vec<u32> = tsgs
+                .iter()
+                .copied()
+                .filter(|t| c.tsgs.contains_key(t))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let ch = Channels {
+                h_client: key.h_client,
+                h_subdevice: key.h_subdevice,
+                channels: mine
+                    .iter()
+                    .flat_map(|t| c.tsgs[t].iter().copied())
+                    .collect(),
+            };
+            let outcome = match self.ops.set(c.dup.as_fd(), &ch, disable) {
+                Ok(_) => {
+                    for t in &mine {
+                        if disable {
+                            c.paused.insert(*t);
+                        } else {
+                            c.paused.remove(t);
+                        }
+                    }
+                    QueueOutcome::Done
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    QueueOutcome::Error
+                }
+            };
+            queues.extend(mine.iter().map(|&q| QueueResult {
+                queue_id: q,
+                gpu_id: gpu(q),
+                outcome,
+            }));
+        }
+        for &t in tsgs {
+            if !queues.iter().any(|q| q.queue_id == t) {
+                queues.push(QueueResult {
+                    queue_id: t,
+                    gpu_id: gpu(t),
+                    outcome: QueueOutcome::Invalid,
+                });
+            }
+        }
+        if let (Some(e), true) = (
+            first_err,
+            queues.iter().all(|q| q.outcome != QueueOutcome::Done),
+        ) {
+            return Err(e);
+        }
+        Ok(OpReport {
+            pid,
+            ret: None,
+            queues,
+            issued_ns,
+            returned_ns: monotonic_ns(),
+        })
+    }
+
+    /// The target exited: drop its fd duplicates and the guardian's hold.
+    pub fn forget(&mut self, pid: u32) {
+        if let Some(clients) = self.targets.remove(&pid) {
+            if let Some(g) = self.guardian.as_mut() {
+                for key in clients.keys() {
+                    if let Err(e) = g.release(pid, key.h_client) {
+                        log::warn!("guardian release of pid {pid}: {e:#}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets targets that exited (our duplicates would keep their RM clients alive).
+    pub fn prune(&mut self, state: &State) {
+        let gone: Vec<u32> = self
+            .targets
+            .keys()
+            .copied()
+            .filter(|pid| state.procs.get(pid).is_none_or(|p| p.exited_ns.is_some()))
+            .collect();
+        for pid in gone {
+            self.forget(pid);
+        }
+    }
+
+    /// Resumes everything paused, releases every hold and stops the guardian.
+    pub fn shutdown(&mut self) -> Vec<OpReport> {
+        let mut out = Vec::new();
+        let pids: Vec<u32> = self.targets.keys().copied().collect();
+        for pid in pids {
+            let paused: Vec<u32> = self.targets[&pid]
+                .values()
+                .flat_map(|c| c.paused.iter().copied())
+                .collect();
+            if !paused.is_empty() {
+                match self.act(&State::new(), pid, &paused, false) {
+                    Ok(r) => out.push(r),
+                    Err(e) => {
+                        log::warn!("pid {pid}: resuming at exit: {e:#} (the guardian retries)")
+                    }
+                }
+            }
+            self.forget(pid);
+        }
+        if let Some(g) = self.guardian.take() {
+            if let Err(e) = g.shutdown(Duration::from_secs(5)) {
+                log::warn!("stopping the NVIDIA guardian: {e:#}");
+            }
+        }
+        out
+    }
+
+    /// (pid, TSG) pairs paused now.
+    pub fn paused(&self) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self
+            .targets
+            .iter()
+            .flat_map(|(&pid, cs)| {
+                cs.values()
+                    .flat_map(move |c| c.paused.iter().map(move |&t| (pid, t)))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        events::{Event, NvCall, NvEvent, Origin},
+        state::Update,
+    };
+    use gpreempt_common::nv::{self as abi, class};
+
+    #[derive(Default)]
+    struct Fake {
+        calls: Vec<(Vec<u32>, bool)>,
+        fail: bool,
+    }
+
+    impl NvOps for &mut Fake {
+        fn dup(&mut self, _pid: u32, _fd: i32) -> Result<OwnedFd> {
+            Ok(std::fs::File::open("/dev/null")?.into())
+        }
+        fn set(&mut self, _fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
+            if self.fail {
+                anyhow::bail!("NV_ERR_NOT_SUPPORTED");
+            }
+            self.calls.push((ch.channels.clone(), disable));
+            Ok(Duration::from_micros(900))
+        }
+    }
+
+    fn alloc(s: &mut State, parent: u32, new: u32, h_class: u32, engine: u32) {
+        alloc_for(s, 7, parent, new, h_class, engine)
+    }
+
+    fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engine: u32) {
+        let mut p = [0u8; abi::ALLOC_PARAMS_LEN];
+        p[abi::TSG_ENGINE_TYPE_AT..abi::TSG_ENGINE_TYPE_AT + 4]
+            .copy_from_slice(&engine.to_le_bytes());
+        s.apply(Update::Event(Event::Nv(NvEvent {
+            origin: Origin {
+                ts_ns: 1,
+                pid,
+                tid: pid,
+                comm: "python3".into(),
+            },
+            fd: 8,
+            cmd: abi::iowr(abi::nr::RM_ALLOC, 48),
+            ret: 0,
+            duration_ns: 1,
+            call: NvCall::Alloc {
+                h_root: 0xc1,
+                h_object_parent: parent,
+                h_object_new: new,
+                h_class,
+                params_size: 0,
+                status: 0,
+                nvos64: true,
+                alloc_params: Some(p),
+            },
+            verified: true,
+        })));
+    }
+
+    fn host() -> State {
+        let mut s = State::new();
+        alloc(&mut s, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+        alloc(&mut s, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+        alloc(&mut s, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+        alloc(&mut s, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+        alloc(&mut s, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+        alloc(&mut s, 0x20, 0x22, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+        alloc(&mut s, 0x10, 0x30, class::KEPLER_CHANNEL_GROUP_A, 0xb);
+        s
+    }
+
+    /// The policy sees NVIDIA processes like KFD ones: an online launch hint suspends the offline
+    /// process's compute TSG.
+    #[test]
+    fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
+        use crate::policy::{Action, Engine, Policy};
+        let mut s = State::new();
+        for pid in [7, 8] {
+            alloc_for(&mut s, pid, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+            alloc_for(&mut s, pid, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+            alloc_for(&mut s, pid, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+            alloc_for(&mut s, pid, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+            alloc_for(&mut s, pid, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+            let script = if pid == 7 { "online.py" } else { "offline.py" };
+            s.apply(Update::ProcInfo {
+                pid,
+                info: crate::procinfo::ProcInfo {
+                    comm: "python3".into(),
+                    cmdline: format!("python3 scripts/gpu/{script} 45"),
+                    start_time: 100 + u64::from(pid),
+                    ..Default::default()
+                },
+            });
+        }
+        let policy = Policy::parse(
+            include_str!("../../../scripts/gpu/policy.toml"),
+            "policy.toml",
+        )
+        .unwrap();
+        let mut e = Engine::new(policy);
+        let classes = e.classify(&s);
+        assert_eq!(classes.len(), 2, "{classes:?}");
+        let now = 5_000_000_000;
+        s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now - 200_000);
+        let ds = e.decide(&s, now);
+        assert_eq!(ds.len(), 1, "{ds:#?}");
+        assert_eq!(
+            (ds[0].action, ds[0].pid, ds[0].queues.clone()),
+            (Action::Suspend, 8, vec![0x20])
+        );
+    }
+
+    #[test]
+    fn pauses_the_listed_tsgs_channels_and_resumes_them() {
+        let s = host();
+        assert!(NvControl::<Rm>::is_nvidia(&s, 7));
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        let r = c.act(&s, 7, &[0x20], true).unwrap();
+        assert_eq!(r.done(), vec![0x20]);
+        assert_eq!(c.paused(), vec![(7, 0x20)]);
+        let r = c.act(&s, 7, &[0x20, 0x99], false).unwrap();
+        assert_eq!(r.done(), vec![0x20]);
+        assert_eq!(r.queues[1].outcome, QueueOutcome::Invalid, "unknown TSG");
+        assert!(c.paused().is_empty());
+        drop(c);
+        assert_eq!(
+            fake.calls,
+            vec![(vec![0x21, 0x22], true), (vec![0x21, 0x22], false)]
+        );
+    }
+
+    #[test]
+    fn shutdown_resumes_what_is_paused_and_errors_are_reported() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        c.act(&s, 7, &[0x20, 0x30], true).unwrap();
+        let reports = c.shutdown();
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].done(), vec![0x20, 0x30]);
+        drop(c);
+        assert!(!fake.calls.last().unwrap().1, "the last call resumes");
+
+        let mut failing = Fake {
+            fail: true,
+            ..Fake::default()
+        };
+        let mut c = NvControl::unguarded(&mut failing);
+        let e = c.act(&s, 7, &[0x20], true).unwrap_err();
+        assert!(e.to_string().contains("NOT_SUPPORTED"), "{e}");
+        assert!(c.paused().is_empty());
+    }
+}
