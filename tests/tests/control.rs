@@ -171,7 +171,7 @@ $GP sim workload {OFFLINE} --duration {secs} --report {d}/off0.json 2>/dev/null 
 wait $A $B
 $GP run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
 sleep 2
-$GP sim workload {ONLINE} --duration {secs} --report {d}/on1.json 2>/dev/null & A=$!
+$GP sim workload {ONLINE} --duration {secs} --report {d}/on1.json 2>{d}/on1.err & A=$!
 $GP sim workload {OFFLINE} --duration {secs} --report {d}/off1.json 2>/dev/null & B=$!
 echo $B > {d}/b.pid
 wait $A $B
@@ -179,6 +179,12 @@ kill -INT $R; wait $R; echo $? > {d}/run.rc
 "#
     );
     sim(&script, Duration::from_secs(2 * secs + 60));
+    assert!(
+        t.path("on1.json").exists(),
+        "the online workload under the controller wrote no report: {}\ncontroller: {}",
+        std::fs::read_to_string(t.path("on1.err")).unwrap_or_default(),
+        std::fs::read_to_string(t.path("run.err")).unwrap_or_default()
+    );
     let p99 = |f: &str| json(&t.path(f))["latency"]["p99_ms"].as_f64().unwrap();
     let items = |f: &str| json(&t.path(f))["items_per_s"].as_f64().unwrap();
     let (without, with) = (p99("on0.json"), p99("on1.json"));
