@@ -56,6 +56,8 @@ struct ClientState {
     /// TSG handle -> its channels (the TSG handle itself when none were seen).
     tsgs: BTreeMap<u32, Vec<u32>>,
     paused: BTreeSet<u32>,
+    /// Channels the guardian holds a way back for.
+    guarded: BTreeSet<u32>,
 }
 
 /// Paused and pausable TSGs per process.
@@ -128,14 +130,28 @@ impl<O: NvOps> NvControl<O> {
             };
             found.entry(key).or_default().insert(q.queue_id, ch);
         }
-        let known = self.targets.entry(pid).or_default();
         for (key, tsgs) in found {
-            if let Some(c) = known.get_mut(&key) {
-                c.tsgs = tsgs; // TSGs come and go; keep what is paused
-                continue;
+            let channels: BTreeSet<u32> = tsgs.values().flatten().copied().collect();
+            let known = self.targets.entry(pid).or_default();
+            // Channels created since the last hold: the guardian must be able to resume them
+            // too before any of them is paused.
+            let new: Vec<u32> = match known.get(&key) {
+                Some(c) => channels.difference(&c.guarded).copied().collect(),
+                None => channels.iter().copied().collect(),
+            };
+            if !known.contains_key(&key) {
+                let dup = self.ops.dup(pid, key.fd)?;
+                known.insert(
+                    key,
+                    ClientState {
+                        dup,
+                        tsgs: BTreeMap::new(),
+                        paused: BTreeSet::new(),
+                        guarded: BTreeSet::new(),
+                    },
+                );
             }
-            let dup = self.ops.dup(pid, key.fd)?;
-            if self.use_guardian {
+            if !new.is_empty() && self.use_guardian {
                 let g = match self.guardian.as_mut() {
                     Some(g) => g,
                     None => self
@@ -147,17 +163,13 @@ impl<O: NvOps> NvControl<O> {
                     fd: key.fd,
                     h_client: key.h_client,
                     h_subdevice: key.h_subdevice,
-                    channels: tsgs.values().flatten().copied().collect(),
+                    channels: new.clone(),
                 })?;
             }
-            known.insert(
-                key,
-                ClientState {
-                    dup,
-                    tsgs,
-                    paused: BTreeSet::new(),
-                },
-            );
+            if let Some(c) = self.targets.get_mut(&pid).and_then(|k| k.get_mut(&key)) {
+                c.guarded.extend(new);
+                c.tsgs = tsgs; // TSGs come and go; what is paused stays recorded
+            }
         }
         Ok(())
     }
@@ -443,6 +455,26 @@ mod tests {
             fake.calls,
             vec![(vec![0x21, 0x22], true), (vec![0x21, 0x22], false)]
         );
+    }
+
+    /// A channel created after the first hold is handed to the guardian before it is paused.
+    #[test]
+    fn channels_created_later_are_guarded_before_they_are_paused() {
+        let mut s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        c.act(&s, 7, &[0x20], true).unwrap();
+        c.act(&s, 7, &[0x20], false).unwrap();
+        alloc(&mut s, 0x20, 0x23, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+        c.act(&s, 7, &[0x20], true).unwrap();
+        let guarded: Vec<u32> = c.targets[&7]
+            .values()
+            .flat_map(|k| k.guarded.iter().copied())
+            .collect();
+        // The whole client: the compute TSG's channels and the copy TSG (no channel seen: its handle).
+        assert_eq!(guarded, vec![0x21, 0x22, 0x23, 0x30]);
+        drop(c);
+        assert_eq!(fake.calls.last().unwrap(), &(vec![0x21, 0x22, 0x23], true));
     }
 
     #[test]
