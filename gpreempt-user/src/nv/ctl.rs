@@ -139,17 +139,13 @@ impl<O: NvOps> NvControl<O> {
                 Some(c) => channels.difference(&c.guarded).copied().collect(),
                 None => channels.iter().copied().collect(),
             };
-            if !known.contains_key(&key) {
-                let dup = self.ops.dup(pid, key.fd)?;
-                known.insert(
-                    key,
-                    ClientState {
-                        dup,
-                        tsgs: BTreeMap::new(),
-                        paused: BTreeSet::new(),
-                        guarded: BTreeSet::new(),
-                    },
-                );
+            if let std::collections::btree_map::Entry::Vacant(v) = known.entry(key) {
+                v.insert(ClientState {
+                    dup: self.ops.dup(pid, key.fd)?,
+                    tsgs: BTreeMap::new(),
+                    paused: BTreeSet::new(),
+                    guarded: BTreeSet::new(),
+                });
             }
             if !new.is_empty() && self.use_guardian {
                 let g = match self.guardian.as_mut() {
