@@ -648,39 +648,29 @@ impl EventSource {
 
     /// Keeps only ioctls on the KFD device; forgets exited processes.
     fn check_fds(&mut self, out: &mut Vec<Event>) {
-        out.retain_mut(|ev| match ev {
-            Event::Ioctl(i) => match self.fds.check(i.origin.pid, i.fd) {
-                FdVerdict::Kfd => {
-                    i.verified = true;
-                    true
-                }
-                FdVerdict::Unknown => {
-                    self.stats.unverified += 1;
-                    true
-                }
-                FdVerdict::Other => {
-                    self.stats.not_kfd += 1;
-                    false
-                }
-            },
-            Event::ProcessExit(p) => {
-                self.fds.forget(p.origin.pid);
+        let (fds, stats) = (&mut self.fds, &mut self.stats);
+        // Keeps the event unless its fd is another file; marks it verified when confirmed.
+        let mut keep = |verdict: FdVerdict, verified: &mut bool| match verdict {
+            FdVerdict::Kfd => {
+                *verified = true;
                 true
             }
-            Event::Nv(n) => match self.fds.check_nv(n.origin.pid, n.fd) {
-                FdVerdict::Kfd => {
-                    n.verified = true;
-                    true
-                }
-                FdVerdict::Unknown => {
-                    self.stats.unverified += 1;
-                    true
-                }
-                FdVerdict::Other => {
-                    self.stats.not_kfd += 1;
-                    false
-                }
-            },
+            FdVerdict::Unknown => {
+                stats.unverified += 1;
+                true
+            }
+            FdVerdict::Other => {
+                stats.not_kfd += 1;
+                false
+            }
+        };
+        out.retain_mut(|ev| match ev {
+            Event::Ioctl(i) => keep(fds.check(i.origin.pid, i.fd), &mut i.verified),
+            Event::Nv(n) => keep(fds.check_nv(n.origin.pid, n.fd), &mut n.verified),
+            Event::ProcessExit(p) => {
+                fds.forget(p.origin.pid);
+                true
+            }
             Event::Kernel(_) | Event::Launch(_) => true,
         });
     }

@@ -318,6 +318,19 @@ fn kernel_fields(k: &KernelEvent) -> Vec<(&'static str, u64)> {
     f
 }
 
+/// `,"name":value` for each field (numbers as JSON numbers, strings quoted).
+fn write_fields<W: Write>(w: &mut W, fields: Vec<(&'static str, Val)>) -> std::io::Result<()> {
+    for (k, v) in fields {
+        write!(w, ",\"{k}\":")?;
+        match v {
+            Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
+            Val::I(n) => write!(w, "{n}")?,
+            Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
+        }
+    }
+    Ok(())
+}
+
 /// Writes one JSON object per event (the README documents the schema). Written field by field:
 /// building a `serde_json::Value` per event was the bottleneck of the consumer.
 pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
@@ -357,14 +370,7 @@ pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
             if !n.verified {
                 w.write_all(b",\"verified\":false")?;
             }
-            for (k, v) in nv_fields(n) {
-                write!(w, ",\"{k}\":")?;
-                match v {
-                    Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
-                    Val::I(n) => write!(w, "{n}")?,
-                    Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
-                }
-            }
+            write_fields(w, nv_fields(n))?;
         }
         Event::Ioctl(i) => {
             write!(w, ",\"event\":\"{}\"", i.name())?;
@@ -379,14 +385,7 @@ pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
             if !i.verified {
                 w.write_all(b",\"verified\":false")?;
             }
-            for (k, v) in call_fields(i) {
-                write!(w, ",\"{k}\":")?;
-                match v {
-                    Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
-                    Val::I(n) => write!(w, "{n}")?,
-                    Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
-                }
-            }
+            write_fields(w, call_fields(i))?;
         }
     }
     w.write_all(b"}\n")
