@@ -107,6 +107,12 @@ impl<O: NvOps> NvControl<O> {
             .is_some_and(|p| p.live_queues().any(|q| q.nv.is_some()))
     }
 
+    /// Learns `pid`'s clients from the model (dups their fds, registers them with the guardian)
+    /// ahead of a first pause, so that the pause itself is only the RM call.
+    pub fn prepare(&mut self, state: &State, pid: u32) -> Result<()> {
+        self.learn(state, pid)
+    }
+
     /// Learns `pid`'s clients from the model (dups their fds, registers them with the guardian).
     fn learn(&mut self, state: &State, pid: u32) -> Result<()> {
         let Some(p) = state.procs.get(&pid) else {
