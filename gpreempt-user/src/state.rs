@@ -1424,4 +1424,4 @@ impl State {
 
 #[cfg(test)]
 #[path = "state_tests.rs"]
-mod tests;
+pub(crate) mod tests;

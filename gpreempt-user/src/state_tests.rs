@@ -2100,7 +2100,7 @@ fn a_suspend_names_an_unknown_debugger_and_its_exit_resumes() {
     assert_eq!(proc_(&s, A).debugger, None);
 }
 
-mod nvidia {
+pub(crate) mod nvidia {
     use super::*;
     use crate::events::{NvCall, NvEvent, Origin};
     use gpreempt_common::nv::{self as abi, class};
@@ -2108,7 +2108,36 @@ mod nvidia {
     const PID: u32 = 440;
     const CLIENT: u32 = 0xc1d0_001c;
 
-    fn alloc(ts: u64, parent: u32, new: u32, h_class: u32, params_head: u32) -> Update {
+    /// A successful RM escape of `pid` on fd 8 (test builder shared with the NVIDIA controller's
+    /// tests).
+    pub(crate) fn rm_event(ts: u64, pid: u32, call: NvCall) -> Update {
+        Update::Event(Event::Nv(NvEvent {
+            origin: Origin {
+                ts_ns: ts,
+                pid,
+                tid: pid,
+                comm: "python3".into(),
+            },
+            fd: 8,
+            cmd: abi::iowr(abi::nr::RM_ALLOC, 48),
+            ret: 0,
+            duration_ns: 1000,
+            call,
+            verified: true,
+        }))
+    }
+
+    /// RM_ALLOC of `new` (`h_class`) under `parent` in `client`; `params_head` is a TSG's
+    /// engineType, else the first word of the alloc params (a device's index).
+    pub(crate) fn rm_alloc(
+        ts: u64,
+        pid: u32,
+        client: u32,
+        parent: u32,
+        new: u32,
+        h_class: u32,
+        params_head: u32,
+    ) -> Update {
         let mut p = [0u8; abi::ALLOC_PARAMS_LEN];
         let at = if h_class == class::KEPLER_CHANNEL_GROUP_A {
             abi::TSG_ENGINE_TYPE_AT
@@ -2116,10 +2145,11 @@ mod nvidia {
             0
         };
         p[at..at + 4].copy_from_slice(&params_head.to_le_bytes());
-        nv(
+        rm_event(
             ts,
+            pid,
             NvCall::Alloc {
-                h_root: CLIENT,
+                h_root: client,
                 h_object_parent: parent,
                 h_object_new: new,
                 h_class,
@@ -2131,21 +2161,12 @@ mod nvidia {
         )
     }
 
+    fn alloc(ts: u64, parent: u32, new: u32, h_class: u32, params_head: u32) -> Update {
+        rm_alloc(ts, PID, CLIENT, parent, new, h_class, params_head)
+    }
+
     fn nv(ts: u64, call: NvCall) -> Update {
-        Update::Event(Event::Nv(NvEvent {
-            origin: Origin {
-                ts_ns: ts,
-                pid: PID,
-                tid: PID,
-                comm: "python3".into(),
-            },
-            fd: 8,
-            cmd: abi::iowr(abi::nr::RM_ALLOC, 48),
-            ret: 0,
-            duration_ns: 1000,
-            call,
-            verified: true,
-        }))
+        rm_event(ts, PID, call)
     }
 
     fn free(ts: u64, parent: u32, old: u32) -> Update {

@@ -328,11 +328,8 @@ impl<O: NvOps> NvControl<O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        events::{Event, NvCall, NvEvent, Origin},
-        state::Update,
-    };
-    use gpreempt_common::nv::{self as abi, class};
+    use crate::state::Update;
+    use gpreempt_common::nv::class;
 
     #[derive(Default)]
     struct Fake {
@@ -358,32 +355,9 @@ mod tests {
     }
 
     fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engine: u32) {
-        let mut p = [0u8; abi::ALLOC_PARAMS_LEN];
-        p[abi::TSG_ENGINE_TYPE_AT..abi::TSG_ENGINE_TYPE_AT + 4]
-            .copy_from_slice(&engine.to_le_bytes());
-        s.apply(Update::Event(Event::Nv(NvEvent {
-            origin: Origin {
-                ts_ns: 1,
-                pid,
-                tid: pid,
-                comm: "python3".into(),
-            },
-            fd: 8,
-            cmd: abi::iowr(abi::nr::RM_ALLOC, 48),
-            ret: 0,
-            duration_ns: 1,
-            call: NvCall::Alloc {
-                h_root: 0xc1,
-                h_object_parent: parent,
-                h_object_new: new,
-                h_class,
-                params_size: 0,
-                status: 0,
-                nvos64: true,
-                alloc_params: Some(p),
-            },
-            verified: true,
-        })));
+        s.apply(crate::state::tests::nvidia::rm_alloc(
+            1, pid, 0xc1, parent, new, h_class, engine,
+        ));
     }
 
     fn host() -> State {
