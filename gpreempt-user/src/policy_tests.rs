@@ -1313,7 +1313,7 @@ fn a_launch_hint_suspends_before_any_sample_sees_work() {
 
 #[test]
 fn launch_hints_are_ignored_when_the_policy_says_so_or_when_stale() {
-    let mut w = World::new(&format!("{POLICY}\n"));
+    let mut w = World::new(POLICY);
     w.e.set_policy({
         let mut p = Policy::parse(POLICY, "p.toml").unwrap();
         p.launch_hints = false;
