@@ -4,6 +4,9 @@
 //! The driver dispatches on `_IOC_NR` and copies `_IOC_SIZE` bytes; libcuda issues
 //! `_IOWR('F', nr, sizeof(params))`. RM_ALLOC has two parameter layouts, told apart by size.
 
+/// The RM control device: its presence makes a host an NVIDIA host.
+pub const NVIDIACTL: &str = "/dev/nvidiactl";
+
 /// ioctl type (magic) of /dev/nvidiactl and /dev/nvidiaN.
 pub const NV_IOCTL_MAGIC: u32 = b'F' as u32;
 

@@ -65,6 +65,9 @@ pub enum Command {
     /// NVIDIA pause/resume cycles of a process started after it (GPU experiment kit).
     #[command(hide = true)]
     NvPauseTest(crate::nv::pausetest::Args),
+    /// A CUDA process of our own that the controller pauses and resumes at start (self-test).
+    #[command(hide = true)]
+    NvSelftestTarget(crate::nv::selftest::TargetArgs),
 }
 
 #[derive(Args, Debug)]
@@ -314,6 +317,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Doctor(ref args) => crate::doctor::main(&cli, args),
         Command::NvGuardian(ref args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(ref args) => rt()?.block_on(crate::nv::pausetest::main(args)),
+        Command::NvSelftestTarget(ref args) => crate::nv::selftest::target_main(args),
     }
 }
 

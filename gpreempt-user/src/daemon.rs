@@ -117,6 +117,10 @@ pub struct Status {
     pub refused: BTreeMap<u32, String>,
     /// The latest decisions, newest last (audit records).
     pub decisions: Vec<serde_json::Value>,
+    /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a
+    /// process's events reach the model.
+    #[serde(default)]
+    pub events: BTreeMap<String, u64>,
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {

@@ -828,16 +828,24 @@ fn gpu_list(gpus: &[GpuNode]) -> String {
         .join(", ")
 }
 
-/// Check 7: the device, its version and the topology's GPUs.
+/// Check 7: the device, its version and the topology's GPUs. `nvidia`: the host has the NVIDIA
+/// driver, so a missing KFD only means the AMD backend is not needed.
 pub fn kfd_check(
     dev: &Path,
     version: &io::Result<(u32, u32)>,
     topology: &Result<Vec<GpuNode>>,
+    nvidia: bool,
 ) -> Check {
     const NAME: &str = "kfd";
     let d = dev.display();
     let mut c = match version {
         Ok((major, minor)) => kfd_version_check(*major, *minor),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && nvidia => {
+            return Check::ok(
+                NAME,
+                format!("no {d}: not an AMD host (its NVIDIA GPUs use the NVIDIA backend)"),
+            )
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Check::fail(
                 NAME,
@@ -1278,7 +1286,7 @@ const NV_PTRACE: &str = "pausing duplicates the target's /dev/nvidiactl fd with 
 
 /// Whether this host has the NVIDIA driver: its control device or its procfs version file.
 pub fn nvidia_present(root: &Root) -> bool {
-    root.exists("/dev/nvidiactl") || root.exists("/proc/driver/nvidia/version")
+    root.exists(gpreempt_common::nv::NVIDIACTL) || root.exists("/proc/driver/nvidia/version")
 }
 
 /// The kernel module's version and flavour, from `/proc/driver/nvidia/version`.
@@ -1565,7 +1573,7 @@ pub fn nvidia_checks(
     }
     let mut checks = vec![nvidia_driver_check(
         root.read("/proc/driver/nvidia/version").ok().as_deref(),
-        root.exists("/dev/nvidiactl"),
+        root.exists(gpreempt_common::nv::NVIDIACTL),
     )];
     checks.extend(nvidia_gsp_checks(root));
     if let Some(p) = pidfd {
@@ -1618,7 +1626,12 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     checks.push(debugfs_check(root, p.admin || euid == 0));
     let topology = sysfs::read_topology(&root.path("/sys/class/kfd/kfd"));
     let version = kfd_get_version(kfd_device);
-    checks.push(kfd_check(kfd_device, &version, &topology));
+    checks.push(kfd_check(
+        kfd_device,
+        &version,
+        &topology,
+        nvidia_present(root),
+    ));
     checks.push(pc_sampling_check(&version));
     checks.extend(amdgpu_params_checks(root));
     checks.extend(gpu_checks(root, &topology));
@@ -1835,24 +1848,33 @@ mod tests {
     fn doctor_kfd_check_device_and_topology() {
         let dev = Path::new("/dev/kfd");
         let missing = Err(io::Error::from(io::ErrorKind::NotFound));
-        let c = kfd_check(dev, &missing, &Ok(vec![]));
+        let c = kfd_check(dev, &missing, &Ok(vec![]), false);
         assert_eq!(c.verdict, Verdict::Fail);
         assert!(c.finding.contains("no AMD GPU driver (amdkfd) here"));
+        // On an NVIDIA host a missing KFD is no failure; a broken one still is.
+        let c = kfd_check(dev, &missing, &Ok(vec![]), true);
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert!(c.finding.contains("not an AMD host"), "{c:?}");
+        let denied = Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        assert_eq!(
+            kfd_check(dev, &denied, &Ok(vec![]), true).verdict,
+            Verdict::Fail
+        );
         let g = GpuNode {
             node: 1,
             gpu_id: 4242,
             gfx_target_version: 90010,
             ..Default::default()
         };
-        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![g]));
+        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![g]), false);
         assert_eq!(c.verdict, Verdict::Ok);
         assert!(
             c.finding.contains("KFD 1.18") && c.finding.contains("gfx90a"),
             "{c:?}"
         );
-        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![]));
+        let c = kfd_check(dev, &Ok((1, 18)), &Ok(vec![]), false);
         assert_eq!(c.verdict, Verdict::Fail);
-        let c = kfd_check(dev, &Ok((1, 18)), &Err(anyhow::anyhow!("nope")));
+        let c = kfd_check(dev, &Ok((1, 18)), &Err(anyhow::anyhow!("nope")), false);
         assert_eq!(c.verdict, Verdict::Warn);
     }
 

@@ -1,4 +1,5 @@
-//! gpreempt-ebpf: watch AMD GPU compute queues (amdkfd) with eBPF and preempt them by policy.
+//! gpreempt-ebpf: watch GPU compute queues (amdkfd; NVIDIA RM) with eBPF and preempt them by policy.
+pub mod backend;
 pub mod btf;
 pub mod cli;
 pub mod clock;

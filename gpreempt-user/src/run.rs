@@ -15,14 +15,14 @@ use anyhow::{Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
+    backend::Backends,
     cli::{Cli, RunArgs},
     clock::monotonic_ns,
-    control::{Control, ControlHandle, Limits, Notice, OpReport, QueueOutcome},
-    daemon::{self, Controlled, Request, Response, Status},
+    control::{Notice, OpReport, QueueOutcome},
+    daemon::{self, Request, Response, Status},
     kfd::Paths,
     manual::describe,
     policy::{Action, Class, Decision, Engine, Policy},
-    procinfo,
     state::Update,
     watch::{Intervals, Watcher},
 };
@@ -30,29 +30,14 @@ use crate::{
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
 
-/// Resumes everything if anything panics (before the default hook prints the panic).
-fn install_panic_hook(h: ControlHandle) {
-    let prev = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().name() != Some("gpreempt-ctl") {
-            h.shutdown_blocking(Duration::from_secs(2));
-        }
-        prev(info);
-    }));
-}
-
 struct Ctx {
     me: u32,
     dry_run: bool,
-    dir: std::path::PathBuf,
-    control: Option<Control>,
-    /// NVIDIA processes: paused through their own RM clients, a guardian holding the way back.
-    nv: Option<crate::nv::ctl::NvControl>,
+    /// How this host's GPUs are acted on (none in a dry run).
+    backends: Backends,
     engine: Engine,
     audit: Option<std::fs::File>,
     recent: VecDeque<serde_json::Value>,
-    /// Processes under control (attached), with their start times.
-    attached: BTreeMap<u32, u64>,
     /// Processes that cannot be controlled, and why (each reported once).
     refused: BTreeMap<u32, String>,
     status_dirty: bool,
@@ -84,6 +69,7 @@ impl Ctx {
             fenced: self.engine.fenced(),
             refused: self.refused.clone(),
             decisions: self.recent.iter().cloned().collect(),
+            events: w.event_counts(),
         }
     }
 
@@ -101,17 +87,6 @@ impl Ctx {
         }
         self.recent.push_back(v);
         self.status_dirty = true;
-    }
-
-    fn save_targets(&self) {
-        let t: Vec<Controlled> = self
-            .attached
-            .iter()
-            .map(|(&pid, &start_time)| Controlled { pid, start_time })
-            .collect();
-        if let Err(e) = daemon::write_targets(&self.dir, &t) {
-            log::warn!("{e:#}");
-        }
     }
 
     /// Applies a control result to the model (our own DBG_TRAP calls are not read back from
@@ -139,42 +114,24 @@ impl Ctx {
                 class: Some(class.label().to_string()),
             });
             self.launch_hints(w, pid, class);
-            let Some(control) = &self.control else {
+            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
                 continue;
             };
-            // Offline processes are attached ahead of time, so a suspend is one ioctl.
-            if class == Class::Offline && !self.attached.contains_key(&pid) {
-                match control.attach(pid).await {
-                    Ok(_) => {
-                        // Classified processes have their /proc facts in the model already.
-                        let start = w
-                            .state
-                            .procs
-                            .get(&pid)
-                            .and_then(|p| p.info.as_ref())
-                            .map_or(0, |i| i.start_time);
-                        self.attached.insert(pid, start);
-                        self.refused.remove(&pid);
-                        self.save_targets();
-                    }
-                    Err(e) => {
-                        let text = e.to_string();
-                        if self.refused.get(&pid) != Some(&text) {
-                            log::warn!("pid {pid}: cannot be controlled: {text}");
-                            w.state.apply(Update::Warning {
-                                ts_ns: monotonic_ns(),
-                                text: format!("pid {pid}: cannot be controlled: {text}"),
-                            });
-                            self.refused.insert(pid, text);
-                            self.status_dirty = true;
-                        }
+            match b.classed(&w.state, pid, class).await {
+                Ok(()) => {
+                    self.refused.remove(&pid);
+                }
+                Err(text) => {
+                    if self.refused.get(&pid) != Some(&text) {
+                        log::warn!("pid {pid}: cannot be controlled: {text}");
+                        w.state.apply(Update::Warning {
+                            ts_ns: monotonic_ns(),
+                            text: format!("pid {pid}: cannot be controlled: {text}"),
+                        });
+                        self.refused.insert(pid, text);
+                        self.status_dirty = true;
                     }
                 }
-            } else if class != Class::Offline && self.attached.remove(&pid).is_some() {
-                if let Err(e) = control.detach(pid).await {
-                    log::debug!("pid {pid}: detach: {e}");
-                }
-                self.save_targets();
             }
         }
     }
@@ -196,10 +153,14 @@ impl Ctx {
 
     async fn tick(&mut self, w: &mut Watcher) {
         self.classify(w).await;
-        if let Some(nv) = self.nv.as_mut() {
-            nv.prune(&w.state);
-        }
         let now = monotonic_ns();
+        let mut notices = Vec::new();
+        for b in &mut self.backends.list {
+            notices.extend(b.upkeep(&w.state, now));
+        }
+        for n in notices {
+            self.notice(w, n);
+        }
         let decisions = self.engine.decide(&w.state, now);
         for d in decisions {
             self.act(w, d).await;
@@ -238,27 +199,14 @@ impl Ctx {
             self.record(rec);
             return;
         }
-        let r: Result<OpReport, String> =
-            if crate::nv::ctl::NvControl::<crate::nv::ctl::Rm>::is_nvidia(&w.state, d.pid) {
-                match self.nv.as_mut() {
-                    Some(nv) => nv
-                        .act(&w.state, d.pid, &d.queues, suspend)
-                        .map_err(|e| format!("{e:#}")),
-                    None => Err("NVIDIA control is not available".into()),
-                }
-            } else {
-                match &self.control {
-                    Some(control) if suspend => control
-                        .suspend(d.pid, Some(d.queues.clone()), d.grace)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    Some(control) => control
-                        .resume(d.pid, Some(d.queues.clone()))
-                        .await
-                        .map_err(|e| e.to_string()),
-                    None => Err("no KFD on this host".into()),
-                }
-            };
+        let r: Result<OpReport, String> = match self.backends.for_pid(&w.state, d.pid) {
+            Ok(b) if suspend => {
+                b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                    .await
+            }
+            Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
+            Err(e) => Err(e),
+        };
         let mut rec = self.audit_record(&d);
         match r {
             Ok(report) => {
@@ -297,8 +245,8 @@ impl Ctx {
         match n {
             Notice::TargetGone { pid } => {
                 self.engine.forget(pid, None);
-                if self.attached.remove(&pid).is_some() {
-                    self.save_targets();
+                for b in &mut self.backends.list {
+                    b.forget(pid);
                 }
             }
             Notice::Acted {
@@ -340,18 +288,37 @@ impl Ctx {
     }
 
     async fn request(&mut self, w: &mut Watcher, req: Request) -> Response {
-        if let Request::Status = req {
-            return Response {
-                ok: true,
-                status: Some(self.status(w)),
-                ..Default::default()
-            };
-        }
-        let Some(control) = &self.control else {
-            return Response::err("the controller runs with --dry-run: it acts on nothing");
+        let (suspend, pid, r) = match req {
+            Request::Status => {
+                return Response {
+                    ok: true,
+                    status: Some(self.status(w)),
+                    ..Default::default()
+                }
+            }
+            Request::Suspend { pid, queues, grace } => {
+                let r = match self.backends.for_pid(&w.state, pid) {
+                    Ok(b) => b.suspend(&w.state, pid, queues, grace).await,
+                    Err(e) => Err(e),
+                };
+                (true, pid, r)
+            }
+            Request::Resume { pid, queues } => {
+                let r = match self.backends.for_pid(&w.state, pid) {
+                    Ok(b) => b.resume(&w.state, pid, queues).await,
+                    Err(e) => Err(e),
+                };
+                (false, pid, r)
+            }
         };
-        let suspend = matches!(req, Request::Suspend { .. });
-        let resp = crate::manual::handle(control, req, Status::default).await;
+        let resp = match r {
+            Ok(report) => Response {
+                ok: true,
+                report: Some(report),
+                ..Default::default()
+            },
+            Err(e) => Response::err(format!("pid {pid}: {e}")),
+        };
         if let Some(r) = &resp.report {
             self.apply_report(w, r, suspend);
             self.record(serde_json::json!({
@@ -367,25 +334,6 @@ impl Ctx {
     }
 }
 
-/// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
-/// exited; this covers a controller that vanished in some other way).
-async fn recover(control: &Control, dir: &Path) {
-    for t in daemon::read_targets(dir) {
-        if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
-            continue;
-        }
-        match control.resume(t.pid, None).await {
-            Ok(r) => eprintln!(
-                "pid {}: left by an earlier controller: resumed its queues (kernel count {})",
-                t.pid,
-                r.ret.map_or("?".into(), |n| n.to_string())
-            ),
-            Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
-        }
-    }
-    let _ = daemon::write_targets(dir, &[]);
-}
-
 pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     crate::probe::preflight()?;
     // Signals first: from here on nothing ends the process without the cleanup below.
@@ -395,32 +343,19 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let policy = Policy::load(&args.policy)?;
     let dir = daemon::run_dir();
     let _lock = daemon::Lock::acquire(&dir)?;
-    // An NVIDIA host has no KFD: its processes are controlled through their RM clients alone.
-    let nvidia_only = !cli.kfd_device.exists() && Path::new("/dev/nvidiactl").exists();
-    let nv = if args.dry_run {
-        None
-    } else {
-        Some(crate::nv::ctl::NvControl::new(&dir)?)
-    };
-    let control = if args.dry_run || nvidia_only {
-        None
-    } else {
-        let (c, n) = Control::start(
-            &cli.kfd_device,
-            Limits {
-                max_suspend: Duration::from_nanos(policy.max_suspend_ns),
-                ..Limits::default()
-            },
-        )?;
-        if let Some(h) = c.handle() {
-            install_panic_hook(h);
+    let backends = if args.dry_run {
+        Backends {
+            list: Vec::new(),
+            notices: None,
         }
-        recover(&c, &dir).await;
-        Some((c, n))
-    };
-    let (control, mut notices) = match control {
-        Some((c, n)) => (Some(c), Some(n)),
-        None => (None, None),
+    } else {
+        Backends::for_host(
+            &cli.kfd_device,
+            Path::new(gpreempt_common::nv::NVIDIACTL),
+            &dir,
+            Duration::from_nanos(policy.max_suspend_ns),
+        )
+        .await?
     };
     let ms = Duration::from_millis;
     let mut w = Watcher::start(
@@ -432,6 +367,26 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
             args.sample_interval,
         ),
     )?;
+    let mut backends = backends;
+    let mut notices = backends.notices.take();
+    // Each backend proves it can suspend and resume here before anything relies on it.
+    let mut failed = None;
+    for b in &mut backends.list {
+        match b.self_test(&mut w).await {
+            Ok(Some(line)) => eprintln!("{line}"),
+            Ok(None) => {}
+            Err(e) => {
+                failed = Some(crate::backend::refuse(b.vendor(), e));
+                break;
+            }
+        }
+    }
+    if let Some(e) = failed {
+        for b in backends.list {
+            b.shutdown().await;
+        }
+        return Err(e);
+    }
     let audit = match &args.audit {
         Some(p) => Some(
             std::fs::OpenOptions::new()
@@ -454,13 +409,10 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let mut ctx = Ctx {
         me: std::process::id(),
         dry_run: args.dry_run,
-        dir: dir.clone(),
-        control,
-        nv,
+        backends,
         engine: Engine::new(policy),
         audit,
         recent: VecDeque::new(),
-        attached: BTreeMap::new(),
         refused: BTreeMap::new(),
         status_dirty: true,
     };
@@ -468,6 +420,7 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let mut tick = tokio::time::interval(ms(args.tick));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut publish = tokio::time::interval(ms(250));
+    let mut publishes = 0u32;
     let result: Result<String> = async {
         loop {
             tokio::select! {
@@ -489,47 +442,39 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
                     let resp = ctx.request(&mut w, req).await;
                     let _ = reply.send(resp);
                 }
-                _ = tick.tick() => ctx.tick(&mut w).await,
+                // Before the rest: cheap, and `top` / `status` must not go stale under load.
                 _ = publish.tick() => {
-                    if std::mem::take(&mut ctx.status_dirty) {
+                    // Every second regardless: the event counters move without decisions.
+                    publishes += 1;
+                    if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
                         if let Err(e) = daemon::write_status(&dir, &ctx.status(&w)) {
                             log::warn!("{e:#}");
                         }
                     }
                 }
                 // Decide right after new samples or events: the tick only drives time-based
-                // transitions (resume_after, the guards), so detection-to-ioctl stays short.
+                // transitions (resume_after, the guards, watchdogs), so detection-to-ioctl stays short.
                 r = w.pump() => {
                     r?;
                     ctx.tick(&mut w).await;
                 }
+                _ = tick.tick() => ctx.tick(&mut w).await,
             }
         }
     }
     .await;
-    // Every way out passes here (and Control's Drop covers an unwinding panic; for NVIDIA the
-    // guardian covers any death).
-    if let Some(nv) = ctx.nv.as_mut() {
-        let reports = nv.shutdown();
-        let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();
-        if !resumed.is_empty() {
-            eprintln!(
-                "resumed {} NVIDIA process(es): {:?}",
-                resumed.len(),
-                resumed
-            );
-        }
+    // Every way out passes here (an unwinding panic: the KFD control thread's Drop and the panic
+    // hook; any death: the kernel on AMD, the guardian on NVIDIA).
+    let mut resumed = BTreeSet::new();
+    for b in std::mem::take(&mut ctx.backends.list) {
+        resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
     }
-    if let Some(c) = ctx.control.take() {
-        let reports = c.shutdown().await;
-        let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();
-        if !resumed.is_empty() {
-            eprintln!(
-                "resumed and released {} process(es): {:?}",
-                resumed.len(),
-                resumed
-            );
-        }
+    if !resumed.is_empty() {
+        eprintln!(
+            "resumed and released {} process(es): {:?}",
+            resumed.len(),
+            resumed
+        );
     }
     let _ = daemon::write_targets(&dir, &[]);
     let _ = daemon::write_status(&dir, &Status::default());

@@ -37,6 +37,25 @@ pub enum QueueKind {
     Other,
 }
 
+/// The GPU driver family a process's queues belong to: the controller acts through its backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Vendor {
+    /// amdkfd queues (DBG_TRAP suspend/resume).
+    Amd,
+    /// NVIDIA RM TSGs (FIFO_DISABLE_CHANNELS).
+    Nvidia,
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Amd => "AMD (KFD)",
+            Self::Nvidia => "NVIDIA (RM)",
+        })
+    }
+}
+
 impl QueueKind {
     fn from_create(t: u32) -> Self {
         match t {
@@ -67,6 +86,13 @@ impl QueueKind {
     }
     pub fn is_compute(self) -> bool {
         matches!(self, Self::ComputeAql | Self::Compute | Self::NvCompute)
+    }
+    /// Whose driver owns queues of this kind (which backend controls them).
+    pub fn vendor(self) -> Vendor {
+        match self {
+            Self::NvCompute | Self::NvCopy => Vendor::Nvidia,
+            _ => Vendor::Amd,
+        }
     }
     pub fn label(self) -> &'static str {
         match self {
@@ -284,6 +310,11 @@ impl Process {
     }
     pub fn live_queues(&self) -> impl Iterator<Item = &Queue> {
         self.queues.values().filter(|q| q.alive())
+    }
+
+    /// The driver of its live queues (None without any).
+    pub fn vendor(&self) -> Option<Vendor> {
+        self.live_queues().next().map(|q| q.kind.vendor())
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Watcher {
     pub controller: Option<crate::daemon::Status>,
     /// Where launch uprobes go in each process (ELF files parsed once).
     launch: crate::launch::LaunchResolver,
+    /// Events applied to the model, by kind, and batches read.
+    applied: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl Watcher {
@@ -110,6 +112,7 @@ impl Watcher {
             lost_reported: 0,
             controller: None,
             launch: crate::launch::LaunchResolver::new(),
+            applied: Default::default(),
         })
     }
 
@@ -117,7 +120,7 @@ impl Watcher {
     /// Must run inside a tokio runtime.
     pub fn start(paths: Paths, kfd_device: &std::path::Path, iv: Intervals) -> Result<Self> {
         // An NVIDIA host has no KFD: its processes come from the RM escapes alone.
-        let nvidia = std::path::Path::new("/dev/nvidiactl").exists();
+        let nvidia = std::path::Path::new(gpreempt_common::nv::NVIDIACTL).exists();
         Self::start_kfd(paths, kfd_device, iv, !nvidia)
     }
 
@@ -402,7 +405,16 @@ impl Watcher {
         let mut batch = std::mem::take(&mut self.batch);
         // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
         let mut pids = Vec::new();
+        *self.applied.entry("batches").or_default() += 1;
         for ev in batch.drain(..) {
+            let kind = match &ev {
+                Event::Ioctl(_) => "kfd_ioctls",
+                Event::Nv(_) => "rm_escapes",
+                Event::Kernel(_) => "kernel_probes",
+                Event::Launch(_) => "launches",
+                Event::ProcessExit(_) => "exits",
+            };
+            *self.applied.entry(kind).or_default() += 1;
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
             }
@@ -487,6 +499,26 @@ impl Watcher {
             Due::Sample => self.sample_now(),
         }
         Ok(())
+    }
+
+    /// The pipeline's counters: what the kernel saw and lost, what user space dropped, what was
+    /// applied to the model.
+    pub fn event_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut m: std::collections::BTreeMap<String, u64> = self
+            .applied
+            .iter()
+            .map(|(k, v)| (format!("applied_{k}"), *v))
+            .collect();
+        if let Some((probes, src)) = self.events.as_ref() {
+            if let Ok(k) = probes.stats() {
+                m.insert("kernel_seen".into(), k.seen);
+                m.insert("kernel_lost".into(), k.lost());
+            }
+            m.insert("dropped_other_file".into(), src.stats.not_kfd);
+            m.insert("unverified_fd".into(), src.stats.unverified);
+            m.insert("malformed".into(), src.stats.malformed);
+        }
+        m
     }
 
     fn check_lost(&mut self) -> Result<()> {

@@ -651,3 +651,91 @@ done
     );
     assert_nothing_left();
 }
+
+/// `run` in a private mount namespace that looks like an NVIDIA host without an AMD GPU (/dev is
+/// a tmpfs with a stand-in nvidiactl; `driver` files, if any, under a tmpfs /proc/driver). Returns
+/// (exit code, stderr).
+fn run_on_stand_in_nvidia_host(t: &TempDir, driver: &[(&str, &str)]) -> (i32, String) {
+    tests::require_root();
+    let d = t.0.display();
+    std::fs::write(
+        t.path("p.toml"),
+        "[policy]\nstrategy = \"priority\"\n[[rule]]\nclass = \"offline\"\ncomm = 'x'\n",
+    )
+    .unwrap();
+    let mut files = String::new();
+    for (path, text) in driver {
+        let path = format!("/proc/driver/{path}");
+        files += &format!("mkdir -p $(dirname {path}) && printf '%s' '{text}' > {path} && ");
+    }
+    let proc_driver = if driver.is_empty() {
+        String::new()
+    } else {
+        format!("mount -t tmpfs none /proc/driver && {files}")
+    };
+    let script = format!(
+        "mount -t tmpfs none /dev && : > /dev/nvidiactl && : > /dev/null && chmod 666 /dev/null && \
+         {proc_driver} GPREEMPT_RUN_DIR={d}/run exec \"$0\" run --policy {d}/p.toml"
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .arg(tests::bin("gpreempt-ebpf"))
+        .output()
+        .expect("unshare");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// On an NVIDIA host the controller proves it can pause before acting: without a usable driver
+/// (here: none, then one without a CUDA library to start our own test process with) it refuses
+/// to start, saying why, and leaves nothing behind.
+#[test]
+fn an_nvidia_host_that_fails_the_self_test_is_refused_with_the_reason() {
+    let _one = serial();
+    let t = TempDir::new("nvrefuse");
+    let (rc, err) = run_on_stand_in_nvidia_host(&t, &[]);
+    assert_ne!(rc, 0, "{err}");
+    assert!(
+        err.contains("the NVIDIA (RM) backend failed its self-test: refusing to control anything"),
+        "{err}"
+    );
+    assert!(
+        err.contains("nvidia-driver: /dev/nvidiactl exists but"),
+        "{err}"
+    );
+    assert!(err.contains("modprobe nvidia"), "{err}");
+
+    let version = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Jan  1 00:00:00 UTC 2026\n";
+    let info =
+        "Model: \t\t NVIDIA H100\nGPU Firmware: \t 580.159.04\nBus Location: \t 0000:00:06.0\n";
+    let (rc, err) = run_on_stand_in_nvidia_host(
+        &t,
+        &[
+            ("nvidia/version", version),
+            ("nvidia/gpus/0000:00:06.0/information", info),
+        ],
+    );
+    assert_ne!(rc, 0, "{err}");
+    assert!(err.contains("failed its self-test"), "{err}");
+    assert!(
+        !err.contains("nvidia-driver:") && !err.contains("nvidia-gsp"),
+        "the driver checks pass now: {err}"
+    );
+    assert!(err.contains("starting the self-test target"), "{err}");
+    assert!(err.contains("libcuda.so.1"), "{err}");
+    assert!(
+        !tests_guardian_running(),
+        "no guardian may outlive a refused controller"
+    );
+    assert_nothing_left();
+}
+
+fn tests_guardian_running() -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains("nv-guardian"))
+            .unwrap_or(false)
+    })
+}

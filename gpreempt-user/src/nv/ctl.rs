@@ -55,7 +55,8 @@ struct ClientState {
     dup: OwnedFd,
     /// TSG handle -> its channels (the TSG handle itself when none were seen).
     tsgs: BTreeMap<u32, Vec<u32>>,
-    paused: BTreeSet<u32>,
+    /// Paused TSGs, each with when its pause returned (for the watchdog).
+    paused: BTreeMap<u32, u64>,
     /// Channels the guardian holds a way back for.
     guarded: BTreeSet<u32>,
 }
@@ -68,6 +69,9 @@ pub struct NvControl<O: NvOps = Rm> {
     /// Spawned at the first pause; None in tests.
     guardian: Option<GuardianHandle>,
     use_guardian: bool,
+    /// The guardian resumes everything held if we stay silent this long (a hung controller).
+    lease: Option<Duration>,
+    last_beat_ns: u64,
     targets: HashMap<u32, BTreeMap<ClientKey, ClientState>>,
 }
 
@@ -80,6 +84,8 @@ impl NvControl<Rm> {
             journal: dir.join("nv-journal"),
             guardian: None,
             use_guardian: true,
+            lease: None,
+            last_beat_ns: 0,
             targets: HashMap::new(),
         })
     }
@@ -88,13 +94,15 @@ impl NvControl<Rm> {
 impl<O: NvOps> NvControl<O> {
     /// Without a guardian (unit tests only: nothing would undo a pause if this process died).
     #[cfg(test)]
-    fn unguarded(ops: O) -> Self {
+    pub(crate) fn unguarded(ops: O) -> Self {
         Self {
             ops,
             exe: PathBuf::new(),
             journal: PathBuf::new(),
             guardian: None,
             use_guardian: false,
+            lease: None,
+            last_beat_ns: 0,
             targets: HashMap::new(),
         }
     }
@@ -149,16 +157,18 @@ impl<O: NvOps> NvControl<O> {
                 v.insert(ClientState {
                     dup: self.ops.dup(pid, key.fd)?,
                     tsgs: BTreeMap::new(),
-                    paused: BTreeSet::new(),
+                    paused: BTreeMap::new(),
                     guarded: BTreeSet::new(),
                 });
             }
             if !new.is_empty() && self.use_guardian {
                 let g = match self.guardian.as_mut() {
                     Some(g) => g,
-                    None => self
-                        .guardian
-                        .insert(GuardianHandle::spawn(&self.exe, &self.journal)?),
+                    None => self.guardian.insert(GuardianHandle::spawn_with_lease(
+                        &self.exe,
+                        &self.journal,
+                        self.lease,
+                    )?),
                 };
                 g.hold(&HoldEntry {
                     pid,
@@ -213,9 +223,10 @@ impl<O: NvOps> NvControl<O> {
             };
             let outcome = match self.ops.set(c.dup.as_fd(), &ch, disable) {
                 Ok(_) => {
+                    let now = monotonic_ns();
                     for t in &mine {
                         if disable {
-                            c.paused.insert(*t);
+                            c.paused.entry(*t).or_insert(now);
                         } else {
                             c.paused.remove(t);
                         }
@@ -290,7 +301,7 @@ impl<O: NvOps> NvControl<O> {
         for pid in pids {
             let paused: Vec<u32> = self.targets[&pid]
                 .values()
-                .flat_map(|c| c.paused.iter().copied())
+                .flat_map(|c| c.paused.keys().copied())
                 .collect();
             if !paused.is_empty() {
                 match self.act(&State::new(), pid, &paused, false) {
@@ -310,6 +321,46 @@ impl<O: NvOps> NvControl<O> {
         out
     }
 
+    /// With a guardian lease: it resumes everything it holds when no heartbeat came for `lease`.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Tells the guardian we are alive (at most every quarter lease; call it often).
+    pub fn beat(&mut self, now_ns: u64) {
+        let (Some(lease), Some(g)) = (self.lease, self.guardian.as_mut()) else {
+            return;
+        };
+        let every = (lease / 4).min(Duration::from_millis(250)).as_nanos() as u64;
+        if now_ns.saturating_sub(self.last_beat_ns) < every {
+            return;
+        }
+        self.last_beat_ns = now_ns;
+        if let Err(e) = g.beat() {
+            log::warn!("guardian heartbeat: {e:#}");
+        }
+    }
+
+    /// TSGs paused for `max_ns` or longer at `now_ns`, per process (the watchdog resumes them).
+    pub fn overdue(&self, now_ns: u64, max_ns: u64) -> Vec<(u32, Vec<u32>)> {
+        let mut out: Vec<(u32, Vec<u32>)> = self
+            .targets
+            .iter()
+            .filter_map(|(&pid, cs)| {
+                let tsgs: Vec<u32> = cs
+                    .values()
+                    .flat_map(|c| c.paused.iter())
+                    .filter(|&(_, &since)| now_ns.saturating_sub(since) >= max_ns)
+                    .map(|(&t, _)| t)
+                    .collect();
+                (!tsgs.is_empty()).then_some((pid, tsgs))
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// (pid, TSG) pairs paused now.
     pub fn paused(&self) -> Vec<(u32, u32)> {
         let mut v: Vec<(u32, u32)> = self
@@ -317,7 +368,7 @@ impl<O: NvOps> NvControl<O> {
             .iter()
             .flat_map(|(&pid, cs)| {
                 cs.values()
-                    .flat_map(move |c| c.paused.iter().map(move |&t| (pid, t)))
+                    .flat_map(move |c| c.paused.keys().map(move |&t| (pid, t)))
             })
             .collect();
         v.sort_unstable();
@@ -326,15 +377,16 @@ impl<O: NvOps> NvControl<O> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::state::Update;
     use gpreempt_common::nv::class;
 
+    /// An RM that records FIFO_DISABLE_CHANNELS calls (channels, disable).
     #[derive(Default)]
-    struct Fake {
-        calls: Vec<(Vec<u32>, bool)>,
-        fail: bool,
+    pub(crate) struct Fake {
+        pub(crate) calls: Vec<(Vec<u32>, bool)>,
+        pub(crate) fail: bool,
     }
 
     impl NvOps for &mut Fake {
@@ -360,7 +412,8 @@ mod tests {
         ));
     }
 
-    fn host() -> State {
+    /// pid 7: client 0xc1, subdevice 0x11, compute TSG 0x20 (channels 0x21, 0x22), copy TSG 0x30.
+    pub(crate) fn host() -> State {
         let mut s = State::new();
         alloc(&mut s, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
         alloc(&mut s, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
@@ -431,6 +484,23 @@ mod tests {
             fake.calls,
             vec![(vec![0x21, 0x22], true), (vec![0x21, 0x22], false)]
         );
+    }
+
+    #[test]
+    fn overdue_lists_tsgs_paused_for_max_or_longer() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        assert!(c.overdue(u64::MAX, 0).is_empty(), "nothing paused");
+        let r = c.act(&s, 7, &[0x20], true).unwrap();
+        let since = r.returned_ns;
+        assert!(c.overdue(since, 1_000_000).is_empty());
+        assert_eq!(
+            c.overdue(since + 2_000_000, 1_000_000),
+            vec![(7, vec![0x20])]
+        );
+        c.act(&s, 7, &[0x20], false).unwrap();
+        assert!(c.overdue(u64::MAX, 0).is_empty(), "resumed");
     }
 
     /// A channel created after the first hold is handed to the guardian before it is paused.

@@ -14,6 +14,12 @@
 //! - `{"op":"release","pid":P,"h_client":C}` after the resume: the entries go (journal
 //!   rewritten) and so do the duplicates. A hold may also span many pause/resume cycles:
 //!   resuming channels that run is harmless.
+//! - An empty line is a heartbeat, with no reply. EOF catches a controller that dies, not one
+//!   that hangs (its event loop stuck) with channels paused and its stdin still open. With
+//!   `--lease-ms N` ([`GuardianHandle::spawn_with_lease`]) the controller owes a line (a request
+//!   or [`GuardianHandle::beat`]) at least every N ms; after a longer silence the guardian resumes
+//!   everything held, once until the next line, but keeps the holds and the journal: a
+//!   controller that wakes up carries on with them (and may pause again).
 //!
 //! On EOF of stdin (the controller exited or was killed, any way) or SIGTERM, it resumes every
 //! held entry through its own duplicates, says so on stderr, empties the journal and exits (0 if
@@ -24,9 +30,9 @@
 use std::{
     ffi::OsString,
     fs::{File, OpenOptions},
-    io::{self, BufRead, BufReader, Read, Write},
+    io::{self, BufRead, Read, Write},
     os::{
-        fd::{AsFd as _, BorrowedFd, OwnedFd},
+        fd::{AsFd, BorrowedFd, OwnedFd},
         unix::process::CommandExt as _,
     },
     path::{Path, PathBuf},
@@ -55,6 +61,9 @@ pub struct Args {
     /// The re-enable journal (in the run dir; the controller names it).
     #[arg(long, value_name = "FILE")]
     pub journal: PathBuf,
+    /// Resume what is held when the controller sends no line for this long (0: no lease).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub lease_ms: u64,
 }
 
 /// Channels of one client of one target that the controller is about to pause: where to find
@@ -497,6 +506,29 @@ impl<T: Targets> Guardian<T> {
         }
     }
 
+    /// The controller is alive but silent (its lease ran out): resume everything held, as
+    /// [`Self::shutdown`] does, but keep holding it, journaled: it may recover and carry on.
+    /// True when everything held was resumed.
+    pub fn resume_held(&mut self, why: &str) -> bool {
+        let mut all = true;
+        for (e, dup) in &self.held {
+            if self.targets.exited(dup) {
+                continue; // the next reap drops it
+            }
+            match self.targets.enable(dup, e) {
+                Ok(()) => say(&format!("{why}: resumed {}", e.describe())),
+                Err(err) => {
+                    say(&format!(
+                        "{why}: could not resume {}: {err:#}",
+                        e.describe()
+                    ));
+                    all = false;
+                }
+            }
+        }
+        all
+    }
+
     /// The controller is gone: resume everything held (and the stale leftovers), empty the
     /// journal of what succeeded. True when nothing is left paused that we know of.
     pub fn shutdown(&mut self) -> bool {
@@ -531,93 +563,232 @@ impl<T: Targets> Guardian<T> {
     }
 }
 
-/// The guardian loop: requests from `input` until EOF, replies to `output`, then
-/// [`Guardian::shutdown`]. An empty line is a tick (exited targets are reaped on every line).
-/// Returns shutdown's verdict.
-pub fn serve<R: BufRead, W: Write, T: Targets>(
-    mut input: R,
-    mut output: W,
-    g: &mut Guardian<T>,
-) -> bool {
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match input.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {}
+/// How long the guardian waits for a line when no lease is due sooner: exited targets are reaped
+/// at least this often.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What [`serve`] reads from the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A line, without its newline (empty: a heartbeat).
+    Line(String),
+    /// No line within the wait.
+    Idle,
+    /// EOF, SIGTERM, a read error or an unterminated last line: the controller's end.
+    End,
+}
+
+/// The controller's lines and silences, on a clock of its own (injectable for tests).
+pub trait Source {
+    /// The next line, or [`Event::Idle`] once `wait` passed without one.
+    fn next(&mut self, wait: Duration) -> Event;
+    /// The clock `wait` and the lease are measured on.
+    fn now(&self) -> Instant;
+}
+
+const TORN: &str = "ignoring an unterminated last request";
+
+fn text(line: &[u8]) -> String {
+    String::from_utf8_lossy(line)
+        .trim_end_matches(['\n', '\r'])
+        .to_string()
+}
+
+/// A blocking reader (a script of requests): never idle.
+impl<R: BufRead> Source for R {
+    fn next(&mut self, _wait: Duration) -> Event {
+        let mut line = Vec::new();
+        match self.read_until(b'\n', &mut line) {
+            Ok(0) => Event::End,
+            Ok(_) if line.last() != Some(&b'\n') => {
+                // The controller died mid-request: it had no `ok`, so it paused nothing for it.
+                say(TORN);
+                Event::End
+            }
+            Ok(_) => Event::Line(text(&line)),
             Err(e) => {
                 say(&format!(
                     "reading requests: {e}; taking it as the controller's end"
                 ));
-                break;
+                Event::End
             }
         }
-        if line.last() != Some(&b'\n') {
-            // The controller died mid-request: it had no `ok`, so it paused nothing for it.
-            say("ignoring an unterminated last request");
-            break;
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// The heartbeat lease: due `lease` after the controller's last line; once it has run out it
+/// stays quiet until the next line re-arms it.
+#[derive(Debug)]
+struct Lease {
+    lease: Duration,
+    last: Instant,
+    armed: bool,
+}
+
+impl Lease {
+    fn new(lease: Duration, now: Instant) -> Self {
+        Self {
+            lease,
+            last: now,
+            armed: true,
         }
-        g.reap();
-        let req = String::from_utf8_lossy(&line);
-        let req = req.trim();
-        if req.is_empty() {
-            continue;
+    }
+
+    fn due(&self) -> Option<Instant> {
+        self.last.checked_add(self.lease).filter(|_| self.armed)
+    }
+
+    fn renew(&mut self, now: Instant) {
+        self.last = now;
+        self.armed = true;
+    }
+
+    /// How long to wait for a line: until it is due (so expiry is seen on time), at most a TICK.
+    fn wait(&self, now: Instant) -> Duration {
+        self.due()
+            .map_or(TICK, |d| d.saturating_duration_since(now).min(TICK))
+    }
+
+    /// The silence, when the lease ran out by `now` (it is disarmed then).
+    fn expire(&mut self, now: Instant) -> Option<Duration> {
+        let silent = self.due().filter(|&d| now >= d).map(|_| now - self.last)?;
+        self.armed = false;
+        Some(silent)
+    }
+}
+
+/// The guardian loop: requests from `input` until its end, replies to `output`, then
+/// [`Guardian::shutdown`]. Exited targets are reaped on every line and every idle wait. With a
+/// `lease`, a controller silent that long gets everything held resumed ([`Guardian::resume_held`])
+/// once per silence. Returns shutdown's verdict.
+pub fn serve<S: Source, W: Write, T: Targets>(
+    mut input: S,
+    mut output: W,
+    g: &mut Guardian<T>,
+    lease: Option<Duration>,
+) -> bool {
+    let mut lease = lease
+        .filter(|l| !l.is_zero())
+        .map(|l| Lease::new(l, input.now()));
+    loop {
+        let wait = lease.as_ref().map_or(TICK, |l| l.wait(input.now()));
+        match input.next(wait) {
+            Event::End => break,
+            Event::Idle => {
+                g.reap();
+                let now = input.now();
+                if let Some(silent) = lease.as_mut().and_then(|l| l.expire(now)) {
+                    g.resume_held(&format!("controller silent for {} ms", silent.as_millis()));
+                }
+            }
+            Event::Line(req) => {
+                g.reap();
+                let req = req.trim();
+                if !req.is_empty() {
+                    let reply = g.handle(req);
+                    // A failed write: the controller is gone, and EOF follows.
+                    let _ = writeln!(output, "{reply}").and_then(|_| output.flush());
+                }
+                // After the reply: a controller waiting for it cannot beat meanwhile.
+                let now = input.now();
+                if let Some(l) = lease.as_mut() {
+                    l.renew(now);
+                }
+            }
         }
-        let reply = g.handle(req);
-        // A failed write: the controller is gone, and EOF follows.
-        let _ = writeln!(output, "{reply}").and_then(|_| output.flush());
     }
     g.shutdown()
 }
 
-/// stdin for [`serve`]: SIGTERM reads as EOF; an idle second reads as an empty line (a tick),
-/// never inside a partial line.
-struct Input {
-    sigterm: SignalFd,
-    at_line_start: bool,
+/// Milliseconds for poll, rounded up (a wait never ends early), capped.
+fn poll_timeout(d: Duration) -> PollTimeout {
+    let ms = d.as_nanos().div_ceil(1_000_000).min(u16::MAX as u128) as u16;
+    PollTimeout::from(ms)
 }
 
-impl Read for Input {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let stdin = io::stdin();
-        loop {
-            let mut fds = [
-                PollFd::new(self.sigterm.as_fd(), PollFlags::POLLIN),
-                PollFd::new(stdin.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, PollTimeout::from(1000u16)) {
-                Err(Errno::EINTR) => continue,
-                Err(e) => return Err(e.into()),
-                Ok(0) if self.at_line_start => {
-                    buf[0] = b'\n';
-                    return Ok(1);
-                }
-                Ok(0) => continue,
-                Ok(_) => {}
-            }
-            if fds[0].any().unwrap_or(false) {
-                let _ = self.sigterm.read_signal();
-                say("SIGTERM");
-                return Ok(0);
-            }
-            if fds[1].any().unwrap_or(false) {
-                let n = match nix::unistd::read(stdin.as_fd(), buf) {
-                    Err(Errno::EINTR | Errno::EAGAIN) => continue,
-                    r => r?,
-                };
-                if n > 0 {
-                    self.at_line_start = buf[n - 1] == b'\n';
-                }
-                return Ok(n);
-            }
+/// The guardian's stdin (`fd`) for [`serve`]: SIGTERM reads as its end.
+struct Input<F> {
+    sigterm: SignalFd,
+    fd: F,
+    buf: Vec<u8>,
+}
+
+impl<F: AsFd> Input<F> {
+    fn new(sigterm: SignalFd, fd: F) -> Self {
+        Self {
+            sigterm,
+            fd,
+            buf: Vec::new(),
         }
     }
 }
 
-/// `gpreempt-ebpf nv-guardian --journal PATH`.
+impl<F: AsFd> Source for Input<F> {
+    fn next(&mut self, wait: Duration) -> Event {
+        let deadline = Instant::now().checked_add(wait);
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Event::Line(text(&line));
+            }
+            // Polled even when nothing is left of the wait: a line already sent is no silence.
+            let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
+            let mut fds = [
+                PollFd::new(self.sigterm.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.fd.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, poll_timeout(left)) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    say(&format!(
+                        "polling for requests: {}; taking it as the controller's end",
+                        e.desc()
+                    ));
+                    return Event::End;
+                }
+                Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Event::Idle,
+                Ok(0) => continue,
+                Ok(_) => {}
+            }
+            if fds[0].any() == Some(true) {
+                let _ = self.sigterm.read_signal();
+                say("SIGTERM");
+                return Event::End;
+            }
+            if fds[1].any() != Some(false) {
+                let mut chunk = [0u8; 4096];
+                match nix::unistd::read(self.fd.as_fd(), &mut chunk) {
+                    Err(Errno::EINTR | Errno::EAGAIN) => continue,
+                    Err(e) => {
+                        say(&format!(
+                            "reading requests: {}; taking it as the controller's end",
+                            e.desc()
+                        ));
+                        return Event::End;
+                    }
+                    Ok(0) => {
+                        if !self.buf.is_empty() {
+                            // As for a blocking reader: it paused nothing for a torn request.
+                            say(TORN);
+                        }
+                        return Event::End;
+                    }
+                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// `gpreempt-ebpf nv-guardian --journal PATH [--lease-ms N]`.
 pub fn main(args: &Args) -> Result<ExitCode> {
     for s in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
         // SAFETY: SIG_IGN installs no handler code; nothing else in this process handles these.
@@ -646,15 +817,14 @@ pub fn main(args: &Args) -> Result<ExitCode> {
     writeln!(out, "ready")
         .and_then(|_| out.flush())
         .context("answering the controller")?;
-    let input = BufReader::new(Input {
-        sigterm,
-        at_line_start: true,
-    });
-    Ok(if serve(input, out, &mut g) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    let lease = (args.lease_ms > 0).then(|| Duration::from_millis(args.lease_ms));
+    Ok(
+        if serve(Input::new(sigterm, io::stdin()), out, &mut g, lease) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
 }
 
 /// The controller's side of a guardian.
@@ -667,6 +837,7 @@ pub struct GuardianHandle {
     pub timeout: Duration,
     /// After a lost reply the stream cannot be trusted: every later call fails.
     broken: Option<String>,
+    lease: Option<Duration>,
 }
 
 impl GuardianHandle {
@@ -675,10 +846,22 @@ impl GuardianHandle {
     /// Starts `exe nv-guardian --journal journal` in its own process group and waits for it to be
     /// ready (it first resumes whatever a dead predecessor left in the journal).
     pub fn spawn(exe: &Path, journal: &Path) -> Result<Self> {
-        let mut child = Command::new(exe)
-            .arg("nv-guardian")
-            .arg("--journal")
-            .arg(journal)
+        Self::spawn_with_lease(exe, journal, None)
+    }
+
+    /// [`Self::spawn`], with a heartbeat lease (rounded up to whole ms; zero is none): from then
+    /// on, send a line ([`Self::beat`] or a request) more often than `lease`, or what the
+    /// guardian holds is resumed.
+    pub fn spawn_with_lease(exe: &Path, journal: &Path, lease: Option<Duration>) -> Result<Self> {
+        let lease_ms = lease.map_or(0, |l| {
+            u64::try_from(l.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+        });
+        let mut cmd = Command::new(exe);
+        cmd.arg("nv-guardian").arg("--journal").arg(journal);
+        if lease_ms > 0 {
+            cmd.arg("--lease-ms").arg(lease_ms.to_string());
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -694,6 +877,7 @@ impl GuardianHandle {
             buf: Vec::new(),
             timeout: Self::TIMEOUT,
             broken: None,
+            lease: (lease_ms > 0).then(|| Duration::from_millis(lease_ms)),
         };
         match h.read_reply(Duration::from_secs(30)) {
             Ok(r) if r == "ready" => Ok(h),
@@ -715,6 +899,45 @@ impl GuardianHandle {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The lease the guardian enforces, if any.
+    pub fn lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    /// A heartbeat: an empty line, which renews the lease and has no reply. It never waits on the
+    /// guardian: a pipe too full to take it (a guardian that stopped reading) is an error, and
+    /// like a write error it makes the handle unusable.
+    pub fn beat(&mut self) -> Result<()> {
+        if let Some(b) = &self.broken {
+            bail!("the guardian is unusable: {b}");
+        }
+        let r = self.write_beat();
+        if let Err(e) = &r {
+            self.broken = Some(one_line(e));
+        }
+        r.context("guardian heartbeat")
+    }
+
+    fn write_beat(&mut self) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .context("the guardian's stdin is closed")?;
+        loop {
+            let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLOUT)];
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => bail!("poll: {}", e.desc()),
+                Ok(0) => bail!("the guardian stopped reading its stdin (the pipe is full)"),
+                Ok(_) => break,
+            }
+        }
+        stdin
+            .write_all(b"\n")
+            .and_then(|_| stdin.flush())
+            .map_err(|e| self.gone(e.into()))
     }
 
     /// Asks the guardian to vouch for `entry`; pause only after this returns Ok.
@@ -959,7 +1182,7 @@ mod tests {
         );
         // Journal contents as seen by each reply: check state mid-way via a second guardian run.
         let mut out = Vec::new();
-        assert!(serve(input.as_bytes(), &mut out, &mut g));
+        assert!(serve(input.as_bytes(), &mut out, &mut g, None));
         let out = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(&lines[..4], &["ok", "ok", "ok", "ok"]);
@@ -1021,7 +1244,7 @@ mod tests {
         let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
         let input = format!("{}\n", hold_line(&entry(300, 0xc, &[1])));
         let mut out = Vec::new();
-        assert!(serve(input.as_bytes(), &mut out, &mut g));
+        assert!(serve(input.as_bytes(), &mut out, &mut g, None));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "err no ptrace rights over pid 300 (run as root; yama ptrace_scope)\n"
@@ -1039,7 +1262,7 @@ mod tests {
         let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
         let input = hold_line(&entry(100, 0xa, &[1]));
         let mut out = Vec::new();
-        assert!(serve(input.as_bytes(), &mut out, &mut g));
+        assert!(serve(input.as_bytes(), &mut out, &mut g, None));
         assert!(out.is_empty());
         assert!(fake.enabled.borrow().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
@@ -1122,6 +1345,299 @@ while read l; do case "$l" in *hold*) echo ok;; *) echo "err nope";; esac; done"
         let exe = script(&d, "echo 'err journal locked'; exit 1");
         let e = GuardianHandle::spawn(&exe, &d.join("j")).err().unwrap();
         assert_eq!(e.to_string(), "the guardian did not start: journal locked");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Lines at virtual times (ms from the start), then EOF. Each read records the virtual time,
+    /// the wait asked for, how many enables so far, and the journal.
+    struct Script {
+        start: Instant,
+        now: Instant,
+        lines: std::collections::VecDeque<(u64, String)>,
+        fake: Fake,
+        journal: Journal,
+        reads: Rc<RefCell<Vec<Seen>>>,
+    }
+
+    #[derive(Debug)]
+    struct Seen {
+        at: u64,
+        wait: u64,
+        enabled: usize,
+        journal: Vec<HoldEntry>,
+    }
+
+    impl Source for Script {
+        fn next(&mut self, wait: Duration) -> Event {
+            self.reads.borrow_mut().push(Seen {
+                at: (self.now - self.start).as_millis() as u64,
+                wait: wait.as_millis() as u64,
+                enabled: self.fake.enabled.borrow().len(),
+                journal: self.journal.read().unwrap(),
+            });
+            let Some(&(at, _)) = self.lines.front() else {
+                return Event::End;
+            };
+            let at = self.start + Duration::from_millis(at);
+            if at <= self.now + wait {
+                self.now = self.now.max(at);
+                Event::Line(self.lines.pop_front().unwrap().1)
+            } else {
+                self.now += wait;
+                Event::Idle
+            }
+        }
+
+        fn now(&self) -> Instant {
+            self.now
+        }
+    }
+
+    struct Run {
+        fake: Fake,
+        journal: Journal,
+        reads: Vec<Seen>,
+        dir: PathBuf,
+    }
+
+    impl Run {
+        /// (virtual ms, how many enables) for each event that enabled something.
+        fn enables(&self) -> Vec<(u64, usize)> {
+            self.reads
+                .windows(2)
+                .filter(|w| w[1].enabled > w[0].enabled)
+                .map(|w| (w[1].at, w[1].enabled - w[0].enabled))
+                .collect()
+        }
+    }
+
+    fn run_script(name: &str, lease_ms: Option<u64>, lines: &[(u64, String)]) -> Run {
+        let dir = tmpdir(name);
+        let journal = Journal::new(&dir.join("nv-journal"));
+        let fake = Fake::default();
+        let mut g = Guardian::new(fake.clone(), journal.clone()).unwrap();
+        let start = Instant::now();
+        let reads = Rc::new(RefCell::new(Vec::new()));
+        let script = Script {
+            start,
+            now: start,
+            lines: lines.iter().cloned().collect(),
+            fake: fake.clone(),
+            journal: journal.clone(),
+            reads: reads.clone(),
+        };
+        let mut out = Vec::new();
+        assert!(serve(
+            script,
+            &mut out,
+            &mut g,
+            lease_ms.map(Duration::from_millis)
+        ));
+        assert!(String::from_utf8(out).unwrap().lines().all(|l| l == "ok"));
+        let reads = reads.take();
+        Run {
+            fake,
+            journal,
+            reads,
+            dir,
+        }
+    }
+
+    #[test]
+    fn lease_expiry_resumes_held_once_and_keeps_them() {
+        let a = entry(100, 0xa, &[1, 2]);
+        let r = run_script(
+            "lease-once",
+            Some(1500),
+            &[(0, hold_line(&a)), (5000, String::new())],
+        );
+        // The hold's probe at 0; the lease runs out at exactly 1500, once; the heartbeat at 5000
+        // re-arms it; EOF right after.
+        assert_eq!(r.enables(), vec![(0, 1), (1500, 1)]);
+        let waits: Vec<(u64, u64)> = r.reads.iter().map(|x| (x.at, x.wait)).collect();
+        assert_eq!(
+            waits,
+            vec![
+                (0, 1000),
+                (0, 1000),
+                (1000, 500), // up to the due time
+                (1500, 1000),
+                (2500, 1000),
+                (3500, 1000),
+                (4500, 1000),
+                (5000, 1000),
+            ]
+        );
+        // Still held and journaled after the expiry: EOF resumes it again and empties the journal.
+        assert!(r.reads[1..].iter().all(|x| x.journal == vec![a.clone()]));
+        assert_eq!(*r.fake.enabled.borrow(), vec![a.clone(), a.clone(), a]);
+        assert!(r.journal.read().unwrap().is_empty());
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn a_heartbeat_before_expiry_prevents_it() {
+        let a = entry(100, 0xa, &[1]);
+        let r = run_script(
+            "lease-beat",
+            Some(1000),
+            &[
+                (0, hold_line(&a)),
+                (999, String::new()),
+                (1998, String::new()),
+                (2997, String::new()),
+            ],
+        );
+        assert_eq!(r.enables(), vec![(0, 1)]);
+        assert!(r.reads[1..].iter().all(|x| x.journal == vec![a.clone()]));
+        assert_eq!(*r.fake.enabled.borrow(), vec![a.clone(), a]); // probe, EOF
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn a_line_after_expiry_rearms_the_lease() {
+        let a = entry(100, 0xa, &[1]);
+        let b = entry(200, 0xb, &[2]);
+        let r = run_script(
+            "lease-rearm",
+            Some(300),
+            &[
+                (0, hold_line(&a)),
+                (1000, String::new()), // a heartbeat re-arms it
+                (2000, hold_line(&b)), // and so does a request
+                (3000, String::new()),
+            ],
+        );
+        assert_eq!(
+            r.enables(),
+            vec![(0, 1), (300, 1), (1300, 1), (2000, 1), (2300, 2)]
+        );
+        // Short leases are polled for on time, not at the next tick.
+        assert!(r.reads.iter().any(|x| x.at == 2000 && x.wait == 300));
+        assert_eq!(r.reads.last().unwrap().journal, vec![a.clone(), b.clone()]);
+        assert_eq!(
+            *r.fake.enabled.borrow(),
+            vec![
+                a.clone(),
+                a.clone(),
+                a.clone(),
+                b.clone(),
+                a.clone(),
+                b.clone(),
+                a,
+                b
+            ]
+        );
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn without_a_lease_silence_resumes_nothing() {
+        let a = entry(100, 0xa, &[1]);
+        let r = run_script(
+            "lease-none",
+            None,
+            &[(0, hold_line(&a)), (60_000, String::new())],
+        );
+        assert_eq!(r.enables(), vec![(0, 1)]);
+        // Idle ticks (reaps) every second all the same.
+        assert!(r.reads.iter().all(|x| x.wait == 1000));
+        assert_eq!(r.reads.len(), 62);
+        assert_eq!(*r.fake.enabled.borrow(), vec![a.clone(), a]); // probe, EOF
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn a_silence_with_nothing_held_resumes_nothing() {
+        let a = entry(100, 0xa, &[1]);
+        let release = r#"{"op":"release","pid":100,"h_client":10}"#.to_string();
+        let r = run_script(
+            "lease-empty",
+            Some(200),
+            &[(0, hold_line(&a)), (100, release), (5000, String::new())],
+        );
+        assert_eq!(r.enables(), vec![(0, 1)]);
+        assert_eq!(*r.fake.enabled.borrow(), vec![a]);
+        std::fs::remove_dir_all(&r.dir).unwrap();
+    }
+
+    #[test]
+    fn input_tells_lines_from_silence() {
+        let (rd, wr) = nix::unistd::pipe().unwrap();
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGTERM);
+        // Not blocked here, so never readable: only its fd is needed.
+        let sigterm = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).unwrap();
+        let mut input = Input::new(sigterm, rd);
+        let mut wr = File::from(wr);
+        wr.write_all(b"a\n\nb").unwrap();
+        // Already sent: a line even with no time left to wait.
+        assert_eq!(input.next(Duration::ZERO), Event::Line("a".into()));
+        assert_eq!(input.next(Duration::ZERO), Event::Line(String::new()));
+        let t = Instant::now();
+        assert_eq!(input.next(Duration::from_millis(20)), Event::Idle);
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        wr.write_all(b"\nc").unwrap();
+        assert_eq!(input.next(Duration::ZERO), Event::Line("b".into()));
+        drop(wr);
+        // EOF mid-line: the end.
+        assert_eq!(input.next(Duration::from_secs(5)), Event::End);
+    }
+
+    #[test]
+    fn handle_passes_the_lease_and_beats() {
+        let d = tmpdir("handle-lease");
+        let exe = script(
+            &d,
+            r#"echo "$@" > "$(dirname "$0")/args"; echo ready
+while read l; do case "$l" in "") echo beat >> "$(dirname "$0")/beats";; *hold*) echo ok;; *) echo "err nope";; esac; done"#,
+        );
+        let lease = Some(Duration::from_micros(1_500_500));
+        let mut h = GuardianHandle::spawn_with_lease(&exe, &d.join("j"), lease).unwrap();
+        assert_eq!(h.lease(), Some(Duration::from_millis(1501)));
+        h.beat().unwrap();
+        h.beat().unwrap();
+        // The beats had no replies to get in the way.
+        h.hold(&entry(1, 2, &[3])).unwrap();
+        h.shutdown(Duration::from_secs(5)).unwrap();
+        let args = std::fs::read_to_string(d.join("args")).unwrap();
+        assert_eq!(
+            args.trim(),
+            format!(
+                "nv-guardian --journal {} --lease-ms 1501",
+                d.join("j").display()
+            )
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.join("beats")).unwrap(),
+            "beat\nbeat\n"
+        );
+
+        for lease in [None, Some(Duration::ZERO)] {
+            let h = GuardianHandle::spawn_with_lease(&exe, &d.join("j"), lease).unwrap();
+            assert_eq!(h.lease(), None);
+            h.shutdown(Duration::from_secs(5)).unwrap();
+            let args = std::fs::read_to_string(d.join("args")).unwrap();
+            assert!(!args.contains("--lease-ms"), "{args}");
+        }
+
+        // A guardian that is gone: the beat fails, and so does everything after it.
+        let exe = script(&d, "echo ready");
+        let mut h = GuardianHandle::spawn(&exe, &d.join("j")).unwrap();
+        h.child.wait().unwrap();
+        assert!(h.beat().is_err());
+        let e = h.beat().unwrap_err();
+        assert!(format!("{e:#}").contains("unusable"), "{e:#}");
+        let e = h.hold(&entry(1, 2, &[3])).unwrap_err();
+        assert!(format!("{e:#}").contains("unusable"), "{e:#}");
+
+        // One that stopped reading: beats fail once its pipe is full, without blocking.
+        let exe = script(&d, "echo ready; exec sleep 30");
+        let mut h = GuardianHandle::spawn(&exe, &d.join("j")).unwrap();
+        let e = (0..1 << 20).find_map(|_| h.beat().err()).unwrap();
+        assert!(format!("{e:#}").contains("pipe is full"), "{e:#}");
+        h.child.kill().unwrap();
+        h.child.wait().unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

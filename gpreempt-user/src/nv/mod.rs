@@ -3,3 +3,5 @@ pub mod control;
 pub mod ctl;
 pub mod guardian;
 pub mod pausetest;
+pub mod selftest;
+pub mod startup;

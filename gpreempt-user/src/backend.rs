@@ -1,0 +1,566 @@
+//! The vendor seam. The model, the policy and the controller's loop are vendor-neutral; each
+//! backend knows how to act on its driver's queues and how a controller death is undone:
+//!
+//! - AMD ([`KfdBackend`]): DBG_TRAP suspend/resume from a control thread of its own; the kernel
+//!   resumes every queue of a debugger that exits, however it exits.
+//! - NVIDIA ([`NvBackend`]): FIFO_DISABLE_CHANNELS through the target's own RM client; nothing in
+//!   the driver undoes a pause, so a guardian process holds the way back (and a heartbeat lease
+//!   covers a controller that hangs instead of dying).
+//!
+//! Which backend acts on a process follows from its queues in the model ([`Process::vendor`]).
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    path::{Path, PathBuf},
+    pin::Pin,
+    time::Duration,
+};
+
+use anyhow::Result;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::{
+    control::{Control, ControlHandle, Limits, Notice, OpReport},
+    daemon::{self, Controlled},
+    nv::ctl::{NvControl, NvOps, Rm},
+    policy::Class,
+    procinfo,
+    state::{State, Vendor},
+    watch::Watcher,
+};
+
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// What the controller needs from a vendor.
+pub trait Backend {
+    fn vendor(&self) -> Vendor;
+
+    /// `pid` got `class`: get ready to act on it fast (or let it go). Err: it cannot be
+    /// controlled, and why.
+    fn classed<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        class: Class,
+    ) -> BoxFut<'a, Result<(), String>>;
+
+    /// Suspends `queues` of `pid` (None: all of them). `grace` (us) where the vendor has one.
+    fn suspend<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> BoxFut<'a, Result<OpReport, String>>;
+
+    /// Resumes `queues` of `pid` (None: every queue this backend holds suspended).
+    fn resume<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> BoxFut<'a, Result<OpReport, String>>;
+
+    /// The process is gone: drop what is kept for it.
+    fn forget(&mut self, pid: u32);
+
+    /// Called on every controller tick: watchdogs and heartbeats of backends that keep them in
+    /// the controller's loop. Returns what it did on its own.
+    fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice>;
+
+    /// Proves, before the controller relies on it, that this backend can suspend and resume on
+    /// this host. Ok(Some(line)): what was checked.
+    fn self_test<'a>(&'a mut self, _w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Resumes everything and lets go (the controller is stopping).
+    fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>>;
+}
+
+/// The backends this host needs (none for a dry run), and the asynchronous notices of those that
+/// act from threads of their own.
+pub struct Backends {
+    pub list: Vec<Box<dyn Backend>>,
+    pub notices: Option<UnboundedReceiver<Notice>>,
+}
+
+impl Backends {
+    /// AMD when a KFD device exists (or no NVIDIA one does: then its absence is the error the
+    /// operator needs), NVIDIA when `/dev/nvidiactl` exists.
+    pub async fn for_host(
+        kfd_device: &Path,
+        nvidiactl: &Path,
+        dir: &Path,
+        max_suspend: Duration,
+    ) -> Result<Self> {
+        let nvidia = nvidiactl.exists();
+        let mut list: Vec<Box<dyn Backend>> = Vec::new();
+        let mut notices = None;
+        if kfd_device.exists() || !nvidia {
+            let (b, n) = KfdBackend::start(kfd_device, dir, max_suspend).await?;
+            list.push(Box::new(b));
+            notices = Some(n);
+        }
+        if nvidia {
+            list.push(Box::new(NvBackend::new(dir, max_suspend)?));
+        }
+        Ok(Self { list, notices })
+    }
+
+    /// The backend that acts on `pid`: its queues' vendor; AMD for a process without known
+    /// queues (KFD can seize any process).
+    pub fn for_pid(&mut self, state: &State, pid: u32) -> Result<&mut Box<dyn Backend>, String> {
+        if self.list.is_empty() {
+            return Err("the controller runs with --dry-run: it acts on nothing".into());
+        }
+        let vendor = state
+            .procs
+            .get(&pid)
+            .and_then(|p| p.vendor())
+            .unwrap_or(Vendor::Amd);
+        self.list
+            .iter_mut()
+            .find(|b| b.vendor() == vendor)
+            .ok_or_else(|| format!("no {vendor} GPU driver on this host"))
+    }
+}
+
+/// Resumes everything panicking code would otherwise leave suspended (before the default hook
+/// prints the panic). The KFD control thread's own panics are covered by its Drop.
+fn install_panic_hook(h: ControlHandle) {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() != Some("gpreempt-ctl") {
+            h.shutdown_blocking(Duration::from_secs(2));
+        }
+        prev(info);
+    }));
+}
+
+/// AMD: the KFD control thread. Offline processes are attached ahead of time, so a suspend is
+/// one ioctl.
+pub struct KfdBackend {
+    control: Control,
+    dir: PathBuf,
+    /// Processes under control (attached), with their start times (the targets file).
+    attached: BTreeMap<u32, u64>,
+}
+
+impl KfdBackend {
+    pub async fn start(
+        kfd_device: &Path,
+        dir: &Path,
+        max_suspend: Duration,
+    ) -> Result<(Self, UnboundedReceiver<Notice>)> {
+        let (control, notices) = Control::start(
+            kfd_device,
+            Limits {
+                max_suspend,
+                ..Limits::default()
+            },
+        )?;
+        if let Some(h) = control.handle() {
+            install_panic_hook(h);
+        }
+        recover(&control, dir).await;
+        Ok((
+            Self {
+                control,
+                dir: dir.to_path_buf(),
+                attached: BTreeMap::new(),
+            },
+            notices,
+        ))
+    }
+
+    fn save_targets(&self) {
+        let t: Vec<Controlled> = self
+            .attached
+            .iter()
+            .map(|(&pid, &start_time)| Controlled { pid, start_time })
+            .collect();
+        if let Err(e) = daemon::write_targets(&self.dir, &t) {
+            log::warn!("{e:#}");
+        }
+    }
+}
+
+/// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
+/// exited; this covers a controller that vanished in some other way).
+async fn recover(control: &Control, dir: &Path) {
+    for t in daemon::read_targets(dir) {
+        if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
+            continue;
+        }
+        match control.resume(t.pid, None).await {
+            Ok(r) => eprintln!(
+                "pid {}: left by an earlier controller: resumed its queues (kernel count {})",
+                t.pid,
+                r.ret.map_or("?".into(), |n| n.to_string())
+            ),
+            Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
+        }
+    }
+    let _ = daemon::write_targets(dir, &[]);
+}
+
+impl Backend for KfdBackend {
+    fn vendor(&self) -> Vendor {
+        Vendor::Amd
+    }
+
+    fn classed<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        class: Class,
+    ) -> BoxFut<'a, Result<(), String>> {
+        Box::pin(async move {
+            if class == Class::Offline && !self.attached.contains_key(&pid) {
+                self.control.attach(pid).await.map_err(|e| e.to_string())?;
+                // Classified processes have their /proc facts in the model already.
+                let start = state
+                    .procs
+                    .get(&pid)
+                    .and_then(|p| p.info.as_ref())
+                    .map_or(0, |i| i.start_time);
+                self.attached.insert(pid, start);
+                self.save_targets();
+            } else if class != Class::Offline && self.attached.remove(&pid).is_some() {
+                if let Err(e) = self.control.detach(pid).await {
+                    log::debug!("pid {pid}: detach: {e}");
+                }
+                self.save_targets();
+            }
+            Ok(())
+        })
+    }
+
+    fn suspend<'a>(
+        &'a mut self,
+        _state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> BoxFut<'a, Result<OpReport, String>> {
+        Box::pin(async move {
+            self.control
+                .suspend(pid, queues, grace)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn resume<'a>(
+        &'a mut self,
+        _state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> BoxFut<'a, Result<OpReport, String>> {
+        Box::pin(async move {
+            self.control
+                .resume(pid, queues)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if self.attached.remove(&pid).is_some() {
+            self.save_targets();
+        }
+    }
+
+    fn upkeep(&mut self, _state: &State, _now_ns: u64) -> Vec<Notice> {
+        // The control thread runs its own watchdog and reports through the notice channel.
+        Vec::new()
+    }
+
+    fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
+        Box::pin(async move {
+            let out = self.control.shutdown().await;
+            let _ = daemon::write_targets(&self.dir, &[]);
+            out
+        })
+    }
+}
+
+/// NVIDIA: pauses through the targets' own RM clients, with the guardian and a watchdog.
+pub struct NvBackend<O: NvOps = Rm> {
+    nv: NvControl<O>,
+    max_suspend_ns: u64,
+}
+
+impl NvBackend {
+    pub fn new(dir: &Path, max_suspend: Duration) -> Result<Self> {
+        // A hung controller is covered once the lease runs out; a live one resumes at
+        // max_suspend itself.
+        let lease = max_suspend.max(Duration::from_millis(500));
+        Ok(Self {
+            nv: NvControl::new(dir)?.with_lease(lease),
+            max_suspend_ns: max_suspend.as_nanos() as u64,
+        })
+    }
+}
+
+impl<O: NvOps> Backend for NvBackend<O> {
+    fn vendor(&self) -> Vendor {
+        Vendor::Nvidia
+    }
+
+    fn classed<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        class: Class,
+    ) -> BoxFut<'a, Result<(), String>> {
+        Box::pin(async move {
+            if class == Class::Offline {
+                // Duplicate its fds and give the guardian its way back now: a pause is then
+                // one RM call.
+                self.nv.prepare(state, pid).map_err(|e| format!("{e:#}"))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn suspend<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        _grace: Option<u32>,
+    ) -> BoxFut<'a, Result<OpReport, String>> {
+        Box::pin(async move {
+            let tsgs = queues.unwrap_or_else(|| {
+                state
+                    .procs
+                    .get(&pid)
+                    .map(|p| p.live_queues().map(|q| q.queue_id).collect())
+                    .unwrap_or_default()
+            });
+            self.nv
+                .act(state, pid, &tsgs, true)
+                .map_err(|e| format!("{e:#}"))
+        })
+    }
+
+    fn resume<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> BoxFut<'a, Result<OpReport, String>> {
+        Box::pin(async move {
+            let tsgs = queues.unwrap_or_else(|| {
+                self.nv
+                    .paused()
+                    .into_iter()
+                    .filter(|&(p, _)| p == pid)
+                    .map(|(_, t)| t)
+                    .collect()
+            });
+            self.nv
+                .act(state, pid, &tsgs, false)
+                .map_err(|e| format!("{e:#}"))
+        })
+    }
+
+    fn forget(&mut self, pid: u32) {
+        self.nv.forget(pid);
+    }
+
+    fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice> {
+        self.nv.prune(state);
+        self.nv.beat(now_ns);
+        let mut out = Vec::new();
+        for (pid, tsgs) in self.nv.overdue(now_ns, self.max_suspend_ns) {
+            match self.nv.act(state, pid, &tsgs, false) {
+                Ok(report) => out.push(Notice::Acted {
+                    report,
+                    suspend: false,
+                    why: format!(
+                        "watchdog: paused longer than max_suspend ({} ms)",
+                        self.max_suspend_ns / 1_000_000
+                    ),
+                }),
+                Err(e) => out.push(Notice::Problem {
+                    pid,
+                    text: format!("watchdog could not resume TSGs {tsgs:?}: {e:#}"),
+                }),
+            }
+        }
+        out
+    }
+
+    fn self_test<'a>(&'a mut self, w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
+        Box::pin(async move {
+            crate::nv::startup::self_test(&mut self.nv, w)
+                .await
+                .map(Some)
+        })
+    }
+
+    fn shutdown(mut self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
+        let out = self.nv.shutdown();
+        Box::pin(async move { out })
+    }
+}
+
+/// `anyhow` context for a backend's self-test failure.
+pub fn refuse(vendor: Vendor, e: anyhow::Error) -> anyhow::Error {
+    e.context(format!(
+        "the {vendor} backend failed its self-test: refusing to control anything (nothing was \
+         changed; `gpreempt-ebpf doctor` checks this host)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        control::QueueOutcome,
+        nv::ctl::tests::{host, Fake},
+    };
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    /// Records which vendor was asked to act.
+    struct Probe(
+        Vendor,
+        std::rc::Rc<std::cell::RefCell<Vec<(Vendor, u32, bool)>>>,
+    );
+
+    impl Backend for Probe {
+        fn vendor(&self) -> Vendor {
+            self.0
+        }
+        fn classed<'a>(
+            &'a mut self,
+            _: &'a State,
+            _: u32,
+            _: Class,
+        ) -> BoxFut<'a, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn suspend<'a>(
+            &'a mut self,
+            _: &'a State,
+            pid: u32,
+            _: Option<Vec<u32>>,
+            _: Option<u32>,
+        ) -> BoxFut<'a, Result<OpReport, String>> {
+            self.1.borrow_mut().push((self.0, pid, true));
+            Box::pin(async move {
+                Ok(OpReport {
+                    pid,
+                    ret: None,
+                    queues: vec![],
+                    issued_ns: 0,
+                    returned_ns: 0,
+                })
+            })
+        }
+        fn resume<'a>(
+            &'a mut self,
+            s: &'a State,
+            pid: u32,
+            q: Option<Vec<u32>>,
+        ) -> BoxFut<'a, Result<OpReport, String>> {
+            self.1.borrow_mut().push((self.0, pid, false));
+            self.suspend(s, pid, q, None)
+        }
+        fn forget(&mut self, _: u32) {}
+        fn upkeep(&mut self, _: &State, _: u64) -> Vec<Notice> {
+            Vec::new()
+        }
+        fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
+            Box::pin(async { Vec::new() })
+        }
+    }
+
+    #[test]
+    fn a_process_is_acted_on_by_the_backend_of_its_queues() {
+        let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut b = Backends {
+            list: vec![
+                Box::new(Probe(Vendor::Amd, log.clone())),
+                Box::new(Probe(Vendor::Nvidia, log.clone())),
+            ],
+            notices: None,
+        };
+        let s = host(); // pid 7 owns NVIDIA TSGs
+        block_on(async {
+            b.for_pid(&s, 7)
+                .unwrap()
+                .suspend(&s, 7, None, None)
+                .await
+                .unwrap();
+            // Unknown to the model: KFD can seize any process.
+            b.for_pid(&s, 99)
+                .unwrap()
+                .resume(&s, 99, None)
+                .await
+                .unwrap();
+        });
+        assert_eq!(
+            *log.borrow(),
+            vec![
+                (Vendor::Nvidia, 7, true),
+                (Vendor::Amd, 99, false),
+                (Vendor::Amd, 99, true)
+            ]
+        );
+        // An NVIDIA-only host has no AMD backend: a process without queues is refused plainly.
+        b.list.remove(0);
+        let e = b.for_pid(&s, 99).err().unwrap();
+        assert!(e.contains("no AMD (KFD) GPU driver on this host"), "{e}");
+        b.list.clear();
+        assert!(b.for_pid(&s, 7).err().unwrap().contains("--dry-run"));
+    }
+
+    #[test]
+    fn nvidia_watchdog_resumes_what_stays_paused_past_max_suspend() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut b = NvBackend {
+            nv: NvControl::unguarded(&mut fake),
+            max_suspend_ns: 5_000_000,
+        };
+        let r = block_on(b.suspend(&s, 7, None, None)).unwrap();
+        // None: every live TSG of the process (compute 0x20 and copy 0x30, which has no
+        // channel seen: the TSG handle stands for it).
+        assert_eq!(r.done(), vec![0x20, 0x30]);
+        assert!(
+            b.upkeep(&s, r.returned_ns + 1_000_000).is_empty(),
+            "not yet"
+        );
+        let n = b.upkeep(&s, r.returned_ns + 6_000_000);
+        match n.as_slice() {
+            [Notice::Acted {
+                report,
+                suspend: false,
+                why,
+            }] => {
+                assert_eq!(report.done(), vec![0x20, 0x30]);
+                assert!(why.contains("watchdog"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(b.upkeep(&s, u64::MAX).is_empty(), "resumed once");
+        // Resume of "everything" after that is a no-op report.
+        let r = block_on(b.resume(&s, 7, None)).unwrap();
+        assert!(r.queues.iter().all(|q| q.outcome != QueueOutcome::Done));
+        drop(b);
+        assert_eq!(fake.calls.len(), 2, "{:?}", fake.calls);
+        assert!(!fake.calls[1].1, "the second call resumes");
+    }
+}

@@ -1,0 +1,122 @@
+//! The NVIDIA backend's start-up check: the driver must be one pausing works on (GSP-RM, no MPS,
+//! pidfd_getfd allowed), and a CUDA process of our own must stop making progress while paused and
+//! start again when resumed, through the very path the controller uses (observer -> model ->
+//! guardian hold -> FIFO_DISABLE_CHANNELS on the target's own client). Otherwise the controller
+//! refuses to start: a backend that cannot act is worse than none.
+
+use std::{
+    cell::RefCell,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+
+use crate::{
+    doctor::{self, Root, Verdict},
+    nv::{
+        ctl::{NvControl, NvOps},
+        selftest::{verify, Target},
+    },
+    watch::Watcher,
+};
+
+/// How long the target may take to create its context (first CUDA use loads the driver).
+const TARGET_START: Duration = Duration::from_secs(60);
+/// How long its RM objects may take to show up in the model.
+const SEEN: Duration = Duration::from_secs(10);
+/// Each observation window of the pause check.
+const WINDOW: Duration = Duration::from_millis(150);
+
+/// The doctor's NVIDIA lines that forbid pausing, as one message (empty: none).
+fn blocking_findings() -> Vec<String> {
+    let pidfd = doctor::try_pidfd_getfd();
+    doctor::nvidia_checks(&Root::default(), Some(&pidfd), true)
+        .into_iter()
+        .filter(|c| c.verdict == Verdict::Fail)
+        .map(|c| match &c.fix {
+            Some(fix) => format!("{}: {} (fix: {fix})", c.name, c.finding),
+            None => format!("{}: {}", c.name, c.finding),
+        })
+        .collect()
+}
+
+/// Runs the check; Ok: one line saying what was proven.
+pub async fn self_test<O: NvOps>(nv: &mut NvControl<O>, w: &mut Watcher) -> Result<String> {
+    let blocking = blocking_findings();
+    ensure!(blocking.is_empty(), "{}", blocking.join("; "));
+
+    let exe = std::env::current_exe().context("locating our own binary")?;
+    let mut target = Target::spawn(&exe, TARGET_START)
+        .context("starting the self-test target (a CUDA process of our own)")?;
+    let pid = target.pid();
+
+    // Its channels, seen the way every target's are: through the RM escapes it made.
+    let deadline = Instant::now() + SEEN;
+    let tsgs = loop {
+        let ready: Vec<u32> = w
+            .state
+            .procs
+            .get(&pid)
+            .map(|p| {
+                p.live_queues()
+                    .filter(|q| {
+                        q.nv.as_ref()
+                            .is_some_and(|t| t.h_subdevice.is_some() && !t.channels.is_empty())
+                    })
+                    .map(|q| q.queue_id)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !ready.is_empty() {
+            break ready;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the observer saw no channel of the self-test target (pid {pid}) within {}s: its \
+                 RM escapes do not reach the eBPF programs, so no process could be controlled",
+                SEEN.as_secs()
+            );
+        }
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(50), w.pump()).await {
+            r?;
+        }
+    };
+    let channels: usize = w.state.procs.get(&pid).map_or(0, |p| {
+        p.live_queues()
+            .filter_map(|q| q.nv.as_ref())
+            .map(|t| t.channels.len())
+            .sum()
+    });
+
+    let state = &w.state;
+    let nv = RefCell::new(nv);
+    let act = |disable: bool| -> Result<()> {
+        let r = nv.borrow_mut().act(state, pid, &tsgs, disable)?;
+        ensure!(
+            !r.done().is_empty(),
+            "the driver acted on none of TSGs {tsgs:?}: {:?}",
+            r.queues
+        );
+        Ok(())
+    };
+    let verdict = verify(
+        &mut || target.count(),
+        &mut || act(true),
+        &mut || act(false),
+        WINDOW,
+    );
+    nv.into_inner().forget(pid);
+    drop(target);
+    let v = verdict.context("pausing our own CUDA process")?;
+    Ok(format!(
+        "NVIDIA self-test: paused our own CUDA process (pid {pid}, {} TSG(s), {channels} \
+         channel(s)) in {:.2} ms and resumed it in {:.2} ms; iterations: {} before, {} while \
+         paused, {} after",
+        tsgs.len(),
+        v.pause.as_secs_f64() * 1e3,
+        v.resume.as_secs_f64() * 1e3,
+        v.before,
+        v.while_paused,
+        v.after
+    ))
+}
