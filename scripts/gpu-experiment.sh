@@ -37,7 +37,9 @@ seeds)
   mkdir -p /run/gpreempt-ebpf
   "$GP" ${RUNV:--v} run --policy scripts/gpu/policy.toml --audit "$OUT/audit.jsonl" 2>"$OUT/run.err" & R=$!
   # The observer knows only objects allocated after it attached: start the workloads after.
-  for i in $(seq 200); do grep -q "gpreempt-ebpf run:" "$OUT/run.err" 2>/dev/null && break; sleep 0.1; done
+  # (It first pauses and resumes a CUDA process of its own: the self-test.)
+  for i in $(seq 1200); do grep -q "gpreempt-ebpf run:" "$OUT/run.err" 2>/dev/null && break; sleep 0.1; done
+  grep "self-test" "$OUT/run.err"
   sleep 1
   if [ -n "${DEBUG:-}" ]; then "$GP" trace --json --output "$OUT/dbg.json" --duration $((S + 25)) 2>/dev/null & fi
   python3 scripts/gpu/offline.py "$((S + 15))" "$OUT/off1.json" 2>/dev/null & B=$!
@@ -123,6 +125,33 @@ pause)
   wait $P
   cat "$OUT/die.json"; tail -5 "$OUT/die.err"
   echo "--- throughput after the kill:"; cat "$OUT/load-die.txt" | head -60
+  ;;
+control)
+  # The controller's own safety paths on an NVIDIA process (scripts/gpu/hold.toml, max_suspend
+  # 3 s): a manual suspend through `run` that its watchdog ends; a hung controller (SIGSTOP)
+  # whose guardian lease runs out; (d) kill -9 of `run` while the target is paused.
+  mkdir -p /run/gpreempt-ebpf
+  "$GP" ${RUNV:--v} run --policy scripts/gpu/hold.toml --audit "$OUT/ctl-audit.jsonl" 2>"$OUT/ctl.err" & R=$!
+  for i in $(seq 1200); do grep -q "gpreempt-ebpf run:" "$OUT/ctl.err" 2>/dev/null && break; sleep 0.1; done
+  grep -E "self-test|error" "$OUT/ctl.err"
+  if [ -n "${DEBUG:-}" ]; then "$GP" trace --json --output "$OUT/ctl-trace.json" --duration 30 2>/dev/null & fi
+  python3 /tmp/load.py 28 > "$OUT/load-ctl.txt" 2>&1 & P=$!
+  echo "load pid $P"
+  # Its first CUDA work comes after a few seconds (driver and library loading).
+  sleep 8
+  cp /run/gpreempt-ebpf/status.json "$OUT/ctl-status.json"
+  echo "$(date +%s.%N) suspend (watchdog ends it)"; "$GP" suspend --pid $P
+  sleep 4.5
+  echo "$(date +%s.%N) suspend, then SIGSTOP the controller"; "$GP" suspend --pid $P
+  sleep 0.3; kill -STOP $R; sleep 4.5; kill -CONT $R; echo "$(date +%s.%N) SIGCONT"
+  sleep 2
+  echo "$(date +%s.%N) suspend, then kill -9 the controller"; "$GP" suspend --pid $P
+  sleep 0.5; cp /run/gpreempt-ebpf/status.json "$OUT/ctl-status2.json"
+  kill -9 $R; wait $R 2>/dev/null; echo "$(date +%s.%N) killed"
+  wait $P
+  grep -vE "event source|kprobe|/sys/" "$OUT/ctl.err" | tail -25
+  echo "--- load (t it/s):"; awk '{print $1, $2}' "$OUT/load-ctl.txt" | tr '\n' ';' ; echo
+  pgrep -af nv-guardian || echo "no guardian left"
   ;;
 observe)
   # (a) the observer sees a PyTorch process's clients, TSGs and channels.

@@ -7,6 +7,12 @@
 /// The RM control device: its presence makes a host an NVIDIA host.
 pub const NVIDIACTL: &str = "/dev/nvidiactl";
 
+/// Character-device major of /dev/nvidiactl (minor 255) and /dev/nvidiaN (minor N), wherever a
+/// container or runtime mounts them (nv-linux.h NV_MAJOR_DEVICE_NUMBER).
+pub const NV_MAJOR_DEVICE_NUMBER: u32 = 195;
+/// /dev/nvidia-modeset shares the major: another ABI, not RM escapes.
+pub const NV_MODESET_MINOR: u32 = 254;
+
 /// ioctl type (magic) of /dev/nvidiactl and /dev/nvidiaN.
 pub const NV_IOCTL_MAGIC: u32 = b'F' as u32;
 

@@ -276,7 +276,8 @@ pub fn main() -> Result<ExitCode> {
         } else {
             level
         })
-        .format_timestamp(None)
+        // -vv: timestamps, to line debug output up with other tools' clocks.
+        .format_timestamp((cli.verbose >= 2).then_some(env_logger::TimestampPrecision::Micros))
         .target(env_logger::Target::Stderr)
         .init();
     if matches!(

@@ -500,12 +500,16 @@ fn decode_call(nr: u32, size: u32, b: &[u8]) -> KfdCall {
     }
 }
 
-/// Whether (pid, fd) is the KFD device, by `readlink /proc/PID/fd/N`, cached per (pid, fd).
+/// Whether (pid, fd) is the device its events' decoder expects (KFD, or an NVIDIA node), from
+/// `/proc/PID/fd/N`, cached per (pid, fd).
 pub struct FdCheck {
-    /// The KFD device node; NVIDIA nodes are recognised by name (/dev/nvidiactl, /dev/nvidiaN).
+    /// The KFD device node; NVIDIA nodes are recognised by their device number (or, for files
+    /// that are no device, by name: /dev/nvidiactl, /dev/nvidiaN).
     device: PathBuf,
+    /// The KFD device's number, when it is a character device here.
+    device_rdev: Option<u64>,
     proc_root: PathBuf,
-    cache: HashMap<(u32, i32), bool>,
+    cache: HashMap<(u32, i32), Node>,
 }
 
 /// `/dev/nvidiactl` or `/dev/nvidia<digits>` (not nvidia-uvm, nvidia-modeset: other ABIs).
@@ -514,6 +518,14 @@ pub fn is_nvidia_node(p: &Path) -> bool {
         return false;
     };
     name == "ctl" || (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What an open file is, for the events on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    Kfd,
+    Nvidia,
+    Other,
 }
 
 /// The verdict on one (pid, fd).
@@ -526,6 +538,11 @@ pub enum FdVerdict {
     Unknown,
 }
 
+fn char_rdev(meta: &std::fs::Metadata) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    meta.file_type().is_char_device().then(|| meta.rdev())
+}
+
 impl FdCheck {
     pub fn new(device: impl Into<PathBuf>) -> Self {
         Self::with_proc(device, "/proc")
@@ -533,8 +550,11 @@ impl FdCheck {
 
     /// For tests: a different procfs root.
     pub fn with_proc(device: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
+        let device = device.into();
+        let device_rdev = std::fs::metadata(&device).ok().as_ref().and_then(char_rdev);
         Self {
-            device: device.into(),
+            device,
+            device_rdev,
             proc_root: proc_root.into(),
             cache: HashMap::new(),
         }
@@ -546,39 +566,64 @@ impl FdCheck {
 
     /// Whether `pid`'s `fd` is an NVIDIA device node (RM escapes go to nvidiactl and nvidiaN).
     pub fn check_nv(&mut self, pid: u32, fd: i32) -> FdVerdict {
-        self.check_with(pid, fd, is_nvidia_node)
+        self.check_for(pid, fd, Node::Nvidia)
     }
 
     pub fn check(&mut self, pid: u32, fd: i32) -> FdVerdict {
-        let device = self.device.clone();
-        self.check_with(pid, fd, |p| p == device)
+        self.check_for(pid, fd, Node::Kfd)
     }
 
-    fn check_with(&mut self, pid: u32, fd: i32, want: impl Fn(&Path) -> bool) -> FdVerdict {
-        if let Some(&is_kfd) = self.cache.get(&(pid, fd)) {
-            return if is_kfd {
-                FdVerdict::Kfd
-            } else {
-                FdVerdict::Other
-            };
+    fn check_for(&mut self, pid: u32, fd: i32, want: Node) -> FdVerdict {
+        let node = match self.cache.get(&(pid, fd)) {
+            Some(&n) => n,
+            None => match self.judge(pid, fd) {
+                Some(n) => {
+                    self.cache.insert((pid, fd), n);
+                    n
+                }
+                None => return FdVerdict::Unknown,
+            },
+        };
+        if node == want {
+            FdVerdict::Kfd
+        } else {
+            FdVerdict::Other
         }
+    }
+
+    /// By device number for character devices (the node may be mounted anywhere: containers,
+    /// /usr/local/nvidia/dev, ...), by path for anything else (the tests' stand-in files).
+    fn judge(&self, pid: u32, fd: i32) -> Option<Node> {
         let link = self
             .proc_root
             .join(pid.to_string())
             .join("fd")
             .join(fd.to_string());
-        match std::fs::read_link(&link) {
-            Ok(target) => {
-                let is_kfd = want(&target);
-                self.cache.insert((pid, fd), is_kfd);
-                if is_kfd {
-                    FdVerdict::Kfd
+        let by_number = std::fs::metadata(&link).ok().as_ref().and_then(char_rdev);
+        let node = match by_number {
+            Some(rdev) if Some(rdev) == self.device_rdev => Node::Kfd,
+            Some(rdev)
+                if nix::sys::stat::major(rdev) == u64::from(nv::NV_MAJOR_DEVICE_NUMBER)
+                    && nix::sys::stat::minor(rdev) != u64::from(nv::NV_MODESET_MINOR) =>
+            {
+                Node::Nvidia
+            }
+            Some(_) => Node::Other,
+            None => {
+                let target = std::fs::read_link(&link).ok()?;
+                if target == self.device {
+                    Node::Kfd
+                } else if is_nvidia_node(&target) {
+                    Node::Nvidia
                 } else {
-                    FdVerdict::Other
+                    Node::Other
                 }
             }
-            Err(_) => FdVerdict::Unknown,
+        };
+        if node == Node::Other {
+            log::debug!("pid {pid} fd {fd} is neither KFD nor NVIDIA: its events are dropped");
         }
+        Some(node)
     }
 
     /// Forget a process (its fds, and a later process reusing its pid).
@@ -908,6 +953,39 @@ pub(crate) mod tests {
         c.forget(10);
         assert_eq!(c.cached(), 0);
         assert_eq!(c.check(10, 3), FdVerdict::Unknown);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// NVIDIA nodes are known by their device number wherever they are mounted (a GPU host here
+    /// had them at /usr/local/nvidia/dev); nvidia-modeset shares the major but is not RM.
+    #[test]
+    fn fd_check_knows_nvidia_nodes_by_device_number() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let root = std::env::temp_dir().join(format!("fdcheck-nv-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dev = root.join("usr/local/nvidia/dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(root.join("20/fd")).unwrap();
+        for (name, minor) in [("nvidiactl", 255), ("nvidia0", 0), ("nvidia-modeset", 254)] {
+            mknod(
+                &dev.join(name),
+                SFlag::S_IFCHR,
+                Mode::from_bits_truncate(0o600),
+                makedev(195, minor),
+            )
+            .expect("mknod (the unit tests run as root)");
+        }
+        std::os::unix::fs::symlink(dev.join("nvidiactl"), root.join("20/fd/8")).unwrap();
+        std::os::unix::fs::symlink(dev.join("nvidia0"), root.join("20/fd/9")).unwrap();
+        std::os::unix::fs::symlink(dev.join("nvidia-modeset"), root.join("20/fd/10")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", root.join("20/fd/11")).unwrap();
+        let mut c = FdCheck::with_proc("/dev/kfd", &root);
+        assert_eq!(c.check_nv(20, 8), FdVerdict::Kfd);
+        assert_eq!(c.check_nv(20, 9), FdVerdict::Kfd);
+        assert_eq!(c.check_nv(20, 10), FdVerdict::Other);
+        assert_eq!(c.check_nv(20, 11), FdVerdict::Other);
+        // An NVIDIA node is not the KFD device.
+        assert_eq!(c.check(20, 8), FdVerdict::Other);
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -139,12 +139,8 @@ impl Ctx {
     /// Online processes get launch uprobes (when the policy wants hints); others lose them.
     fn launch_hints(&mut self, w: &mut Watcher, pid: u32, class: Class) {
         if class == Class::Online && self.engine.policy().launch_hints {
-            match w.watch_launches(pid) {
-                Ok(0) => log::debug!("pid {pid}: no launch entry point mapped (yet)"),
-                Ok(n) => log::info!("pid {pid}: launch hints from {n} entry point(s)"),
-                Err(e) => {
-                    log::info!("pid {pid}: no launch hints: {e:#}");
-                }
+            if let Err(e) = w.watch_launches(pid) {
+                log::info!("pid {pid}: no launch hints: {e:#}");
             }
         } else {
             w.unwatch_launches(pid);
@@ -254,6 +250,7 @@ impl Ctx {
                 suspend,
                 why,
             } => {
+                log::info!("{} ({why})", describe(&report, suspend));
                 self.apply_report(w, &report, suspend);
                 if !suspend {
                     self.engine.forget(report.pid, Some(&report.done()));

@@ -72,8 +72,8 @@ pub struct Watcher {
     lost_reported: u64,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
     pub controller: Option<crate::daemon::Status>,
-    /// Where launch uprobes go in each process (ELF files parsed once).
-    launch: crate::launch::LaunchResolver,
+    /// Where launch uprobes go in each process (found off the loop).
+    resolving: Resolving,
     /// Events applied to the model, by kind, and batches read.
     applied: std::collections::BTreeMap<&'static str, u64>,
 }
@@ -111,7 +111,7 @@ impl Watcher {
             timers: None,
             lost_reported: 0,
             controller: None,
-            launch: crate::launch::LaunchResolver::new(),
+            resolving: Resolving::default(),
             applied: Default::default(),
         })
     }
@@ -154,26 +154,54 @@ impl Watcher {
             .unwrap_or_default()
     }
 
-    /// Launch hints for `pid`: uprobes on its HIP/HSA launch entry points. Ok(0): the process
-    /// maps no launch entry point.
-    pub fn watch_launches(&mut self, pid: u32) -> Result<usize> {
-        let Some((probes, _)) = self.events.as_mut() else {
+    /// Launch hints for `pid`: uprobes on its launch entry points (HIP/HSA, libcuda), attached
+    /// once a resolver thread has found them (parsing the symbols of a large process's libraries
+    /// takes long enough to stall the event loop). The outcome is logged.
+    pub fn watch_launches(&mut self, pid: u32) -> Result<()> {
+        let Some((probes, _)) = self.events.as_ref() else {
             anyhow::bail!("no eBPF programs loaded");
         };
-        if probes.watched_launches().any(|p| p == pid) {
-            return Ok(0);
+        if probes.watched_launches().any(|p| p == pid) || self.resolving.wanted.contains(&pid) {
+            return Ok(());
         }
-        let targets = self.launch.resolve(pid)?;
-        if targets.is_empty() {
-            return Ok(0);
+        self.resolving.ask(pid)
+    }
+
+    /// A resolution came back: attach if the process still wants hints.
+    fn resolved(&mut self, pid: u32, r: Result<Vec<crate::launch::LaunchTarget>>, took: Duration) {
+        if !self.resolving.wanted.remove(&pid) {
+            return;
         }
-        let n = probes.watch_launches(pid, &targets)?;
-        self.state.sources = Some(crate::probe::summarize(probes.sources()));
-        Ok(n)
+        let alive = self
+            .state
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.exited_ns.is_none());
+        let Some((probes, _)) = self.events.as_mut() else {
+            return;
+        };
+        let ms = took.as_millis();
+        match r {
+            Ok(t) if t.is_empty() => {
+                log::info!("pid {pid}: no launch entry point mapped (searched in {ms} ms)")
+            }
+            Ok(_) if !alive => {}
+            Ok(t) => match probes.watch_launches(pid, &t) {
+                Ok(n) => {
+                    log::info!(
+                        "pid {pid}: launch hints from {n} entry point(s) (found in {ms} ms)"
+                    );
+                    self.state.sources = Some(crate::probe::summarize(probes.sources()));
+                }
+                Err(e) => log::info!("pid {pid}: no launch hints: {e:#}"),
+            },
+            Err(e) => log::info!("pid {pid}: no launch hints: {e:#}"),
+        }
     }
 
     /// Stops the launch hints of `pid`.
     pub fn unwatch_launches(&mut self, pid: u32) {
+        self.resolving.wanted.remove(&pid);
         if let Some((probes, _)) = self.events.as_mut() {
             if probes.watched_launches().any(|p| p == pid) {
                 probes.unwatch_launches(pid);
@@ -431,6 +459,15 @@ impl Watcher {
             }
         }
         self.batch = batch;
+        if log::log_enabled!(log::Level::Debug) {
+            let mut rm: std::collections::BTreeMap<u32, usize> = Default::default();
+            for &p in &pids {
+                *rm.entry(p).or_default() += 1;
+            }
+            if !rm.is_empty() {
+                log::debug!("applied ioctls/escapes per pid: {rm:?}");
+            }
+        }
         // /proc facts of new processes only (not a walk over every process per batch).
         pids.sort_unstable();
         pids.dedup();
@@ -451,6 +488,7 @@ impl Watcher {
     pub async fn pump(&mut self) -> Result<()> {
         enum Due {
             Events(std::io::Result<()>),
+            Resolved(u32, Result<Vec<crate::launch::LaunchTarget>>, Duration),
             Reconcile,
             Hqds,
             Sample,
@@ -459,6 +497,7 @@ impl Watcher {
             events,
             batch,
             timers,
+            resolving,
             ..
         } = self;
         let Some(Timers {
@@ -475,8 +514,15 @@ impl Watcher {
                 None => std::future::pending().await,
             }
         };
+        let resolved = async {
+            match resolving.answers.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         let due = tokio::select! {
             r = next_events => Due::Events(r),
+            Some((pid, r, took)) = resolved => Due::Resolved(pid, r, took),
             _ = reconcile.tick() => Due::Reconcile,
             _ = hqds.tick() => Due::Hqds,
             _ = sample.tick() => Due::Sample,
@@ -495,6 +541,7 @@ impl Watcher {
                 });
                 self.check_lost()?;
             }
+            Due::Resolved(pid, r, took) => self.resolved(pid, r, took),
             Due::Hqds => self.hqds_now(),
             Due::Sample => self.sample_now(),
         }
@@ -533,6 +580,45 @@ impl Watcher {
             self.warnings.retain(|x| !x.contains("KFD records lost"));
             self.warn_once(w);
         }
+        Ok(())
+    }
+}
+
+type Resolution = (u32, Result<Vec<crate::launch::LaunchTarget>>, Duration);
+
+/// The launch-entry-point resolver thread (started at the first request; its ELF cache lives
+/// there) and the pids waiting for it.
+#[derive(Default)]
+struct Resolving {
+    ask: Option<std::sync::mpsc::Sender<u32>>,
+    answers: Option<tokio::sync::mpsc::UnboundedReceiver<Resolution>>,
+    wanted: std::collections::BTreeSet<u32>,
+}
+
+impl Resolving {
+    fn ask(&mut self, pid: u32) -> Result<()> {
+        if self.ask.is_none() {
+            let (ask, questions) = std::sync::mpsc::channel::<u32>();
+            let (tell, answers) = tokio::sync::mpsc::unbounded_channel::<Resolution>();
+            std::thread::Builder::new()
+                .name("gpreempt-launch".into())
+                .spawn(move || {
+                    let mut resolver = crate::launch::LaunchResolver::new();
+                    for pid in questions {
+                        let t0 = std::time::Instant::now();
+                        let r = resolver.resolve(pid);
+                        if tell.send((pid, r, t0.elapsed())).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .context("starting the launch resolver thread")?;
+            self.ask = Some(ask);
+            self.answers = Some(answers);
+        }
+        let sent = self.ask.as_ref().is_some_and(|a| a.send(pid).is_ok());
+        anyhow::ensure!(sent, "the launch resolver thread is gone");
+        self.wanted.insert(pid);
         Ok(())
     }
 }
