@@ -574,9 +574,14 @@ impl FdCheck {
     }
 
     fn check_for(&mut self, pid: u32, fd: i32, want: Node) -> FdVerdict {
+        // Only devices are cached: the check runs after the event, and a process may have closed
+        // the fd and reused its number for another file by then (libcuda opens nvidiactl, closes
+        // it, reads /proc/driver/nvidia/params on the same number, then opens nvidiactl again
+        // for good): a cached "other file" would drop every later event on that number.
         let node = match self.cache.get(&(pid, fd)) {
             Some(&n) => n,
             None => match self.judge(pid, fd) {
+                Some(Node::Other) => Node::Other,
                 Some(n) => {
                     self.cache.insert((pid, fd), n);
                     n
@@ -600,28 +605,36 @@ impl FdCheck {
             .join("fd")
             .join(fd.to_string());
         let by_number = std::fs::metadata(&link).ok().as_ref().and_then(char_rdev);
-        let node = match by_number {
-            Some(rdev) if Some(rdev) == self.device_rdev => Node::Kfd,
-            Some(rdev)
-                if nix::sys::stat::major(rdev) == u64::from(nv::NV_MAJOR_DEVICE_NUMBER)
-                    && nix::sys::stat::minor(rdev) != u64::from(nv::NV_MODESET_MINOR) =>
-            {
+        let target = std::fs::read_link(&link).ok();
+        let nv_number = by_number.is_some_and(|rdev| {
+            nix::sys::stat::major(rdev) == u64::from(nv::NV_MAJOR_DEVICE_NUMBER)
+                && nix::sys::stat::minor(rdev) != u64::from(nv::NV_MODESET_MINOR)
+        });
+        let node = if by_number.is_some() && by_number == self.device_rdev {
+            Node::Kfd
+        } else if nv_number {
+            Node::Nvidia
+        } else {
+            // Not a device here (the tests' stand-ins), or not one of ours by number: by name.
+            let target = target.as_deref()?;
+            if target == self.device {
+                Node::Kfd
+            } else if is_nvidia_node(target) {
                 Node::Nvidia
-            }
-            Some(_) => Node::Other,
-            None => {
-                let target = std::fs::read_link(&link).ok()?;
-                if target == self.device {
-                    Node::Kfd
-                } else if is_nvidia_node(&target) {
-                    Node::Nvidia
-                } else {
-                    Node::Other
-                }
+            } else {
+                Node::Other
             }
         };
         if node == Node::Other {
-            log::debug!("pid {pid} fd {fd} is neither KFD nor NVIDIA: its events are dropped");
+            log::debug!(
+                "pid {pid} fd {fd} ({}, device {}) is neither KFD nor NVIDIA: its events are dropped",
+                target.as_deref().map_or("?".into(), |t| t.display().to_string()),
+                by_number.map_or("none".into(), |r| format!(
+                    "{}:{}",
+                    nix::sys::stat::major(r),
+                    nix::sys::stat::minor(r)
+                ))
+            );
         }
         Some(node)
     }
@@ -945,7 +958,7 @@ pub(crate) mod tests {
         assert_eq!(c.check(10, 4), FdVerdict::Other);
         assert_eq!(c.check(10, 5), FdVerdict::Unknown);
         assert_eq!(c.check(11, 3), FdVerdict::Unknown);
-        assert_eq!(c.cached(), 2);
+        assert_eq!(c.cached(), 1, "only devices are cached");
         // Cached: the verdict survives the process's /proc entry going away...
         std::fs::remove_dir_all(root.join("10")).unwrap();
         assert_eq!(c.check(10, 3), FdVerdict::Kfd);
@@ -986,6 +999,24 @@ pub(crate) mod tests {
         assert_eq!(c.check_nv(20, 11), FdVerdict::Other);
         // An NVIDIA node is not the KFD device.
         assert_eq!(c.check(20, 8), FdVerdict::Other);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// A number judged "another file" is judged again next time: the fd may be reused (seen on
+    /// an H100: libcuda's fd 8 was /proc/driver/nvidia/params when its first escapes were
+    /// checked, and nvidiactl, holding the process's main RM client, from then on).
+    #[test]
+    fn fd_check_rejudges_a_number_that_was_another_file() {
+        let root = std::env::temp_dir().join(format!("fdcheck-reuse-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("30/fd")).unwrap();
+        let fd8 = root.join("30/fd/8");
+        std::os::unix::fs::symlink("/proc/driver/nvidia/params", &fd8).unwrap();
+        let mut c = FdCheck::with_proc("/dev/kfd", &root);
+        assert_eq!(c.check_nv(30, 8), FdVerdict::Other);
+        std::fs::remove_file(&fd8).unwrap();
+        std::os::unix::fs::symlink("/dev/nvidiactl", &fd8).unwrap();
+        assert_eq!(c.check_nv(30, 8), FdVerdict::Kfd);
         let _ = std::fs::remove_dir_all(&root);
     }
 }
