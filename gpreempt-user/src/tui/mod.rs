@@ -354,6 +354,50 @@ mod tests {
         (f, utx)
     }
 
+    /// NVIDIA TSGs: their channel count in the HQD column, their RM objects in the detail pane.
+    #[tokio::test]
+    async fn nvidia_tsgs_show_their_channels() {
+        let (_utx, urx) = mpsc::unbounded_channel();
+        let mut src = Fake {
+            state: crate::nv::ctl::tests::host(),
+            updates: urx,
+            commands: Vec::new(),
+            fail: false,
+        };
+        let mut term = Terminal::new(TestBackend::new(120, 40)).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(key('j')).unwrap();
+        tx.send(Ok(Event::Key(KeyEvent::new(
+            KeyCode::Enter,
+            KeyModifiers::NONE,
+        ))))
+        .unwrap();
+        let driver = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tx.send(Ok(Event::Key(KeyEvent::new(
+                KeyCode::Char('c'),
+                KeyModifiers::CONTROL,
+            ))))
+            .unwrap();
+        };
+        let (res, ()) = tokio::join!(
+            event_loop(
+                &mut term,
+                &mut src,
+                &mut rx,
+                Duration::from_millis(10),
+                std::future::pending::<()>()
+            ),
+            driver
+        );
+        res.unwrap();
+        let s = screen(&term);
+        assert!(s.contains("tsg-gr") && s.contains("tsg-ce"), "{s}");
+        assert!(s.contains("2ch"), "TSG 0x20 has channels 0x21, 0x22:\n{s}");
+        assert!(s.contains("rm client") && s.contains("0xc1 (fd"), "{s}");
+        assert!(s.contains("2: 0x21 0x22"), "{s}");
+    }
+
     #[test]
     fn interval_labels() {
         assert_eq!(interval_label(Duration::from_millis(100)), "100ms");

@@ -294,10 +294,12 @@ fn queue_cell(c: Col, q: &Queue, last: bool, hqds_known: bool, now: u64) -> Cell
         Col::Gpu => Cell::from(q.gpu_id.to_string()),
         Col::Kind => Cell::from(q.kind.label()),
         Col::Prio => Cell::from(opt(q.priority)),
-        Col::Hqd => Cell::from(match q.hqd {
-            Some(h) => h.to_string(),
-            None if hqds_known || !q.alive() => "-".into(),
-            None => "?".into(),
+        // An NVIDIA TSG has no HQD slot: its hardware side is its channels.
+        Col::Hqd => Cell::from(match (&q.nv, q.hqd) {
+            (Some(t), _) => format!("{}ch", t.channels.len()),
+            (None, Some(h)) => h.to_string(),
+            (None, None) if hqds_known || !q.alive() => "-".into(),
+            (None, None) => "?".into(),
         }),
         Col::State => Cell::from(q.state.label()).style(state_style(q.state)),
         Col::Rate => Cell::from(fmt_rate(q.activity.dispatches_per_s)),
@@ -771,7 +773,19 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
             q.destroyed_ns.map_or("-".into(), |t| ago(now, t)),
         ),
     ];
-    let wide = vec![("sample", sample_label(&a.status))];
+    let mut pairs = pairs;
+    let mut wide = vec![("sample", sample_label(&a.status))];
+    if let Some(t) = &q.nv {
+        // The RM objects a pause goes through, in place of the AMD ring and pointers.
+        pairs.retain(|(k, _)| !matches!(*k, "ring" | "rptr" | "wptr" | "doorbell" | "pointers"));
+        pairs.extend([
+            ("rm client", format!("{:#x} (fd {})", t.h_client, t.fd)),
+            ("subdevice", hex(t.h_subdevice.map(u64::from))),
+            ("engine", format!("{:#x}", t.engine_type)),
+        ]);
+        let list: Vec<String> = t.channels.iter().map(|c| format!("{c:#x}")).collect();
+        wide.push(("channels", format!("{}: {}", list.len(), list.join(" "))));
+    }
     (pairs, wide)
 }
 
