@@ -291,7 +291,14 @@ impl Backend for KfdBackend {
 pub struct NvBackend<O: NvOps = Rm> {
     nv: NvControl<O>,
     max_suspend_ns: u64,
+    /// Per target after a failed pause: (retry not before, next delay). A driver that refuses
+    /// is not asked again at the policy's pace.
+    backoff: BTreeMap<u32, (u64, u64)>,
 }
+
+/// First and longest wait after a failed pause.
+const BACKOFF_MIN_NS: u64 = 100_000_000;
+const BACKOFF_MAX_NS: u64 = 10_000_000_000;
 
 impl NvBackend {
     pub fn new(dir: &Path, max_suspend: Duration) -> Result<Self> {
@@ -301,6 +308,7 @@ impl NvBackend {
         Ok(Self {
             nv: NvControl::new(dir)?.with_lease(lease),
             max_suspend_ns: max_suspend.as_nanos() as u64,
+            backoff: BTreeMap::new(),
         })
     }
 }
@@ -334,6 +342,13 @@ impl<O: NvOps> Backend for NvBackend<O> {
         _grace: Option<u32>,
     ) -> BoxFut<'a, Result<OpReport, String>> {
         Box::pin(async move {
+            let now = crate::clock::monotonic_ns();
+            if let Some(&(until, _)) = self.backoff.get(&pid).filter(|(u, _)| now < *u) {
+                return Err(format!(
+                    "backing off after a failed pause: next try in {} ms",
+                    (until - now) / 1_000_000
+                ));
+            }
             let tsgs = queues.unwrap_or_else(|| {
                 state
                     .procs
@@ -341,9 +356,19 @@ impl<O: NvOps> Backend for NvBackend<O> {
                     .map(|p| p.live_queues().map(|q| q.queue_id).collect())
                     .unwrap_or_default()
             });
-            self.nv
-                .act(state, pid, &tsgs, true)
-                .map_err(|e| format!("{e:#}"))
+            let r = self.nv.act(state, pid, &tsgs, true);
+            match &r {
+                Ok(rep) if !rep.done().is_empty() => {
+                    self.backoff.remove(&pid);
+                }
+                _ => {
+                    let delay = self.backoff.get(&pid).map_or(BACKOFF_MIN_NS, |&(_, d)| d);
+                    let now = crate::clock::monotonic_ns();
+                    self.backoff
+                        .insert(pid, (now + delay, (delay * 2).min(BACKOFF_MAX_NS)));
+                }
+            }
+            r.map_err(|e| format!("{e:#}"))
         })
     }
 
@@ -370,6 +395,7 @@ impl<O: NvOps> Backend for NvBackend<O> {
 
     fn forget(&mut self, pid: u32) {
         self.nv.forget(pid);
+        self.backoff.remove(&pid);
     }
 
     fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice> {
@@ -534,6 +560,7 @@ mod tests {
         let mut b = NvBackend {
             nv: NvControl::unguarded(&mut fake),
             max_suspend_ns: 5_000_000,
+            backoff: BTreeMap::new(),
         };
         let r = block_on(b.suspend(&s, 7, None, None)).unwrap();
         // None: every live TSG of the process (compute 0x20 and copy 0x30, which has no
@@ -562,5 +589,34 @@ mod tests {
         drop(b);
         assert_eq!(fake.calls.len(), 2, "{:?}", fake.calls);
         assert!(!fake.calls[1].1, "the second call resumes");
+    }
+
+    /// A driver that refuses a pause is not asked again until the back-off delay has passed.
+    #[test]
+    fn a_failed_nvidia_pause_backs_off() {
+        let s = host();
+        let mut fake = Fake {
+            fail: true,
+            ..Fake::default()
+        };
+        let mut b = NvBackend {
+            nv: NvControl::unguarded(&mut fake),
+            max_suspend_ns: 5_000_000,
+            backoff: BTreeMap::new(),
+        };
+        let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
+        assert!(e.contains("NV_ERR_NOT_SUPPORTED"), "{e}");
+        let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
+        assert!(e.contains("backing off after a failed pause"), "{e}");
+        let (until, next) = b.backoff[&7];
+        assert_eq!(next, 2 * BACKOFF_MIN_NS, "the delay doubles");
+        // Once the delay has passed, it tries again (and fails again: a longer delay).
+        b.backoff.insert(7, (0, next));
+        let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
+        assert!(e.contains("NV_ERR_NOT_SUPPORTED"), "{e}");
+        assert!(b.backoff[&7].0 > until);
+        assert_eq!(b.backoff[&7].1, 4 * BACKOFF_MIN_NS);
+        b.forget(7);
+        assert!(b.backoff.is_empty());
     }
 }
