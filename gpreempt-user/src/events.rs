@@ -605,37 +605,36 @@ impl FdCheck {
             .join("fd")
             .join(fd.to_string());
         let by_number = std::fs::metadata(&link).ok().as_ref().and_then(char_rdev);
-        let target = std::fs::read_link(&link).ok();
-        let nv_number = by_number.is_some_and(|rdev| {
-            nix::sys::stat::major(rdev) == u64::from(nv::NV_MAJOR_DEVICE_NUMBER)
-                && nix::sys::stat::minor(rdev) != u64::from(nv::NV_MODESET_MINOR)
-        });
-        let node = if by_number.is_some() && by_number == self.device_rdev {
-            Node::Kfd
-        } else if nv_number {
-            Node::Nvidia
-        } else {
-            // Not a device here (the tests' stand-ins), or not one of ours by number: by name.
-            let target = target.as_deref()?;
-            if target == self.device {
-                Node::Kfd
-            } else if is_nvidia_node(target) {
+        let node = match by_number {
+            Some(rdev) if Some(rdev) == self.device_rdev => Node::Kfd,
+            Some(rdev)
+                if nix::sys::stat::major(rdev) == u64::from(nv::NV_MAJOR_DEVICE_NUMBER)
+                    && nix::sys::stat::minor(rdev) != u64::from(nv::NV_MODESET_MINOR) =>
+            {
                 Node::Nvidia
-            } else {
-                Node::Other
+            }
+            // Not a device here (the tests' stand-ins), or not one of ours by number: by name.
+            _ => {
+                let target = std::fs::read_link(&link).ok()?;
+                if target == self.device {
+                    Node::Kfd
+                } else if is_nvidia_node(&target) {
+                    Node::Nvidia
+                } else {
+                    log::debug!(
+                        "pid {pid} fd {fd} ({}, device {}) is neither KFD nor NVIDIA: its events \
+                         are dropped",
+                        target.display(),
+                        by_number.map_or("none".into(), |r| format!(
+                            "{}:{}",
+                            nix::sys::stat::major(r),
+                            nix::sys::stat::minor(r)
+                        ))
+                    );
+                    Node::Other
+                }
             }
         };
-        if node == Node::Other {
-            log::debug!(
-                "pid {pid} fd {fd} ({}, device {}) is neither KFD nor NVIDIA: its events are dropped",
-                target.as_deref().map_or("?".into(), |t| t.display().to_string()),
-                by_number.map_or("none".into(), |r| format!(
-                    "{}:{}",
-                    nix::sys::stat::major(r),
-                    nix::sys::stat::minor(r)
-                ))
-            );
-        }
         Some(node)
     }
 

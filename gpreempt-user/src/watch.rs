@@ -74,8 +74,8 @@ pub struct Watcher {
     pub controller: Option<crate::daemon::Status>,
     /// Where launch uprobes go in each process (found off the loop).
     resolving: Resolving,
-    /// Events applied to the model, by kind, and batches read.
-    applied: std::collections::BTreeMap<&'static str, u64>,
+    /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
+    applied: [u64; APPLIED.len()],
 }
 
 impl Watcher {
@@ -112,7 +112,7 @@ impl Watcher {
             lost_reported: 0,
             controller: None,
             resolving: Resolving::default(),
-            applied: Default::default(),
+            applied: [0; APPLIED.len()],
         })
     }
 
@@ -433,16 +433,16 @@ impl Watcher {
         let mut batch = std::mem::take(&mut self.batch);
         // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
         let mut pids = Vec::new();
-        *self.applied.entry("batches").or_default() += 1;
+        self.applied[0] += 1;
         for ev in batch.drain(..) {
             let kind = match &ev {
-                Event::Ioctl(_) => "kfd_ioctls",
-                Event::Nv(_) => "rm_escapes",
-                Event::Kernel(_) => "kernel_probes",
-                Event::Launch(_) => "launches",
-                Event::ProcessExit(_) => "exits",
+                Event::Ioctl(_) => 1,
+                Event::Nv(_) => 2,
+                Event::Kernel(_) => 3,
+                Event::Launch(_) => 4,
+                Event::ProcessExit(_) => 5,
             };
-            *self.applied.entry(kind).or_default() += 1;
+            self.applied[kind] += 1;
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
             }
@@ -551,10 +551,11 @@ impl Watcher {
     /// The pipeline's counters: what the kernel saw and lost, what user space dropped, what was
     /// applied to the model.
     pub fn event_counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut m: std::collections::BTreeMap<String, u64> = self
-            .applied
+        let mut m: std::collections::BTreeMap<String, u64> = APPLIED
             .iter()
-            .map(|(k, v)| (format!("applied_{k}"), *v))
+            .zip(self.applied)
+            .filter(|&(_, v)| v > 0)
+            .map(|(k, v)| (format!("applied_{k}"), v))
             .collect();
         if let Some((probes, src)) = self.events.as_ref() {
             if let Ok(k) = probes.stats() {
@@ -583,6 +584,16 @@ impl Watcher {
         Ok(())
     }
 }
+
+/// The names of [`Watcher`]'s `applied` counters.
+const APPLIED: [&str; 6] = [
+    "batches",
+    "kfd_ioctls",
+    "rm_escapes",
+    "kernel_probes",
+    "launches",
+    "exits",
+];
 
 type Resolution = (u32, Result<Vec<crate::launch::LaunchTarget>>, Duration);
 

@@ -107,14 +107,6 @@ impl<O: NvOps> NvControl<O> {
         }
     }
 
-    /// Whether `pid`'s queues are NVIDIA TSGs in the model.
-    pub fn is_nvidia(state: &State, pid: u32) -> bool {
-        state
-            .procs
-            .get(&pid)
-            .is_some_and(|p| p.live_queues().any(|q| q.nv.is_some()))
-    }
-
     /// Learns `pid`'s clients from the model (dups their fds, registers them with the guardian)
     /// ahead of a first pause, so that the pause itself is only the RM call.
     pub fn prepare(&mut self, state: &State, pid: u32) -> Result<()> {
@@ -469,7 +461,7 @@ pub(crate) mod tests {
     #[test]
     fn pauses_the_listed_tsgs_channels_and_resumes_them() {
         let s = host();
-        assert!(NvControl::<Rm>::is_nvidia(&s, 7));
+        assert_eq!(s.procs[&7].vendor(), Some(crate::state::Vendor::Nvidia));
         let mut fake = Fake::default();
         let mut c = NvControl::unguarded(&mut fake);
         let r = c.act(&s, 7, &[0x20], true).unwrap();

@@ -331,6 +331,13 @@ mod tests {
         )))
     }
 
+    fn ctrl_c() -> io::Result<Event> {
+        Ok(Event::Key(KeyEvent::new(
+            KeyCode::Char('c'),
+            KeyModifiers::CONTROL,
+        )))
+    }
+
     fn screen(t: &Terminal<TestBackend>) -> String {
         let b = t.backend().buffer();
         (0..b.area.height)
@@ -374,11 +381,7 @@ mod tests {
         .unwrap();
         let driver = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            tx.send(Ok(Event::Key(KeyEvent::new(
-                KeyCode::Char('c'),
-                KeyModifiers::CONTROL,
-            ))))
-            .unwrap();
+            tx.send(ctrl_c()).unwrap();
         };
         let (res, ()) = tokio::join!(
             event_loop(
@@ -420,11 +423,7 @@ mod tests {
             utx.send(crate::tui::app::tests::create(7_000_000_000, 100, 3, 1001))
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
-            tx.send(Ok(Event::Key(KeyEvent::new(
-                KeyCode::Char('c'),
-                KeyModifiers::CONTROL,
-            ))))
-            .unwrap();
+            tx.send(ctrl_c()).unwrap();
         };
         let (res, ()) = tokio::join!(
             event_loop(
