@@ -258,6 +258,14 @@ fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
             continue;
         }
         q.exec.kernel = None;
+        // The packet processor hands the slot back as INVALID before moving the read id: a
+        // producer reserves a slot (bumps the write id) before it writes the packet, so the
+        // previous lap's header must not look like a new packet.
+        let slots = u64::from(q.ring_size) / PACKET_BYTES as u64;
+        if slots > 0 {
+            let at = q.ring_base + (q.exec.read_id % slots) * PACKET_BYTES as u64;
+            let _ = host.write_mem(k.0, at, &aql::PACKET_TYPE_INVALID.to_le_bytes());
+        }
         q.exec.read_id += 1;
         let _ = host.write_mem(k.0, q.rptr_addr, &q.exec.read_id.to_le_bytes());
         any = true;

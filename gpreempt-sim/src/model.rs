@@ -1668,6 +1668,61 @@ pub mod tests {
     #[cfg(test)]
     const INVALID: u32 = KFD_DBG_QUEUE_INVALID_MASK;
 
+    /// A consumed slot is handed back INVALID before the read id moves: a producer bumps the
+    /// write id before it writes the packet, and the ring's previous lap must not be run again
+    /// (it was: the read id overtook the write id and the workload's arithmetic overflowed).
+    #[test]
+    fn a_completed_packet_leaves_its_slot_invalid() {
+        use crate::aql::{
+            Dispatch, PACKET_BYTES, PACKET_TYPE_INVALID, PACKET_TYPE_KERNEL_DISPATCH,
+        };
+        let mut w = World::new();
+        let base = 0x10_0000u64;
+        w.kfd.open(me(TARGET));
+        w.process(TARGET, true, 0);
+        w.queue(TARGET, base, 7);
+        let (ring, wptr, rptr) = (base + 0x1_0000, base + 0x38, base + 0x80);
+        let d = Dispatch {
+            header: PACKET_TYPE_KERNEL_DISPATCH,
+            workgroup: [64, 1, 1],
+            grid: [64, 1, 1],
+            kernel_object: 1,
+            duration_ns: 1_000,
+            completion_signal: 0,
+        };
+        w.host.write_mem(TARGET, ring, &d.encode()).unwrap();
+        w.host.write_mem(TARGET, wptr, &1u64.to_le_bytes()).unwrap();
+        let header = |h: &mut FakeHost| {
+            let mut b = [0u8; 2];
+            h.read_mem(TARGET, ring, &mut b).unwrap();
+            u16::from_le_bytes(b)
+        };
+        let read_id = |h: &mut FakeHost| {
+            let mut b = [0u8; 8];
+            h.read_mem(TARGET, rptr, &mut b).unwrap();
+            u64::from_le_bytes(b)
+        };
+        let mut now = 0;
+        while read_id(&mut w.host) < 1 && now < 1_000_000_000 {
+            now += 1_000_000;
+            crate::gpu::advance(&mut w.kfd, &mut w.host, now);
+        }
+        assert_eq!(read_id(&mut w.host), 1, "the packet completes");
+        assert_eq!(header(&mut w.host) & 0xff, PACKET_TYPE_INVALID);
+        // The rest of the lap (zeroed memory reads as vendor-specific packets, which complete at
+        // once), then a producer that reserved the next lap's slot 0 but has not written it
+        // yet: the packet processor waits there.
+        let slots = 0x1_0000 / PACKET_BYTES as u64;
+        w.host
+            .write_mem(TARGET, wptr, &(slots + 1).to_le_bytes())
+            .unwrap();
+        for _ in 0..10 {
+            now += 1_000_000;
+            crate::gpu::advance(&mut w.kfd, &mut w.host, now);
+        }
+        assert_eq!(read_id(&mut w.host), slots, "the unwritten slot was run");
+    }
+
     #[test]
     fn create_queue_results_and_errors() {
         let mut w = World::new();

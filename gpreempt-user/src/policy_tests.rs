@@ -158,31 +158,42 @@ fn resnet_example_classifies_the_seed_workloads() {
     let p = Policy::load(&dir.join("resnet-online-offline.toml")).unwrap();
     assert_eq!(p.strategy, Strategy::Priority);
     let exe = "/usr/local/bin/gpreempt-ebpf";
+    // The workloads name themselves after their profile.
     let on = ProcInfo {
-        comm: "gpreempt-ebpf".into(),
+        comm: "resnet18_b1".into(),
         cmdline: format!(
             "{exe} sim workload --duration 86400 --profile resnet18_b1 --rate 20 --priority 15"
         ),
+        uid: Some(0),
         ..Default::default()
     };
     let off = ProcInfo {
+        comm: "resnet50_b1024".into(),
         cmdline: format!(
             "{exe} sim workload --duration 86400 --profile resnet50_b1024 --offline --priority 0"
         ),
         ..on.clone()
     };
     let other = ProcInfo {
+        comm: "resnet18_b16".into(),
         cmdline: format!("{exe} sim workload --profile resnet18_b16 --rate 5"),
         ..on.clone()
     };
     let top = ProcInfo {
+        comm: "gpreempt-ebpf".into(),
         cmdline: format!("{exe} top"),
+        ..on.clone()
+    };
+    // Another user's process that names itself like the online workload stays unclassed.
+    let spoof = ProcInfo {
+        uid: Some(1000),
         ..on.clone()
     };
     assert_eq!(p.classify(&on, 10).0, Class::Online);
     assert_eq!(p.classify(&off, 11).0, Class::Offline);
     assert_eq!(p.classify(&other, 12).0, Class::Ignore);
     assert_eq!(p.classify(&top, 13).0, Class::Ignore);
+    assert_eq!(p.classify(&spoof, 14).0, Class::Ignore);
 }
 
 #[test]

@@ -112,6 +112,7 @@ fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
         w.duration.is_finite() && w.duration > 0.0,
         "--duration must be a positive number of seconds"
     );
+    name_process(&w.profile);
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         for s in [libc::SIGINT, libc::SIGTERM] {
@@ -141,4 +142,19 @@ fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
         None => println!("{json}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names the workload after its profile (`comm`: `top`, `ps` and policy rules see it), cut to
+/// the kernel's 15 bytes. Before any thread starts: threads inherit the name.
+fn name_process(profile: &str) {
+    let mut name = [0u8; 16];
+    let n = profile.len().min(15);
+    name[..n].copy_from_slice(&profile.as_bytes()[..n]);
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from `name`.
+    if unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) } != 0 {
+        log::warn!(
+            "naming the workload {profile}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }

@@ -992,6 +992,9 @@ impl State {
             if !q.alive() {
                 continue;
             }
+            // The same act can reach the model twice (the traced ioctl and the controller's
+            // status): only a change of state is logged.
+            let was = q.state;
             if suspend {
                 q.state = QueueState::Suspended;
                 q.suspended_by = Some(by);
@@ -1000,7 +1003,9 @@ impl State {
                 q.suspended_by = None;
             }
             q.last_event_ns = ts;
-            done.push(id);
+            if q.state != was {
+                done.push(id);
+            }
         }
         for id in done {
             self.log(ts, kind, target, Some(id), format!("{verb} by pid {by}"));

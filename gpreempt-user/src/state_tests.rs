@@ -608,6 +608,30 @@ fn dbg_enable_records_the_debugger() {
     assert_eq!(q(&s, B, 0).state, QueueState::Active);
 }
 
+/// One act reaches the model from more than one source (the controller's status, a kernel
+/// probe): the log gets one line per change, not one per report.
+#[test]
+fn the_same_suspend_or_resume_twice_is_logged_once() {
+    let mut s = debugged(3);
+    let n0 = s.log.len();
+    s.apply(suspended(DEBUGGER, A, 3 * SEC, Some(&[0])));
+    s.apply(suspended(DEBUGGER, A, 3 * SEC, Some(&[0])));
+    assert_eq!(s.log.len(), n0 + 1);
+    s.apply(resumed(DEBUGGER, A, 4 * SEC, Some(&[0])));
+    s.apply(resumed(DEBUGGER, A, 4 * SEC, Some(&[0])));
+    assert_eq!(s.log.len(), n0 + 2);
+    assert_eq!(
+        log_tail(&s, 2),
+        vec![
+            (LogKind::Suspend, A, Some(0), "suspended by pid 200".into()),
+            (LogKind::Resume, A, Some(0), "resumed by pid 200".into()),
+        ]
+    );
+    // Resuming a queue that was never suspended is no event either.
+    s.apply(resumed(DEBUGGER, A, 5 * SEC, Some(&[1])));
+    assert_eq!(s.log.len(), n0 + 2);
+}
+
 #[test]
 fn suspend_and_resume_by_queue_ids() {
     let mut s = debugged(3);

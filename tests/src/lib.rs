@@ -271,8 +271,103 @@ impl Drop for Poke {
 /// One sim at a time (per test binary): each test also checks that no sim left anything behind.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// What earlier runs (a killed test binary, a crashed sim) may have left on this machine, taken
+/// when this binary first asks for the lock: tests judge only what they themselves leave.
+static BASELINE: std::sync::OnceLock<Leftovers> = std::sync::OnceLock::new();
+
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    BASELINE.get_or_init(Leftovers::now);
+    guard
+}
+
+/// Traces of sims on this machine: scratch directories, cgroups and workload processes.
+#[derive(Default)]
+struct Leftovers {
+    dirs: std::collections::BTreeSet<String>,
+    cgroups: std::collections::BTreeSet<String>,
+    procs: std::collections::BTreeSet<u32>,
+}
+
+impl Leftovers {
+    fn now() -> Self {
+        let sim_name = |n: &String| n.starts_with("gpreempt-sim.");
+        let dirs = std::fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(sim_name)
+            .collect();
+        let cgroups = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" - cgroup2 "))
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+            .flat_map(|root| std::fs::read_dir(root).into_iter().flatten())
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(sim_name)
+            .collect();
+        let procs = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let c = std::fs::read_to_string(e.path().join("cmdline")).ok()?;
+                (c.contains("sim\0workload") || c.starts_with("kfd-client")).then_some(pid)
+            })
+            .collect();
+        Self {
+            dirs,
+            cgroups,
+            procs,
+        }
+    }
+
+    /// What is here now and was not when the baseline was taken.
+    fn new_since(&self, base: &Self) -> Self {
+        Self {
+            dirs: self.dirs.difference(&base.dirs).cloned().collect(),
+            cgroups: self.cgroups.difference(&base.cgroups).cloned().collect(),
+            procs: self.procs.difference(&base.procs).copied().collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.dirs.is_empty() && self.cgroups.is_empty() && self.procs.is_empty()
+    }
+}
+
+/// A shell line that unmounts every mount of these filesystem types in the current mount
+/// namespace, deepest first (debugfs carries an automount of tracefs at its `tracing`); a mount
+/// that cannot be unmounted (hidden under another) is left. Only for a private mount namespace
+/// (`unshare -m`, or inside `sim`).
+pub fn unmount_script(fstypes: &[&str]) -> String {
+    let cond = fstypes
+        .iter()
+        .map(|t| format!("$(i+1)==\"{t}\""))
+        .collect::<Vec<_>>()
+        .join("||");
+    format!(
+        "awk '{{for(i=7;i<=NF;i++) if($i==\"-\"){{if({cond}) print $5; break}}}}' /proc/self/mountinfo \
+         | sort -r | while read -r m; do umount -l \"$m\" 2>/dev/null || true; done"
+    )
+}
+
+/// `COMMAND` in a private mount namespace where tracefs and debugfs start unmounted, whatever
+/// this machine has mounted; with `mount_tracefs`, tracefs is then mounted where the tool
+/// expects it. Nothing done in there reaches the host's mounts.
+pub fn in_fresh_mounts(mount_tracefs: bool, program: &Path, args: &[&str]) -> Command {
+    let mut script = format!("set -e; {}; ", unmount_script(&["tracefs", "debugfs"]));
+    if mount_tracefs {
+        script.push_str("mount -t tracefs tracefs /sys/kernel/tracing; ");
+    }
+    script.push_str("exec \"$0\" \"$@\"");
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .arg(program)
+        .args(args);
+    c
 }
 
 /// `gpreempt-ebpf sim -- sh -c SCRIPT` with $GP set to the binary; killed after `limit`.
@@ -309,35 +404,22 @@ pub fn sim(script: &str, limit: Duration) -> Output {
     out
 }
 
-/// No mount namespace, cgroup, directory or process of any sim is left.
+/// No mount namespace, cgroup, directory or process of any sim is left (beyond what was here
+/// before this test binary started).
 pub fn assert_nothing_left() {
+    let base = BASELINE.get_or_init(Leftovers::default);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let dirs: Vec<String> = std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with("gpreempt-sim."))
-            .collect();
-        let cgroups = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains(" - cgroup2 "))
-            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
-            .flat_map(|root| std::fs::read_dir(root).into_iter().flatten())
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with("gpreempt-sim."))
-            .count();
-        let procs = std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("cmdline")).ok())
-            .filter(|c| c.contains("sim\0workload") || c.starts_with("kfd-client"))
-            .count();
-        if dirs.is_empty() && cgroups == 0 && procs == 0 {
+        let left = Leftovers::now().new_since(base);
+        if left.is_empty() {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "left behind: dirs {dirs:?}, {cgroups} cgroups, {procs} processes"
+            "left behind: dirs {:?}, cgroups {:?}, processes {:?}",
+            left.dirs,
+            left.cgroups,
+            left.procs
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -467,7 +467,7 @@ fn top_keys_suspend_and_resume_through_the_controller() {
         r#"set -e
 export GPREEMPT_RUN_DIR={d}/run
 export TERM=xterm-256color
-S="tmux -L gpkeys"
+S="tmux -S {d}/tmux.sock"
 $GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & W=$!
 echo $W > {d}/w.pid
 sleep 1
@@ -734,4 +734,77 @@ fn tests_guardian_running() -> bool {
             .map(|c| String::from_utf8_lossy(&c).contains("nv-guardian"))
             .unwrap_or(false)
     })
+}
+
+/// A machine where a controller died with SIGKILL (or lost power) keeps its files in
+/// /run/gpreempt-ebpf: an unlocked lock naming it, a dead socket, its last status claiming
+/// held queues, a targets record. None of it may pass for a live controller, the next one starts
+/// over them, and its clean exit leaves the directory empty. At the default path, on a /run of
+/// the test's own (sim's mount namespace is private).
+#[test]
+fn stale_run_files_are_not_a_controller_and_a_clean_exit_leaves_none() {
+    let _one = serial();
+    let t = TempDir::new("stalerun");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+unset GPREEMPT_RUN_DIR
+mount -t tmpfs stale-run /run
+R=/run/gpreempt-ebpf
+mkdir -p $R
+$GP sim workload {OFFLINE} --duration 30 2>{d}/off.err >/dev/null & W=$!
+echo $W > {d}/w.pid
+sleep 1.5
+echo 999999 > $R/controller.lock
+: > $R/control.sock
+echo '{{"controller_pid":999999,"mode":"run","policy":null,"dry_run":false,"classes":{{}},"held":[['$W',0,null]],"fenced":[],"refused":{{}},"decisions":[]}}' > $R/status.json
+echo '[{{"pid":999999,"start_time":1}}]' > $R/targets.json
+$GP queues --json > {d}/q0.json
+$GP doctor --json > {d}/doctor.json || true
+$GP suspend --pid $W --for 2s > {d}/suspend.out 2>&1 || echo "suspend failed: $?" >> {d}/suspend.out
+ls -A $R > {d}/left.txt
+$GP queues --json > {d}/q1.json
+kill -INT $W; wait $W || true
+"#
+    );
+    sim(&script, Duration::from_secs(60));
+    let w = num(&t.path("w.pid"));
+    // The stale status is not believed: nothing holds the lock.
+    let (state, hqd, _) = queue(&json(&t.path("q0.json")), w, 0);
+    assert_eq!(state, "active");
+    assert!(!hqd.is_null());
+    let doctor = json(&t.path("doctor.json"));
+    let line = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "controller")
+        .expect("controller line")
+        .clone();
+    assert!(
+        line["finding"]
+            .as_str()
+            .unwrap()
+            .starts_with("no controller running (/run/gpreempt-ebpf not locked)"),
+        "{line}"
+    );
+    // A new controller starts over the stale files and holds the queue.
+    let out = text(&t.path("suspend.out"));
+    assert!(
+        out.contains(&format!("pid {w}: suspended queue(s) 0")),
+        "{out}"
+    );
+    assert!(
+        out.contains("every queue resumed: nothing is left suspended"),
+        "{out}"
+    );
+    // Its clean exit removes lock, socket, status and the (empty) targets record.
+    assert_eq!(
+        text(&t.path("left.txt")).trim(),
+        "",
+        "left in /run/gpreempt-ebpf"
+    );
+    let (state, _, _) = queue(&json(&t.path("q1.json")), w, 0);
+    assert_eq!(state, "active");
+    assert_nothing_left();
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use gpreempt_common::kprobe::{FIELDS, PROBES};
 use serde_json::Value;
-use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
+use tests::{
+    assert_nothing_left, bin, in_fresh_mounts, require_root, serial, sim, unmount_script, TempDir,
+};
 
 /// The report's checks by name, after checking the document's shape and counts.
 fn checks(doc: &Value) -> HashMap<String, Value> {
@@ -113,15 +115,61 @@ fn assert_kernel_lines(c: &HashMap<String, Value>) {
     assert!(f.contains("programs pass the verifier"), "{f}");
 }
 
+/// `doctor --json` on this host in a private mount namespace where tracefs and debugfs start
+/// unmounted (a freshly booted machine), or with tracefs mounted: its report and exit code.
+fn host_doctor(mount_tracefs: bool) -> std::process::Output {
+    in_fresh_mounts(mount_tracefs, &bin("gpreempt-ebpf"), &["doctor", "--json"])
+        .env_remove("GPREEMPT_KFD_DEVICE")
+        .output()
+        .expect("running doctor")
+}
+
+#[test]
+fn doctor_says_whether_tracefs_is_mounted() {
+    require_root();
+    let _one = serial();
+    for mounted in [false, true] {
+        let out = host_doctor(mounted);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let doc: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+        let c = checks(&doc);
+        if mounted {
+            assert_eq!(verdict(&c, "tracefs"), "ok", "{}", c["tracefs"]);
+            assert!(
+                finding(&c, "tracefs").starts_with("/sys/kernel/tracing: syscalls/"),
+                "{}",
+                c["tracefs"]
+            );
+        } else {
+            assert_eq!(verdict(&c, "tracefs"), "warn", "{}", c["tracefs"]);
+            assert!(
+                finding(&c, "tracefs").contains("tracefs is not mounted"),
+                "{}",
+                c["tracefs"]
+            );
+            assert!(
+                c["tracefs"]["fix"]
+                    .as_str()
+                    .unwrap()
+                    .contains("mount -t tracefs"),
+                "{}",
+                c["tracefs"]
+            );
+        }
+        // Mounted or not, the rest of the report is the same: no amdgpu, so no kfd debugfs.
+        assert_eq!(verdict(&c, "debugfs"), "warn", "{}", c["debugfs"]);
+        assert_eq!(verdict(&c, "kfd"), "fail");
+        assert_eq!(out.status.code(), Some(1), "{stdout}");
+    }
+}
+
 #[test]
 fn doctor_on_this_host_without_amdgpu() {
     require_root();
     let _one = serial();
-    let out = Command::new(bin("gpreempt-ebpf"))
-        .args(["doctor", "--json"])
-        .env_remove("GPREEMPT_KFD_DEVICE")
-        .output()
-        .expect("running doctor");
+    // Unmounted trace filesystems: what a freshly booted machine has.
+    let out = host_doctor(false);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -134,7 +182,7 @@ fn doctor_on_this_host_without_amdgpu() {
     for (name, want) in [
         ("privileges", "ok"),
         ("bpf", "ok"),
-        ("tracefs", "ok"),
+        ("tracefs", "warn"), // not mounted here: `trace`, `top` and `run` mount it themselves
         ("debugfs", "warn"), // no amdgpu: no /sys/kernel/debug/kfd, mounted or not
         ("kfd", "fail"),
         ("pc-sampling", "ok"),
@@ -179,8 +227,7 @@ fn doctor_on_this_host_without_amdgpu() {
     assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
 
     // The text form: same exit code, a summary line.
-    let out = Command::new(bin("gpreempt-ebpf"))
-        .arg("doctor")
+    let out = in_fresh_mounts(false, &bin("gpreempt-ebpf"), &["doctor"])
         .output()
         .expect("running doctor");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -200,13 +247,25 @@ fn doctor_inside_sim_sees_the_emulated_kfd() {
     let tmp = TempDir::new("doctor");
     let report = tmp.path("doctor.json");
     let rc = tmp.path("rc");
-    // sim fails if the script does: keep doctor's exit code in a file instead.
+    let unmounted = tmp.path("doctor-unmounted.json");
+    // sim fails if the script does: keep doctor's exit code in a file instead. First with the
+    // tracefs unmounted (only in sim's private mount namespace; debugfs stays: sim's view of the
+    // emulated KFD is mounted over it), then with tracefs mounted.
     let script = format!(
-        "$GP doctor --json > {} 2>&1; echo $? > {}; exit 0",
+        "{}; $GP doctor --json > {} 2>&1; \
+         mount -t tracefs tracefs /sys/kernel/tracing; \
+         $GP doctor --json > {} 2>&1; echo $? > {}; exit 0",
+        unmount_script(&["tracefs"]),
+        unmounted.display(),
         report.display(),
         rc.display()
     );
     sim(&script, Duration::from_secs(60));
+    let text = std::fs::read_to_string(&unmounted).expect("doctor's report");
+    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let c = checks(&doc);
+    assert_eq!(verdict(&c, "tracefs"), "warn", "{}", c["tracefs"]);
+    assert_eq!(verdict(&c, "kfd"), "ok", "{}", c["kfd"]);
     let text = std::fs::read_to_string(&report).expect("doctor's report");
     let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     let c = checks(&doc);

@@ -168,7 +168,8 @@ fn top_shows_workload_queues_with_hqd_slots_then_loses_them() {
         r#"set -e
 T={t}; DUR=5
 export TERM=xterm-256color
-S="tmux -L gptop"
+# A socket of its own: a tmux server an earlier run left behind is never reused.
+S="tmux -S $T/tmux.sock"
 $S new-session -d -x 120 -y 36 "$GP top --interval 100 --hqd-interval 200 --sample-interval 200 2>$T/top.err; echo TOP_EXIT=\$?; sleep 30"
 i=0; until $S capture-pane -p | grep -q "GPU "; do i=$((i+1)); [ $i -lt 100 ] || {{ $S capture-pane -p; cat $T/top.err; exit 1; }}; sleep 0.1; done
 {WORKLOADS}

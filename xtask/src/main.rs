@@ -28,7 +28,7 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// What CI runs: setup, fmt check, clippy, then `test`.
+    /// What CI runs: setup, fmt check, clippy, then `test` in a fresh mount namespace (.ci/fresh).
     Ci,
     /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput;
     /// `top`'s CPU and memory with 10,000 queues (`--top-only`: just that).
@@ -111,14 +111,28 @@ fn main() -> Result<()> {
             // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
             run(cargo().args(["build", "--bins"]))?;
             run(cargo()
-                .args(["test", "--workspace", "--exclude", "gpreempt-ebpf", "--"])
+                .args([
+                    "test",
+                    "--no-fail-fast",
+                    "--workspace",
+                    "--exclude",
+                    "gpreempt-ebpf",
+                    "--",
+                ])
                 .args(args))
         }
         Task::Ci => {
             setup()?;
             run(cargo().args(["fmt", "--all", "--check"]))?;
             run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
-            run(cargo().args(["xtask", "test"]))
+            if !is_root() {
+                bail!(
+                    "CI runs the tests as root in a fresh mount namespace: sudo -E cargo xtask ci"
+                );
+            }
+            // As on a freshly booted machine: no tracefs or debugfs mounted, empty /run and
+            // /tmp, whatever earlier runs left here.
+            run(Command::new(root().join(".ci/fresh")).args(["cargo", "xtask", "test"]))
         }
         Task::Bench(args) => {
             setup()?;
