@@ -1,6 +1,6 @@
 //! ROCr's `amd_queue_t` (amd_hsa_queue.h): where an AQL queue's dispatch ids live in the owning
 //! process's memory. CREATE_QUEUE's `read_pointer_address` / `write_pointer_address` point into it
-//! (reference/kfd.md §6).
+//! (docs/kfd.md).
 
 /// Byte offsets inside `amd_queue_t` (256 bytes, 64-byte aligned).
 pub mod amd_queue {

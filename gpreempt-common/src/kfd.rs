@@ -1,7 +1,7 @@
 //! The KFD (/dev/kfd) ioctl ABI as typed Rust: numbers, layouts, op codes, masks.
 //!
 //! Sources: `include/uapi/linux/kfd_ioctl.h` (upstream, up to KFD 1.18, plus the DKMS-only range) as
-//! summarised in reference/kfd.md. `tests/kfd_header.rs` checks every struct, offset and command
+//! summarised in docs/kfd.md. `tests/kfd_header.rs` checks every struct, offset and command
 //! that the installed header (linux-libc-dev, KFD 1.11) has against these definitions.
 //!
 //! Payload packing in [`DbgTrapArgs`] assumes a little-endian target (x86-64, arm64, bpfel).
@@ -58,7 +58,7 @@ pub const AMDKFD_COMMAND_END_V1_18: u32 = 0x27;
 pub const AMDKFD_COMMAND_START_2: u32 = 0x80;
 pub const AMDKFD_COMMAND_END_2: u32 = 0x87;
 
-/// The kernel dispatches on `_IOC_NR` alone (reference/kfd.md §1.1): this is the whole KFD filter.
+/// The kernel dispatches on `_IOC_NR` alone (docs/kfd.md): this is the whole KFD filter.
 pub const fn is_kfd_nr(nr: u32) -> bool {
     (nr >= AMDKFD_COMMAND_START && nr < AMDKFD_COMMAND_END)
         || (nr >= AMDKFD_COMMAND_START_2 && nr < AMDKFD_COMMAND_END_2)
@@ -762,7 +762,7 @@ macro_rules! sz {
     };
 }
 
-/// Every KFD ioctl, by nr. Sizes of the DKMS-only structs come from reference/kfd.md §1.2;
+/// Every KFD ioctl, by nr. Sizes of the DKMS-only structs come from docs/kfd.md;
 /// PROFILER's struct is not settled upstream (size 0: arguments are not copied).
 pub const IOCTLS: [Ioctl; 47] = [
     Ioctl {

@@ -1,4 +1,4 @@
-//! Kernel-internal probes on amdkfd (reference/kfd.md §3): which functions, which programs, and which
+//! Kernel-internal probes on amdkfd (docs/kfd.md): which functions, which programs, and which
 //! kernel struct fields they read.
 //!
 //! Struct layouts are never baked in at build time. User space resolves every [`field`] from

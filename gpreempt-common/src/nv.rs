@@ -1,4 +1,4 @@
-//! NVIDIA resource-manager (RM) ioctl ABI facts, x86-64 (reference/nvidia.md; NVIDIA
+//! NVIDIA resource-manager (RM) ioctl ABI facts, x86-64 (docs/nvidia-rm.md; NVIDIA
 //! open-gpu-kernel-modules tag 580.142: nv-ioctl-numbers.h, nv_escape.h, nvos.h, ctrl2080fifo.h).
 //!
 //! The driver dispatches on `_IOC_NR` and copies `_IOC_SIZE` bytes; libcuda issues
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn commands_match_what_libcuda_issues() {
-        // RM_CONTROL as seen from libcuda 13 (reference/nvidia.md).
+        // RM_CONTROL as seen from libcuda 13 (docs/nvidia-rm.md).
         assert_eq!(iowr(nr::RM_CONTROL, control::SIZE), 0xC020_462A);
         assert_eq!(iowr(nr::RM_ALLOC, alloc::NVOS64_SIZE), 0xC030_462B);
         assert_eq!(iowr(nr::RM_FREE, free::SIZE), 0xC010_4629);

@@ -3,7 +3,7 @@
 //!
 //! A C program compiled against the header prints sizes, field offsets, command values and
 //! constants; every one must match the Rust side. Structs newer than the installed header
-//! (debug API, 1.12+) are checked against reference/kfd.md in the unit tests instead.
+//! (debug API, 1.12+) are checked against docs/kfd.md in the unit tests instead.
 
 use std::{collections::HashMap, path::Path, process::Command};
 

@@ -1,7 +1,7 @@
 //! KFD ioctls (and NVIDIA RM escapes) through the syscall tracepoints (present on every kernel; the
 //! floor of observation).
 //!
-//! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone (reference/kfd.md §1.1), so the
+//! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone (docs/kfd.md), so the
 //! filter is the type byte 'K' plus the KFD nr ranges; user space then confirms the fd is /dev/kfd.
 
 use aya_ebpf::{

@@ -1,4 +1,4 @@
-//! Kernel-internal probes on amdkfd functions (reference/kfd.md §3.2).
+//! Kernel-internal probes on amdkfd functions (docs/kfd.md).
 //!
 //! Struct offsets and moved parameters come from the `OFFSETS` map, filled by user space from BTF;
 //! user space attaches a program only when every field it needs is known. The programs still treat

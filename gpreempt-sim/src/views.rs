@@ -168,7 +168,7 @@ pub fn cu_occupancy(kfd: &Kfd, p: &Process, gpu_id: u32) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // debugfs
 
-/// GC segment 1's base on single-XCC GFX9 parts (inferred, reference/kfd.md §4.1).
+/// GC segment 1's base on single-XCC GFX9 parts (inferred, docs/kfd.md).
 const GC_BASE_1: u32 = 0xA000;
 use gpreempt_common::kfd::gfx9_hqd::{self as reg, CP_MQD_BASE_ADDR, HQD_N_REGS};
 

@@ -13,8 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    events::{Event, EventSource, FdCheck},
-    probe::{ProbeOptions, Probes},
+    observe::events::{Event, EventSource, FdCheck},
+    observe::probe::{ProbeOptions, Probes},
     trace::{Format, Sink},
 };
 
@@ -115,10 +115,10 @@ pub struct SuspendArgs {
     pub grace: Option<u32>,
     /// Resume after this long (e.g. 500ms, 30s, 5m).
     #[arg(long = "for", value_name = "DURATION")]
-    pub for_: Option<crate::manual::DurationArg>,
+    pub for_: Option<crate::cmd::manual::DurationArg>,
     /// The watchdog: nothing stays suspended longer than this.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
-    pub max_suspend: crate::manual::DurationArg,
+    pub max_suspend: crate::cmd::manual::DurationArg,
 }
 
 #[derive(Args, Debug)]
@@ -286,7 +286,7 @@ pub fn main() -> Result<ExitCode> {
     ) {
         // The control thread takes its tracees' stops from a signalfd: SIGCHLD must be blocked
         // in every thread, so before the runtime starts any.
-        crate::control::block_sigchld()?;
+        crate::kfd::control::block_sigchld()?;
     }
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
@@ -308,13 +308,13 @@ pub fn main() -> Result<ExitCode> {
             gpreempt_sim::launchbench::run(&opts, &mut std::io::stdout().lock())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sim(ref args) => crate::sim::main(&cli, args),
+        Command::Sim(ref args) => crate::cmd::sim::main(&cli, args),
         Command::Queues(ref args) => queues(args),
-        Command::Top(ref args) => rt()?.block_on(crate::top::main(&cli, args)),
+        Command::Top(ref args) => rt()?.block_on(crate::cmd::top::main(&cli, args)),
         Command::Trace(ref args) => rt()?.block_on(trace(&cli, args)),
-        Command::Run(ref args) => rt()?.block_on(crate::run::main(&cli, args)),
-        Command::Suspend(ref args) => rt()?.block_on(crate::manual::suspend(&cli, args)),
-        Command::Resume(ref args) => rt()?.block_on(crate::manual::resume(&cli, args)),
+        Command::Run(ref args) => rt()?.block_on(crate::cmd::run::main(&cli, args)),
+        Command::Suspend(ref args) => rt()?.block_on(crate::cmd::manual::suspend(&cli, args)),
+        Command::Resume(ref args) => rt()?.block_on(crate::cmd::manual::resume(&cli, args)),
         Command::Doctor(ref args) => crate::doctor::main(&cli, args),
         Command::NvGuardian(ref args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(ref args) => rt()?.block_on(crate::nv::pausetest::main(args)),
@@ -323,14 +323,14 @@ pub fn main() -> Result<ExitCode> {
 }
 
 fn queues(args: &QueuesArgs) -> Result<ExitCode> {
-    let (state, warnings) = crate::watch::Watcher::snapshot(
+    let (state, warnings) = crate::observe::watch::Watcher::snapshot(
         &crate::kfd::Paths::default(),
         Duration::from_millis(args.sample_gap),
     )?;
     let text = if args.json {
-        crate::queues::to_json(&state, &warnings).context("serialising the map")? + "\n"
+        crate::cmd::queues::to_json(&state, &warnings).context("serialising the map")? + "\n"
     } else {
-        crate::queues::to_table(&state, &warnings)
+        crate::cmd::queues::to_table(&state, &warnings)
     };
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
@@ -396,9 +396,9 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
     }
     eprintln!(
         "gpreempt-ebpf: {}",
-        crate::probe::summarize(probes.sources())
+        crate::observe::probe::summarize(probes.sources())
     );
-    for why in crate::probe::not_live_reasons(probes.sources()) {
+    for why in crate::observe::probe::not_live_reasons(probes.sources()) {
         eprintln!("gpreempt-ebpf: {why}");
     }
     // Tests and scripts wait for this line before they start the workload.
@@ -469,7 +469,7 @@ async fn trace(cli: &Cli, args: &TraceArgs) -> Result<ExitCode> {
 /// `trace --launches`: launch uprobes on every KFD process as it shows up, off at its exit.
 #[derive(Default)]
 struct LaunchWatch {
-    resolver: crate::launch::LaunchResolver,
+    resolver: crate::observe::launch::LaunchResolver,
     tried: std::collections::HashSet<u32>,
 }
 

@@ -1,25 +1,20 @@
 //! gpreempt-ebpf: watch GPU compute queues (amdkfd; NVIDIA RM) with eBPF and preempt them by policy.
+//!
+//! The data flows one way (docs/architecture.md):
+//! kernel -> [`observe`] (load probes, decode records, watch the host) -> [`model`] (the pure
+//! host model) -> [`tui`] / [`trace`] / [`policy`] (pure decisions) -> [`backend`] (the seam) ->
+//! [`kfd`] / [`nv`] (vendor control). [`controller`] runs the acting side, [`cmd`] holds one
+//! file per command, [`doctor`] checks the host.
 pub mod backend;
-pub mod btf;
 pub mod cli;
 pub mod clock;
-pub mod control;
-pub mod daemon;
+pub mod cmd;
+pub mod controller;
 pub mod doctor;
-pub mod events;
 pub mod kfd;
-pub mod launch;
-pub mod manual;
+pub mod model;
 pub mod nv;
+pub mod observe;
 pub mod policy;
-pub mod probe;
-pub mod procinfo;
-pub mod queues;
-pub mod run;
-pub mod sampler;
-pub mod sim;
-pub mod state;
-pub mod top;
 pub mod trace;
 pub mod tui;
-pub mod watch;

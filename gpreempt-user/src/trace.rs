@@ -6,7 +6,7 @@ use std::io::Write;
 
 use gpreempt_common::kfd;
 
-use crate::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent};
+use crate::observe::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent};
 
 /// A field value: numbers are plain JSON numbers; `Hex` only changes the readable rendering.
 #[derive(Clone, Debug, PartialEq)]
@@ -497,8 +497,8 @@ mod tests {
         assert!(out.ends_with(b"}\n"));
         serde_json::from_slice(&out).unwrap()
     }
-    use crate::events::Origin;
-    use crate::events::{tests::create_queue, ProcessExit};
+    use crate::observe::events::Origin;
+    use crate::observe::events::{tests::create_queue, ProcessExit};
 
     #[test]
     fn json_uses_the_header_field_names() {

@@ -1,7 +1,7 @@
 //! Run-time BTF resolution against real compiler output and the running kernel.
 //!
 //! `tests/btf/kfd-6.14.c` and `kfd-6.18.c` model the amdkfd structs and prototypes of two kernel
-//! versions whose fields moved (reference/kfd.md §7). Each is compiled with `clang -g -target bpf`
+//! versions whose fields moved (docs/kfd.md). Each is compiled with `clang -g -target bpf`
 //! for its BTF, and with the host `cc` into `truth.c`, which prints `offsetof`/`sizeof` for every
 //! field: `resolve` must agree with the compiler exactly. Then the real `/sys/kernel/btf/vmlinux`.
 
@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use gpreempt_common::kprobe::{field, FieldSource, FIELDS};
-use gpreempt_user::btf::{self, Btf, Resolution};
+use gpreempt_user::observe::btf::{self, Btf, Resolution};
 use tests::TempDir;
 
 fn src_dir() -> PathBuf {

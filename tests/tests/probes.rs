@@ -6,7 +6,7 @@ use std::{path::Path, time::Duration};
 
 use aya::programs::KProbe;
 use gpreempt_common::kprobe::{field, PROBES};
-use gpreempt_user::probe::{self, HostProbeFacts};
+use gpreempt_user::observe::probe::{self, HostProbeFacts};
 use serde_json::Value;
 use tests::{require_root, serial, sim, TempDir};
 

@@ -1,8 +1,10 @@
 //! The KFD's own files: sysfs (`/sys/class/kfd/kfd`: topology and per-process queues) and debugfs
 //! (`/sys/kernel/debug/kfd`: `hqds` and `mqds` dumps), parsed in the kernel's formats
-//! (reference/kfd.md §4).
+//! (docs/kfd.md).
 
+pub mod control;
 pub mod debugfs;
+pub mod sampler;
 pub mod sysfs;
 
 /// Where the KFD's files are (tests point these at other trees).

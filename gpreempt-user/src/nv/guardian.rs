@@ -53,7 +53,7 @@ use nix::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::control::{self, Channels};
+use super::rm::{self as control, Channels};
 
 /// `gpreempt-ebpf nv-guardian` (hidden; started by the controller).
 #[derive(clap::Args, Debug)]

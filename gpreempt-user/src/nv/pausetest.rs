@@ -12,11 +12,11 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    control::QueueOutcome,
+    kfd::control::QueueOutcome,
     kfd::Paths,
-    nv::ctl::NvControl,
-    state::QueueKind,
-    watch::{Intervals, Watcher},
+    model::QueueKind,
+    nv::controller::NvControl,
+    observe::watch::{Intervals, Watcher},
 };
 
 #[derive(clap::Args, Debug)]
@@ -105,12 +105,12 @@ pub async fn main(args: &Args) -> Result<ExitCode> {
         "nv-pause-test: pid {pid}: {} TSG(s), {channels} channel(s)",
         tsgs.len()
     );
-    let dir = crate::daemon::run_dir();
+    let dir = crate::controller::daemon::run_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // The controller's own path: fd duplicates, the guardian's hold, then the pauses.
     let mut nv = NvControl::new(&dir)?;
     nv.prepare(&w.state, pid)?;
-    let took = |r: &crate::control::OpReport| -> Result<f64> {
+    let took = |r: &crate::kfd::control::OpReport| -> Result<f64> {
         if r.queues.iter().any(|q| q.outcome != QueueOutcome::Done) {
             bail!("pid {pid}: not every TSG was acted on: {:?}", r.queues);
         }

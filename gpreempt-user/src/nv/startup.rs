@@ -14,10 +14,10 @@ use anyhow::{bail, ensure, Context as _, Result};
 use crate::{
     doctor::{self, Root, Verdict},
     nv::{
-        ctl::{NvControl, NvOps},
+        controller::{NvControl, NvOps},
         selftest::{verify, Target},
     },
-    watch::Watcher,
+    observe::watch::Watcher,
 };
 
 /// How long the target may take to create its context (first CUDA use loads the driver).

@@ -6,7 +6,7 @@ use std::{cell::Cell, cmp::Ordering, time::Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use crate::state::{Process, Queue, QueueState, State};
+use crate::model::{Process, Queue, QueueState, State};
 
 /// A table row's identity: the process, and the queue for a queue row. Stable across refreshes
 /// (row positions are not: sorting and new queues move rows).
@@ -622,13 +622,13 @@ pub fn rows(app: &App, state: &State) -> Vec<TreeRow> {
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        events::{Event, KfdCall},
         kfd::{
             debugfs::{HqdNode, HqdSlot, Regs},
             sysfs::GpuNode,
         },
-        procinfo::ProcInfo,
-        state::{SampleRead, Update},
+        model::{SampleRead, Update},
+        observe::events::{Event, KfdCall},
+        observe::procinfo::ProcInfo,
     };
     use gpreempt_common::kfd::{self, gfx9_hqd as reg};
 
@@ -641,7 +641,7 @@ pub(crate) mod tests {
 
     /// A CREATE_QUEUE event at `ts` (ns) by `pid`.
     pub(crate) fn create(ts: u64, pid: u32, qid: u32, gpu: u32) -> Update {
-        let mut ev = crate::events::tests::create_queue(0);
+        let mut ev = crate::observe::events::tests::create_queue(0);
         ev.origin.ts_ns = ts;
         ev.origin.pid = pid;
         if let KfdCall::CreateQueue { args, .. } = &mut ev.call {
@@ -656,7 +656,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn destroy(ts: u64, pid: u32, qid: u32) -> Update {
-        let mut ev = crate::events::tests::create_queue(0);
+        let mut ev = crate::observe::events::tests::create_queue(0);
         ev.origin.ts_ns = ts;
         ev.origin.pid = pid;
         ev.call = KfdCall::DestroyQueue(kfd::DestroyQueueArgs {
@@ -1108,8 +1108,8 @@ pub(crate) mod tests {
         assert_eq!(app.selected, Some((300, None)));
         // The process goes: the cursor stays where it was.
         st.apply(Update::Event(Event::ProcessExit(
-            crate::events::ProcessExit {
-                origin: crate::events::Origin {
+            crate::observe::events::ProcessExit {
+                origin: crate::observe::events::Origin {
                     ts_ns: 21_000_000_000,
                     pid: 300,
                     tid: 300,

@@ -15,7 +15,7 @@ use ratatui::{
 };
 
 use super::app::{self, App, SortColumn, TreeRow};
-use crate::state::{LogKind, Process, Queue, QueueState, SampleStatus, Source, State};
+use crate::model::{LogKind, Process, Queue, QueueState, SampleStatus, Source, State};
 
 /// Below this the screen shows only a "terminal too small" line.
 pub const MIN_WIDTH: u16 = 40;
@@ -518,7 +518,7 @@ fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
     m
 }
 
-fn gpu_line(g: &crate::state::Gpu, counts: GpuCounts) -> Line<'static> {
+fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts) -> Line<'static> {
     let id = g.node.gpu_id;
     let GpuCounts {
         live,
@@ -968,7 +968,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Update;
+    use crate::model::Update;
     use crate::tui::app::{
         tests::{create, info, known_state, GPU_A},
         Action,

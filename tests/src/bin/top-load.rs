@@ -28,13 +28,13 @@ use std::{
 use gpreempt_common::kfd::{self, cmd, gfx9_hqd as reg, queue_type, DOORBELL_PROCESS_SLICE_BYTES};
 use gpreempt_user::{
     clock::monotonic_ns,
-    events::{Event, IoctlEvent, KfdCall, Origin},
     kfd::{
         debugfs::{HqdNode, HqdSlot, Regs},
         sysfs::{GpuNode, ProcSnapshot, SysProc, SysQueue},
     },
-    procinfo::ProcInfo,
-    state::{SampleRead, State, Update},
+    model::{SampleRead, State, Update},
+    observe::events::{Event, IoctlEvent, KfdCall, Origin},
+    observe::procinfo::ProcInfo,
     tui::app::App,
 };
 use ratatui::{backend::CrosstermBackend, layout::Rect, Terminal, TerminalOptions, Viewport};

@@ -20,7 +20,7 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::control::OpReport;
+use crate::kfd::control::OpReport;
 
 pub fn run_dir() -> PathBuf {
     std::env::var_os("GPREEMPT_RUN_DIR")

@@ -18,13 +18,13 @@ use crate::{
     backend::Backends,
     cli::{Cli, RunArgs},
     clock::monotonic_ns,
-    control::{Notice, OpReport, QueueOutcome},
-    daemon::{self, Request, Response, Status},
+    cmd::manual::describe,
+    controller::daemon::{self, Request, Response, Status},
+    kfd::control::{Notice, OpReport, QueueOutcome},
     kfd::Paths,
-    manual::describe,
+    model::Update,
+    observe::watch::{Intervals, Watcher},
     policy::{Action, Class, Decision, Engine, Policy},
-    state::Update,
-    watch::{Intervals, Watcher},
 };
 
 /// Decisions kept for the status file.
@@ -332,7 +332,7 @@ impl Ctx {
 }
 
 pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
-    crate::probe::preflight()?;
+    crate::observe::probe::preflight()?;
     // Signals first: from here on nothing ends the process without the cleanup below.
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;

@@ -41,7 +41,7 @@ pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
 }
 
 /// The policy the demo's controller runs (the repository's example for this scenario).
-const DEMO_POLICY: &str = include_str!("../../examples/resnet-online-offline.toml");
+const DEMO_POLICY: &str = include_str!("../../../examples/resnet-online-offline.toml");
 
 /// The demo: the seeds' interference scenario (online ResNet-18 batch 1 at 20 req/s next to
 /// offline ResNet-50 batch 1024) under the controller, watched live.

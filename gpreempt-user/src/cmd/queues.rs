@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    procinfo::ProcInfo,
-    state::{Gpu, Queue, State},
+    model::{Gpu, Queue, State},
+    observe::procinfo::ProcInfo,
 };
 
 #[derive(Serialize)]

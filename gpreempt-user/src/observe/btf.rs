@@ -1,6 +1,6 @@
 //! `btf`: a small reader for kernel BTF, so the kernel-internal kprobes read struct members at the
 //! offsets of the running kernel rather than ones baked in at build time (amdkfd layouts drift
-//! between versions and DKMS builds: reference/kfd.md §7).
+//! between versions and DKMS builds: docs/kfd.md).
 //!
 //! [`Btf`] parses raw BTF (`/sys/kernel/btf/vmlinux`, a module's split BTF such as
 //! `/sys/kernel/btf/amdgpu`, or the `.BTF` section of an ELF object) and answers the few questions

@@ -485,7 +485,7 @@ fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
 
 fn tracer_of(pid: u32) -> Option<(u32, String)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let t: u32 = crate::procinfo::status_field(&s, "TracerPid")?
+    let t: u32 = crate::observe::procinfo::status_field(&s, "TracerPid")?
         .parse()
         .ok()?;
     (t != 0).then(|| {
@@ -1363,7 +1363,7 @@ fn destroying(pid: u32) -> Vec<u32> {
             base: ptr as usize,
             len: 4,
         }];
-        if crate::sampler::read_remote(pid, &remote, &mut buf) == Ok(4) {
+        if crate::kfd::sampler::read_remote(pid, &remote, &mut buf) == Ok(4) {
             out.push(u32::from_le_bytes(buf));
         }
     }

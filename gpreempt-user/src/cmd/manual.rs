@@ -10,9 +10,9 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     cli::{Cli, ResumeArgs, SuspendArgs},
-    control::{Control, Limits, Notice, OpReport, QueueOutcome},
-    daemon::{self, Controlled, Request, Response, Status},
-    procinfo,
+    controller::daemon::{self, Controlled, Request, Response, Status},
+    kfd::control::{Control, Limits, Notice, OpReport, QueueOutcome},
+    observe::procinfo,
 };
 
 /// One line per queue group: what happened.

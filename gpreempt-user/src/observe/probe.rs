@@ -20,7 +20,7 @@ use gpreempt_common::{
 };
 use serde::Serialize;
 
-use crate::launch::LaunchTarget;
+use crate::observe::launch::LaunchTarget;
 
 /// The programs, built by build.rs from gpreempt-ebpf.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpreempt-ebpf"));
@@ -172,9 +172,10 @@ impl HostProbeFacts {
         let kallsyms = std::fs::read_to_string(root.join("proc/kallsyms"))
             .map(|t| kallsyms_present(&t, &wanted))
             .unwrap_or_default();
-        let (offsets, missing, kfd_ioctl_in_vmlinux) = match crate::btf::load_system(root) {
+        let (offsets, missing, kfd_ioctl_in_vmlinux) = match crate::observe::btf::load_system(root)
+        {
             Ok((vmlinux, module)) => {
-                let r = crate::btf::resolve(&vmlinux, module.as_ref());
+                let r = crate::observe::btf::resolve(&vmlinux, module.as_ref());
                 (r.offsets, r.missing, vmlinux.has_function("kfd_ioctl"))
             }
             Err(e) => {
@@ -358,7 +359,7 @@ pub fn verify_programs() -> Result<Vec<ProgramCheck>> {
     use aya::programs::Program;
     let mut ebpf = load_object(false)?;
     let btf = aya::Btf::from_sys_fs().ok();
-    let fentry_target = match crate::btf::load_system(Path::new("/")) {
+    let fentry_target = match crate::observe::btf::load_system(Path::new("/")) {
         Ok((vmlinux, _)) if vmlinux.has_function("kfd_ioctl") => "kfd_ioctl",
         _ => "compat_ptr_ioctl",
     };
@@ -625,7 +626,7 @@ impl Probes {
         &self.sources
     }
 
-    /// Attaches the launch uprobes to `pid` at `targets` (from [`crate::launch`]). Returns how
+    /// Attaches the launch uprobes to `pid` at `targets` (from [`crate::observe::launch`]). Returns how
     /// many points were attached; points that fail are logged and skipped.
     pub fn watch_launches(&mut self, pid: u32, targets: &[LaunchTarget]) -> Result<usize> {
         if let Err(e) = &self.launch_ready {

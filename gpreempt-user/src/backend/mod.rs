@@ -21,13 +21,13 @@ use anyhow::Result;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    control::{Control, ControlHandle, Limits, Notice, OpReport},
-    daemon::{self, Controlled},
-    nv::ctl::{NvControl, NvOps, Rm},
+    controller::daemon::{self, Controlled},
+    kfd::control::{Control, ControlHandle, Limits, Notice, OpReport},
+    model::{State, Vendor},
+    nv::controller::{NvControl, NvOps, Rm},
+    observe::procinfo,
+    observe::watch::Watcher,
     policy::Class,
-    procinfo,
-    state::{State, Vendor},
-    watch::Watcher,
 };
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
@@ -447,8 +447,8 @@ pub fn refuse(vendor: Vendor, e: anyhow::Error) -> anyhow::Error {
 mod tests {
     use super::*;
     use crate::{
-        control::QueueOutcome,
-        nv::ctl::tests::{host, Fake},
+        kfd::control::QueueOutcome,
+        nv::controller::tests::{host, Fake},
     };
 
     fn block_on<F: Future>(f: F) -> F::Output {

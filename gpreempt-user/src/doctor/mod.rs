@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::{
     cli::{Cli, DoctorArgs},
     kfd::sysfs::{self, GpuNode},
-    probe::{HostProbeFacts, ProgramCheck},
+    observe::probe::{HostProbeFacts, ProgramCheck},
 };
 
 /// A check's outcome.
@@ -128,7 +128,11 @@ const CAP_BPF: u32 = 39;
 
 /// Effective capabilities from a `/proc/PID/status` text.
 pub fn cap_eff(status: &str) -> Option<u64> {
-    u64::from_str_radix(crate::procinfo::status_field(status, "CapEff")?, 16).ok()
+    u64::from_str_radix(
+        crate::observe::procinfo::status_field(status, "CapEff")?,
+        16,
+    )
+    .ok()
 }
 
 /// What the process may do.
@@ -898,7 +902,7 @@ pub fn kfd_check(
 
 /// Check 7b (informational): KFD PC sampling. Mainline amdkfd has no PC-sampling ioctl (through
 /// KFD 1.18 and the later 1.19/1.20 changes); AMD's out-of-tree amdgpu-dkms has one (nr 0x85), and
-/// one DKMS branch numbered it "1.15", so the version cannot tell (reference/kfd.md §1.2).
+/// one DKMS branch numbered it "1.15", so the version cannot tell (docs/kfd.md).
 pub fn pc_sampling_check(version: &io::Result<(u32, u32)>) -> Check {
     const NAME: &str = "pc-sampling";
     let what = format!(
@@ -1007,7 +1011,7 @@ const HSA_CAP_TRAP_DEBUG_FIRMWARE_SUPPORTED: u64 =
     kfd::hsa_cap::TRAP_DEBUG_FIRMWARE_SUPPORTED as u64;
 
 /// Whether the KFD debugs per VMID on this target (`kfd_dbg_is_per_vmid_supported`: GC 9.4.2,
-/// 9.4.3 and later 9.4.x/9.5, and 11.0.0+; reference/kfd.md §2). GC 9.4.2 is gfx90a (90010),
+/// 9.4.3 and later 9.4.x/9.5, and 11.0.0+; docs/kfd.md). GC 9.4.2 is gfx90a (90010),
 /// GC 9.4.3/9.4.4 gfx940-942 (9040x), GC 9.5.0 gfx950 (90500).
 pub fn per_vmid_debug(gfx_target_version: u32) -> bool {
     gfx_target_version == 90010
@@ -1066,7 +1070,7 @@ pub fn gpu_check(g: &GpuNode, capability: Option<u64>) -> Check {
         Check::warn(
             &name,
             finding
-                + "; no per-VMID debug: the KFD reserves a debug VMID device-wide, one debugged (controlled) process per device at a time (reference/kfd.md §2)",
+                + "; no per-VMID debug: the KFD reserves a debug VMID device-wide, one debugged (controlled) process per device at a time (docs/kfd.md)",
             "for more than one controlled process per GPU use gfx90a (MI200), gfx94x (MI300) or newer",
         )
     }
@@ -1190,12 +1194,12 @@ pub fn traced_kfd_processes(
         .iter()
         .filter_map(|&pid| {
             let status = root.read(&format!("/proc/{pid}/status")).ok()?;
-            let tracer: u32 = crate::procinfo::status_field(&status, "TracerPid")?
+            let tracer: u32 = crate::observe::procinfo::status_field(&status, "TracerPid")?
                 .parse()
                 .ok()?;
             (tracer != 0).then(|| Traced {
                 pid,
-                comm: crate::procinfo::status_field(&status, "Name")
+                comm: crate::observe::procinfo::status_field(&status, "Name")
                     .unwrap_or("?")
                     .to_string(),
                 tracer,
@@ -1253,7 +1257,7 @@ pub fn traced_check(kfd_processes: usize, traced: &[Traced]) -> Check {
 /// Check 12.
 pub fn controller_check(run_dir: &Path) -> Check {
     const NAME: &str = "controller";
-    if crate::daemon::lock_held(run_dir) {
+    if crate::controller::daemon::lock_held(run_dir) {
         let pid = fs::read_to_string(run_dir.join("controller.lock"))
             .ok()
             .map(|s| s.trim().to_string())
@@ -1275,7 +1279,7 @@ pub fn controller_check(run_dir: &Path) -> Check {
 }
 
 // -------------------------------------------------------------------------------------------
-// 13. NVIDIA (only on hosts with the NVIDIA driver; reference/nvidia.md)
+// 13. NVIDIA (only on hosts with the NVIDIA driver; docs/nvidia-rm.md)
 
 /// The driver version pausing was measured on.
 const NV_MEASURED: &str = "580.159.04";
@@ -1610,7 +1614,7 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     if root.base == Path::new("/") {
         checks.push(if p.bpf {
             ebpf_programs_check(
-                &crate::probe::verify_programs(),
+                &crate::observe::probe::verify_programs(),
                 root.value("/sys/kernel/security/lockdown")
                     .as_deref()
                     .and_then(lockdown_mode),
@@ -1705,7 +1709,11 @@ pub fn to_json(checks: &[Check]) -> Result<String> {
 
 /// `gpreempt-ebpf doctor`: exit 0 without a failing check, 1 with one.
 pub fn main(cli: &Cli, args: &DoctorArgs) -> Result<ExitCode> {
-    let checks = run_checks(&Root::default(), &cli.kfd_device, &crate::daemon::run_dir());
+    let checks = run_checks(
+        &Root::default(),
+        &cli.kfd_device,
+        &crate::controller::daemon::run_dir(),
+    );
     let text = if args.json {
         to_json(&checks)? + "\n"
     } else {
@@ -2310,7 +2318,7 @@ mod tests {
         assert!(controller_check(&t.0)
             .finding
             .contains("no controller running"));
-        let _lock = crate::daemon::Lock::acquire(&t.0).unwrap();
+        let _lock = crate::controller::daemon::Lock::acquire(&t.0).unwrap();
         let c = controller_check(&t.0);
         assert!(
             c.finding.contains(&format!("pid {}", std::process::id())),

@@ -15,8 +15,8 @@ use serde::Serialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use crate::procinfo::ProcInfo;
-use crate::state::{Process, QueueState, SampleStatus, State};
+use crate::model::{Process, QueueState, SampleStatus, State};
+use crate::observe::procinfo::ProcInfo;
 
 const MS: u64 = 1_000_000;
 
@@ -1548,5 +1548,4 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
 }
 
 #[cfg(test)]
-#[path = "policy_tests.rs"]
 mod tests;

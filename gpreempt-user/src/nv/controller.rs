@@ -17,12 +17,12 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     clock::monotonic_ns,
-    control::{OpReport, QueueOutcome, QueueResult},
+    kfd::control::{OpReport, QueueOutcome, QueueResult},
+    model::State,
     nv::{
-        control::{dup_fd, set_disabled, Channels},
         guardian::{GuardianHandle, HoldEntry},
+        rm::{dup_fd, set_disabled, Channels},
     },
-    state::State,
 };
 
 /// What pausing needs from the system; the real one is [`Rm`], tests use a fake.
@@ -371,7 +371,7 @@ impl<O: NvOps> NvControl<O> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::state::Update;
+    use crate::model::Update;
     use gpreempt_common::nv::class;
 
     /// An RM that records FIFO_DISABLE_CHANNELS calls (channels, disable).
@@ -399,7 +399,7 @@ pub(crate) mod tests {
     }
 
     fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engine: u32) {
-        s.apply(crate::state::tests::nvidia::rm_alloc(
+        s.apply(crate::model::tests::nvidia::rm_alloc(
             1, pid, 0xc1, parent, new, h_class, engine,
         ));
     }
@@ -432,7 +432,7 @@ pub(crate) mod tests {
             let script = if pid == 7 { "online.py" } else { "offline.py" };
             s.apply(Update::ProcInfo {
                 pid,
-                info: crate::procinfo::ProcInfo {
+                info: crate::observe::procinfo::ProcInfo {
                     comm: "python3".into(),
                     cmdline: format!("python3 scripts/gpu/{script} 45"),
                     start_time: 100 + u64::from(pid),
@@ -461,7 +461,7 @@ pub(crate) mod tests {
     #[test]
     fn pauses_the_listed_tsgs_channels_and_resumes_them() {
         let s = host();
-        assert_eq!(s.procs[&7].vendor(), Some(crate::state::Vendor::Nvidia));
+        assert_eq!(s.procs[&7].vendor(), Some(crate::model::Vendor::Nvidia));
         let mut fake = Fake::default();
         let mut c = NvControl::unguarded(&mut fake);
         let r = c.act(&s, 7, &[0x20], true).unwrap();

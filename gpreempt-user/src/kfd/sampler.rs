@@ -1,6 +1,6 @@
 //! Reads each AQL queue's dispatch ids from its process's memory (the `amd_queue_t` that
 //! CREATE_QUEUE's read/write pointers point into), with one `process_vm_readv` per process per
-//! tick. A queue's `amd_queue_t` is validated once (reference/kfd.md §6); one that does not look
+//! tick. A queue's `amd_queue_t` is validated once (docs/kfd.md); one that does not look
 //! like ROCr's is never read again.
 
 use std::io::IoSliceMut;
@@ -8,7 +8,7 @@ use std::io::IoSliceMut;
 use gpreempt_common::aql::{amd_queue, PACKET_BYTES};
 use nix::{sys::uio::RemoteIoVec, unistd::Pid};
 
-use crate::state::{Process, Queue, QueueKind, SampleRead, SampleStatus, State};
+use crate::model::{Process, Queue, QueueKind, SampleRead, SampleStatus, State};
 
 /// `write_dispatch_id` .. end of `read_dispatch_id`: both ids in one remote range.
 const IDS_START: usize = amd_queue::WRITE_DISPATCH_ID;
@@ -173,7 +173,7 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{QueueState, Source, Update};
+    use crate::model::{QueueState, Source, Update};
 
     /// An `amd_queue_t` in this process's memory, as ROCr lays it out.
     #[repr(C, align(64))]

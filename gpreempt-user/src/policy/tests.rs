@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::*;
-use crate::state::{Queue, QueueKind, SampleStatus, Source};
+use crate::model::{Queue, QueueKind, SampleStatus, Source};
 
 const GA: u32 = 0xa1;
 const GB: u32 = 0xb2;

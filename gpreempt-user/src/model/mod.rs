@@ -8,12 +8,12 @@ use gpreempt_common::kfd::{self, dbg_op, queue_type, DOORBELL_PROCESS_SLICE_BYTE
 use serde::Serialize;
 
 use crate::{
-    events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent},
     kfd::{
         debugfs::{HqdId, HqdNode, MqdKind, MqdProcess, Regs},
         sysfs::{GpuNode, ProcSnapshot},
     },
-    procinfo::ProcInfo,
+    observe::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent},
+    observe::procinfo::ProcInfo,
 };
 
 /// Destroyed queues stay visible this long (ns) so a short-lived queue can be seen.
@@ -1459,5 +1459,4 @@ impl State {
 }
 
 #[cfg(test)]
-#[path = "state_tests.rs"]
 pub(crate) mod tests;

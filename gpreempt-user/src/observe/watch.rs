@@ -9,11 +9,12 @@ use nix::sys::uio::RemoteIoVec;
 
 use crate::{
     clock::monotonic_ns,
-    events::{Event, EventSource, FdCheck, KfdCall},
+    kfd::sampler,
     kfd::{debugfs, sysfs, Paths},
-    probe::{ProbeOptions, Probes},
-    procinfo, sampler,
-    state::{State, Update},
+    model::{State, Update},
+    observe::events::{Event, EventSource, FdCheck, KfdCall},
+    observe::probe::{ProbeOptions, Probes},
+    observe::procinfo,
 };
 
 /// How often each source is read (defaults: `top`'s options).
@@ -71,7 +72,7 @@ pub struct Watcher {
     timers: Option<Timers>,
     lost_reported: u64,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
-    pub controller: Option<crate::daemon::Status>,
+    pub controller: Option<crate::controller::daemon::Status>,
     /// Where launch uprobes go in each process (found off the loop).
     resolving: Resolving,
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
@@ -136,10 +137,10 @@ impl Watcher {
         let source = EventSource::new(probes.take_events()?, FdCheck::new(kfd_device))
             .context("watching the ring buffer")?;
         let mut w = Self::without_events_kfd(paths, require_kfd)?;
-        for why in crate::probe::not_live_reasons(probes.sources()) {
+        for why in crate::observe::probe::not_live_reasons(probes.sources()) {
             w.warn_once(why);
         }
-        w.state.sources = Some(crate::probe::summarize(probes.sources()));
+        w.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
         w.events = Some((probes, source));
         w.timers = Some(Timers::new(&iv));
         w.read_all(true);
@@ -147,7 +148,7 @@ impl Watcher {
     }
 
     /// Every event source and whether it is live (empty without events).
-    pub fn sources(&self) -> Vec<crate::probe::SourceStatus> {
+    pub fn sources(&self) -> Vec<crate::observe::probe::SourceStatus> {
         self.events
             .as_ref()
             .map(|(p, _)| p.sources().to_vec())
@@ -168,7 +169,12 @@ impl Watcher {
     }
 
     /// A resolution came back: attach if the process still wants hints.
-    fn resolved(&mut self, pid: u32, r: Result<Vec<crate::launch::LaunchTarget>>, took: Duration) {
+    fn resolved(
+        &mut self,
+        pid: u32,
+        r: Result<Vec<crate::observe::launch::LaunchTarget>>,
+        took: Duration,
+    ) {
         if !self.resolving.wanted.remove(&pid) {
             return;
         }
@@ -191,7 +197,7 @@ impl Watcher {
                     log::info!(
                         "pid {pid}: launch hints from {n} entry point(s) (found in {ms} ms)"
                     );
-                    self.state.sources = Some(crate::probe::summarize(probes.sources()));
+                    self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
                 }
                 Err(e) => log::info!("pid {pid}: no launch hints: {e:#}"),
             },
@@ -205,7 +211,7 @@ impl Watcher {
         if let Some((probes, _)) = self.events.as_mut() {
             if probes.watched_launches().any(|p| p == pid) {
                 probes.unwatch_launches(pid);
-                self.state.sources = Some(crate::probe::summarize(probes.sources()));
+                self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
             }
         }
     }
@@ -251,7 +257,7 @@ impl Watcher {
     /// The running controller's classes and held queues (its suspend arrays cannot be read
     /// back reliably from its events: they are gone by the time we look).
     pub fn controller_now(&mut self) {
-        let status = crate::daemon::read_status(&crate::daemon::run_dir())
+        let status = crate::controller::daemon::read_status(&crate::controller::daemon::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.state.controller = None;
@@ -293,7 +299,7 @@ impl Watcher {
             let want = held.get(&p.pid);
             let (mut sus, mut res) = (Vec::new(), Vec::new());
             for q in p.live_queues() {
-                let is = q.state == crate::state::QueueState::Suspended;
+                let is = q.state == crate::model::QueueState::Suspended;
                 let should = want.is_some_and(|w| w.contains(&q.queue_id));
                 if should && !is {
                     sus.push(q.queue_id);
@@ -488,7 +494,11 @@ impl Watcher {
     pub async fn pump(&mut self) -> Result<()> {
         enum Due {
             Events(std::io::Result<()>),
-            Resolved(u32, Result<Vec<crate::launch::LaunchTarget>>, Duration),
+            Resolved(
+                u32,
+                Result<Vec<crate::observe::launch::LaunchTarget>>,
+                Duration,
+            ),
             Reconcile,
             Hqds,
             Sample,
@@ -595,7 +605,11 @@ const APPLIED: [&str; 6] = [
     "exits",
 ];
 
-type Resolution = (u32, Result<Vec<crate::launch::LaunchTarget>>, Duration);
+type Resolution = (
+    u32,
+    Result<Vec<crate::observe::launch::LaunchTarget>>,
+    Duration,
+);
 
 /// The launch-entry-point resolver thread (started at the first request; its ELF cache lives
 /// there) and the pids waiting for it.
@@ -614,7 +628,7 @@ impl Resolving {
             std::thread::Builder::new()
                 .name("gpreempt-launch".into())
                 .spawn(move || {
-                    let mut resolver = crate::launch::LaunchResolver::new();
+                    let mut resolver = crate::observe::launch::LaunchResolver::new();
                     for pid in questions {
                         let t0 = std::time::Instant::now();
                         let r = resolver.resolve(pid);

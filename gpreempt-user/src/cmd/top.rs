@@ -8,13 +8,13 @@ use anyhow::Result;
 
 use crate::{
     cli::{Cli, TopArgs},
-    control::{Control, Notice},
-    daemon::{self, Lock, Request, Response, Status},
+    cmd::manual::describe,
+    controller::daemon::{self, Lock, Request, Response, Status},
+    kfd::control::{Control, Notice},
     kfd::Paths,
-    manual::describe,
-    state::{State, Update},
+    model::{State, Update},
+    observe::watch::{Intervals, Watcher},
     tui::{self, app::Command},
-    watch::{Intervals, Watcher},
 };
 
 /// top's own control, started on the first `s` / `r` when no controller runs.
@@ -32,7 +32,7 @@ pub struct Top {
 }
 
 impl Top {
-    fn apply(&mut self, r: &crate::control::OpReport, suspend: bool) {
+    fn apply(&mut self, r: &crate::kfd::control::OpReport, suspend: bool) {
         let (ts_ns, by, target, queues) =
             (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
         self.w
@@ -77,7 +77,7 @@ impl Top {
             anyhow::bail!("no control");
         };
         let suspend = matches!(req, Request::Suspend { .. });
-        let resp = crate::manual::handle(&local.control, req, Status::default).await;
+        let resp = crate::cmd::manual::handle(&local.control, req, Status::default).await;
         if let Some(r) = &resp.report {
             let r = r.clone();
             self.apply(&r, suspend);

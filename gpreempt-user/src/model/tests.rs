@@ -12,11 +12,11 @@ use gpreempt_sim::{model::tests::World, views};
 
 use super::*;
 use crate::{
-    events::{tests::create_queue, Origin, ProcessExit},
     kfd::{
         debugfs::{parse_hqds, parse_mqds, HqdSlot, MqdQueue},
         sysfs::{parse_node, SysProc, SysQueue},
     },
+    observe::events::{tests::create_queue, Origin, ProcessExit},
 };
 
 const GPU: u32 = 0xbeef;
@@ -2126,7 +2126,7 @@ fn a_suspend_names_an_unknown_debugger_and_its_exit_resumes() {
 
 pub(crate) mod nvidia {
     use super::*;
-    use crate::events::{NvCall, NvEvent, Origin};
+    use crate::observe::events::{NvCall, NvEvent, Origin};
     use gpreempt_common::nv::{self as abi, class};
 
     const PID: u32 = 440;

@@ -1,4 +1,4 @@
-//! Pausing a process's NVIDIA GPU channels on a stock GSP-RM driver (reference/nvidia.md).
+//! Pausing a process's NVIDIA GPU channels on a stock GSP-RM driver (docs/nvidia-rm.md).
 //!
 //! RM ties a client to the open file it was created on, so controls on the target's client must
 //! go through the target's own nvidiactl file: [`dup_fd`] takes a duplicate of the target's fd

@@ -1,0 +1,9 @@
+//! Seeing the host: load and attach the eBPF programs ([`probe`], with kernel struct offsets from
+//! [`btf`]), turn ring-buffer records into typed events ([`events`]), follow processes' facts
+//! ([`procinfo`]) and launch entry points ([`launch`]), and feed the host model ([`watch`]).
+pub mod btf;
+pub mod events;
+pub mod launch;
+pub mod probe;
+pub mod procinfo;
+pub mod watch;
