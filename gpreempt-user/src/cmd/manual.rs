@@ -9,11 +9,39 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::{Cli, ResumeArgs, SuspendArgs},
     controller::daemon::{self, Controlled, Request, Response, Status},
     kfd::control::{Control, Limits, Notice, OpReport, QueueOutcome},
     observe::procinfo,
 };
+
+#[derive(clap::Args, Debug)]
+pub struct SuspendArgs {
+    /// The process (host pid).
+    #[arg(long)]
+    pub pid: u32,
+    /// Only these queue ids (repeatable; default: every queue, including new ones).
+    #[arg(long)]
+    pub queue: Vec<u32>,
+    /// Preemption grace period in the kernel's units (1K GPU clocks; default: the kernel's).
+    #[arg(long)]
+    pub grace: Option<u32>,
+    /// Resume after this long (e.g. 500ms, 30s, 5m).
+    #[arg(long = "for", value_name = "DURATION")]
+    pub for_: Option<DurationArg>,
+    /// The watchdog: nothing stays suspended longer than this.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub max_suspend: DurationArg,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResumeArgs {
+    /// The process (host pid).
+    #[arg(long)]
+    pub pid: u32,
+    /// Only these queue ids (repeatable; default: all).
+    #[arg(long)]
+    pub queue: Vec<u32>,
+}
 
 /// One line per queue group: what happened.
 pub fn describe(r: &OpReport, suspend: bool) -> String {
@@ -111,7 +139,7 @@ fn queues_arg(q: &[u32]) -> Option<Vec<u32>> {
     (!q.is_empty()).then(|| q.to_vec())
 }
 
-pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
+pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     let dir = daemon::run_dir();
     let req = Request::Suspend {
         pid: a.pid,
@@ -124,7 +152,7 @@ pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
     let lock = daemon::Lock::acquire(&dir)?;
     let max = a.max_suspend.0;
     let (control, mut notices) = Control::start(
-        &cli.kfd_device,
+        &g.kfd_device,
         Limits {
             max_suspend: max,
             ..Limits::default()
@@ -229,7 +257,7 @@ pub async fn suspend(cli: &Cli, a: &SuspendArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn resume(cli: &Cli, a: &ResumeArgs) -> Result<ExitCode> {
+pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     let dir = daemon::run_dir();
     let req = Request::Resume {
         pid: a.pid,
@@ -242,7 +270,7 @@ pub async fn resume(cli: &Cli, a: &ResumeArgs) -> Result<ExitCode> {
     // process may still have queues suspended by a debugger that vanished oddly. Attach,
     // resume everything, detach.
     let _lock = daemon::Lock::acquire(&dir)?;
-    let (control, _notices) = Control::start(&cli.kfd_device, Limits::default())?;
+    let (control, _notices) = Control::start(&g.kfd_device, Limits::default())?;
     let r = control.resume(a.pid, None).await;
     control.shutdown().await;
     match r {

@@ -1,7 +1,28 @@
 //! One file per command: each owns its arguments and reaches the kernel only through the
 //! observer ([`crate::observe`]) and the backend seam ([`crate::backend`]).
+
+use std::path::PathBuf;
+
+pub mod doctor;
 pub mod manual;
 pub mod queues;
 pub mod run;
 pub mod sim;
 pub mod top;
+pub mod trace;
+
+/// Options every command takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Global {
+    /// The KFD device node (ioctls on other files are not KFD ioctls).
+    #[arg(
+        long,
+        global = true,
+        env = "GPREEMPT_KFD_DEVICE",
+        default_value = "/dev/kfd"
+    )]
+    pub kfd_device: PathBuf,
+    /// More diagnostics on stderr (-v info, -vv debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}

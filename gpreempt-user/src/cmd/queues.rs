@@ -1,7 +1,9 @@
 //! `gpreempt-ebpf queues`: the PID -> queue -> HQD map once, as a table or JSON (schema in
 //! README "queues JSON").
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, Result};
 
 use serde::Serialize;
 
@@ -127,4 +129,31 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
         let _ = writeln!(s, "warning: {w}");
     }
     s
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// One JSON document (schema in README).
+    #[arg(long)]
+    pub json: bool,
+    /// Time between the two reads of dispatch ids that give dispatch rates (ms).
+    #[arg(long, default_value_t = 200, value_name = "MS")]
+    pub sample_gap: u64,
+}
+
+pub fn main(args: &Args) -> Result<ExitCode> {
+    let (state, warnings) = crate::observe::watch::Watcher::snapshot(
+        &crate::kfd::Paths::default(),
+        Duration::from_millis(args.sample_gap),
+    )?;
+    let text = if args.json {
+        to_json(&state, &warnings).context("serialising the map")? + "\n"
+    } else {
+        to_table(&state, &warnings)
+    };
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        return crate::cmd::trace::write_failed(e);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,6 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     backend::Backends,
-    cli::{Cli, RunArgs},
     clock::monotonic_ns,
     cmd::manual::describe,
     controller::daemon::{self, Request, Response, Status},
@@ -26,6 +25,31 @@ use crate::{
     observe::watch::{Intervals, Watcher},
     policy::{Action, Class, Decision, Engine, Policy},
 };
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The policy file (TOML; see examples/ and README).
+    #[arg(long, value_name = "FILE")]
+    pub policy: std::path::PathBuf,
+    /// Decide and log, act on nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Append every decision and its outcome here, as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<std::path::PathBuf>,
+    /// How often the policy decides (ms).
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub tick: u64,
+    /// How often the queues' dispatch ids are read (ms): how fast online work is noticed.
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub sample_interval: u64,
+    /// How often to reconcile with sysfs and /proc (ms).
+    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub reconcile_interval: u64,
+    /// How often to read debugfs `hqds` (ms).
+    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub hqd_interval: u64,
+}
 
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
@@ -331,7 +355,7 @@ impl Ctx {
     }
 }
 
-pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
+pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     crate::observe::probe::preflight()?;
     // Signals first: from here on nothing ends the process without the cleanup below.
     let mut int = signal(SignalKind::interrupt())?;
@@ -347,7 +371,7 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
     } else {
         Backends::for_host(
-            &cli.kfd_device,
+            &g.kfd_device,
             Path::new(gpreempt_common::nv::NVIDIACTL),
             &dir,
             Duration::from_nanos(policy.max_suspend_ns),
@@ -357,7 +381,7 @@ pub async fn main(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let ms = Duration::from_millis;
     let mut w = Watcher::start(
         Paths::default(),
-        &cli.kfd_device,
+        &g.kfd_device,
         Intervals::from_ms(
             args.reconcile_interval,
             args.hqd_interval,

@@ -8,7 +8,82 @@ use anyhow::{Context as _, Result};
 use gpreempt_sim::run::{ChildSpec, SimOptions};
 use gpreempt_sim::workload::{Mode, WorkloadOptions};
 
-use crate::cli::{Cli, SimAction, SimArgs, WorkloadArgs};
+use std::path::PathBuf;
+
+use super::Global;
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    pub action: Option<SimAction>,
+    /// Number of emulated GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// GPU model: mi210 (104 CUs, gfx90a) or mi300x (304 CUs, gfx942).
+    #[arg(long, default_value = "mi210")]
+    pub model: gpreempt_sim::spec::Model,
+    /// Seed for everything the emulator derives (gpu_ids); runs with one seed are reproducible.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Command to run inside, after `--` (default: an online and an offline workload, watched).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SimAction {
+    /// An emulated GPU job replaying a measured kernel timeline (run it inside `sim`).
+    Workload(WorkloadArgs),
+    /// Per-call cost of the emulator's `hipLaunchKernel`, for measuring launch uprobes' cost.
+    #[command(hide = true)]
+    LaunchBench(LaunchBenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LaunchBenchArgs {
+    /// Calls per round.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub calls: u64,
+    /// Rounds (one JSON line each).
+    #[arg(long, default_value_t = 10)]
+    pub rounds: u32,
+    /// Write this file, then wait until it is deleted before the first round (max 30 s).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Sleep between rounds.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub pause_ms: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkloadArgs {
+    /// Timeline: resnet18_b1, resnet50_b8, resnet50_b1024, transformer_b8_s128,
+    /// seed_model_a_mlp_b32, seed_model_b_mlp_train_b64.
+    #[arg(long)]
+    pub profile: String,
+    /// Online: requests per second (latency is reported).
+    #[arg(long, conflicts_with = "offline", required_unless_present = "offline")]
+    pub rate: Option<f64>,
+    /// Offline: iterations back to back (throughput is reported).
+    #[arg(long)]
+    pub offline: bool,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// KFD queue priority (0..15; ROCr's normal priority is 7).
+    #[arg(long, default_value_t = 7)]
+    pub priority: u32,
+    /// GPU index in topology order.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Create a second (idle) queue after this many seconds, as a runtime adding a stream.
+    #[arg(long, value_name = "SECONDS")]
+    pub second_queue_after: Option<f64>,
+    /// Write the JSON report here instead of stdout.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -16,9 +91,20 @@ extern "C" fn on_stop(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-pub fn main(cli: &Cli, args: &SimArgs) -> Result<ExitCode> {
-    if let Some(SimAction::Workload(w)) = &args.action {
-        return workload(cli, w);
+pub fn main(g: &Global, args: &Args) -> Result<ExitCode> {
+    match &args.action {
+        Some(SimAction::Workload(w)) => return workload(g, w),
+        Some(SimAction::LaunchBench(a)) => {
+            let opts = gpreempt_sim::launchbench::BenchOptions {
+                calls: a.calls,
+                rounds: a.rounds,
+                ready_file: a.ready_file.clone(),
+                pause: Duration::from_millis(a.pause_ms),
+            };
+            gpreempt_sim::launchbench::run(&opts, &mut std::io::stdout().lock())?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        None => {}
     }
     let exe = std::env::current_exe().context("finding this executable")?;
     let exe = exe.to_string_lossy().into_owned();
@@ -107,7 +193,7 @@ fn demo(exe: &str) -> Result<Vec<ChildSpec>> {
     ])
 }
 
-fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
+fn workload(g: &Global, w: &WorkloadArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         w.duration.is_finite() && w.duration > 0.0,
         "--duration must be a positive number of seconds"
@@ -133,7 +219,7 @@ fn workload(cli: &Cli, w: &WorkloadArgs) -> Result<ExitCode> {
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
     };
-    let report = gpreempt_sim::workload::run(&opts, &cli.kfd_device, &STOP)?;
+    let report = gpreempt_sim::workload::run(&opts, &g.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;
     match &w.report {
         Some(p) => {

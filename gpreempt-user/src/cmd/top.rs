@@ -7,7 +7,6 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
-    cli::{Cli, TopArgs},
     cmd::manual::describe,
     controller::daemon::{self, Lock, Request, Response, Status},
     kfd::control::{Control, Notice},
@@ -16,6 +15,22 @@ use crate::{
     observe::watch::{Intervals, Watcher},
     tui::{self, app::Command},
 };
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Screen refresh interval in milliseconds.
+    #[arg(long, default_value_t = 100, value_name = "MS", value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub interval: u64,
+    /// How often to read debugfs `hqds` for HQD slots (ms; not free on real GPUs).
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub hqd_interval: u64,
+    /// How often to read the queues' dispatch ids (ms; one syscall per process).
+    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub sample_interval: u64,
+    /// How often to reconcile with sysfs and /proc (ms).
+    #[arg(long, default_value_t = 1000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub reconcile_interval: u64,
+}
 
 /// top's own control, started on the first `s` / `r` when no controller runs.
 struct Local {
@@ -159,11 +174,11 @@ impl tui::Source for Top {
     }
 }
 
-pub async fn main(cli: &Cli, args: &TopArgs) -> Result<ExitCode> {
+pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let ms = Duration::from_millis;
     let w = Watcher::start(
         Paths::default(),
-        &cli.kfd_device,
+        &g.kfd_device,
         Intervals::from_ms(
             args.reconcile_interval,
             args.hqd_interval,
@@ -172,7 +187,7 @@ pub async fn main(cli: &Cli, args: &TopArgs) -> Result<ExitCode> {
     )?;
     let mut top = Top {
         w,
-        kfd_device: cli.kfd_device.clone(),
+        kfd_device: g.kfd_device.clone(),
         local: None,
     };
     // stderr lines would tear the screen: problems go to the event log while the TUI is up.

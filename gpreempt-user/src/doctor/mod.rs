@@ -25,7 +25,6 @@ use gpreempt_common::{
 use serde::Serialize;
 
 use crate::{
-    cli::{Cli, DoctorArgs},
     kfd::sysfs::{self, GpuNode},
     observe::probe::{HostProbeFacts, ProgramCheck},
 };
@@ -1708,13 +1707,13 @@ pub fn to_json(checks: &[Check]) -> Result<String> {
 }
 
 /// `gpreempt-ebpf doctor`: exit 0 without a failing check, 1 with one.
-pub fn main(cli: &Cli, args: &DoctorArgs) -> Result<ExitCode> {
+pub fn main(kfd_device: &Path, json: bool) -> Result<ExitCode> {
     let checks = run_checks(
         &Root::default(),
-        &cli.kfd_device,
+        kfd_device,
         &crate::controller::daemon::run_dir(),
     );
-    let text = if args.json {
+    let text = if json {
         to_json(&checks)? + "\n"
     } else {
         to_text(&checks)

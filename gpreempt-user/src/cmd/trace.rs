@@ -1,0 +1,247 @@
+//! `gpreempt-ebpf trace`: the event stream, as text or JSON Lines, until Ctrl-C or --duration.
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use clap::Args as ClapArgs;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::Global;
+use crate::{
+    observe::events::{Event, EventSource, FdCheck},
+    observe::probe::{ProbeOptions, Probes},
+    trace::{Format, Sink},
+};
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// JSON Lines, one object per event (schema in README).
+    #[arg(long)]
+    pub json: bool,
+    /// Only this process (thread group id; filtered in the kernel).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Only processes whose command name (comm) is this.
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Write events to this file instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Show the eBPF programs' own diagnostics (aya-log) on stderr.
+    #[arg(long)]
+    pub ebpf_log: bool,
+    /// Launch hints: uprobes on the HIP/HSA launch entry points of every KFD process seen (or
+    /// only of --pid).
+    #[arg(long)]
+    pub launches: bool,
+    /// At most one launch hint per process per this many ms (0: every launch).
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    pub launch_gap: f64,
+    /// Only the ioctl tracepoints: no kprobes / fentry on amdkfd.
+    #[arg(long)]
+    pub no_kernel_probes: bool,
+}
+
+pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
+    if let Some(d) = args.duration {
+        anyhow::ensure!(
+            d.is_finite() && d > 0.0,
+            "--duration must be a positive number of seconds"
+        );
+    }
+    let out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(BufWriter::new(
+            File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut sink = Sink::new(
+        out,
+        if args.json {
+            Format::Json
+        } else {
+            Format::Text
+        },
+    );
+
+    anyhow::ensure!(
+        args.launch_gap.is_finite() && args.launch_gap >= 0.0,
+        "--launch-gap must be a number of milliseconds >= 0"
+    );
+    let mut probes = Probes::attach(&ProbeOptions {
+        pid: args.pid,
+        ebpf_log: args.ebpf_log,
+        no_kernel_probes: args.no_kernel_probes,
+        launch_gap_ns: (args.launch_gap * 1e6) as u64,
+    })?;
+    let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&g.kfd_device))
+        .context("watching the ring buffer")?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let deadline = tokio::time::sleep(
+        args.duration
+            .map(Duration::from_secs_f64)
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(deadline);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut launches = args.launches.then(LaunchWatch::default);
+    if let Some(l) = launches.as_mut() {
+        let pids: Vec<u32> = match args.pid {
+            Some(p) => vec![p],
+            None => crate::kfd::sysfs::read_procs(&crate::kfd::Paths::default().sysfs, |_, _| None)
+                .map(|s| s.procs.iter().map(|p| p.pid).collect())
+                .unwrap_or_default(),
+        };
+        for pid in pids {
+            l.watch(&mut probes, pid);
+        }
+    }
+    eprintln!(
+        "gpreempt-ebpf: {}",
+        crate::observe::probe::summarize(probes.sources())
+    );
+    for why in crate::observe::probe::not_live_reasons(probes.sources()) {
+        eprintln!("gpreempt-ebpf: {why}");
+    }
+    // Tests and scripts wait for this line before they start the workload.
+    eprintln!(
+        "gpreempt-ebpf: tracing KFD ioctls on {}{} (Ctrl-C to stop)",
+        g.kfd_device.display(),
+        args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+    );
+    let mut batch: Vec<Event> = Vec::with_capacity(256);
+    let mut reported_lost = 0;
+    let mut written = 0u64;
+    loop {
+        tokio::select! {
+            r = source.next_batch(&mut batch) => {
+                r.context("reading the ring buffer")?;
+                if let Some(l) = launches.as_mut() {
+                    l.follow(&mut probes, &batch);
+                }
+                if let Err(e) = emit(&batch, args, &mut sink, &mut written) {
+                    return write_failed(e);
+                }
+            }
+            _ = tick.tick() => {
+                probes.flush_log();
+                let lost = probes.stats()?.lost();
+                if lost > reported_lost {
+                    log::warn!("{} KFD records lost in the kernel so far (ring buffer or in-flight map full)", lost);
+                    reported_lost = lost;
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = &mut deadline => break,
+        }
+    }
+    // Drain what is already in the ring buffer without waiting for more.
+    while let Ok(Ok(())) =
+        tokio::time::timeout(Duration::from_millis(20), source.next_batch(&mut batch)).await
+    {
+        if batch.is_empty() {
+            break;
+        }
+        if emit(&batch, args, &mut sink, &mut written).is_err() {
+            break;
+        }
+    }
+    probes.flush_log();
+    let k = probes.stats()?;
+    let u = source.stats;
+    eprintln!(
+        "gpreempt-ebpf: summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
+         args_unreadable={} not_kfd={} unverified={} malformed={} kernel_probe_hits={} \
+         launches_seen={} launch_hints={}",
+        k.seen,
+        k.ringbuf_full,
+        k.inflight_full,
+        k.args_fault,
+        u.not_kfd,
+        u.unverified,
+        u.malformed,
+        k.kernel_seen,
+        k.launch_seen,
+        k.launch_emitted
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `trace --launches`: launch uprobes on every KFD process as it shows up, off at its exit.
+#[derive(Default)]
+struct LaunchWatch {
+    resolver: crate::observe::launch::LaunchResolver,
+    tried: std::collections::HashSet<u32>,
+}
+
+impl LaunchWatch {
+    fn watch(&mut self, probes: &mut Probes, pid: u32) {
+        if !self.tried.insert(pid) || pid == std::process::id() {
+            return;
+        }
+        let targets = match self.resolver.resolve(pid) {
+            Ok(t) => t,
+            Err(e) => return log::debug!("pid {pid}: launch points: {e:#}"),
+        };
+        if targets.is_empty() {
+            return log::info!("pid {pid}: no HIP/HSA launch entry point mapped");
+        }
+        match probes.watch_launches(pid, &targets) {
+            Ok(n) => eprintln!("gpreempt-ebpf: pid {pid}: launch hints from {n} entry point(s)"),
+            Err(e) => eprintln!("gpreempt-ebpf: pid {pid}: no launch hints: {e:#}"),
+        }
+    }
+
+    fn follow(&mut self, probes: &mut Probes, batch: &[Event]) {
+        for ev in batch {
+            match ev {
+                Event::Ioctl(i) => self.watch(probes, i.origin.pid),
+                Event::Nv(n) => self.watch(probes, n.origin.pid),
+                Event::ProcessExit(p) => {
+                    probes.unwatch_launches(p.origin.pid);
+                    self.tried.remove(&p.origin.pid);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Writes the wanted events of a batch and flushes, counting what was written.
+fn emit<W: Write>(
+    batch: &[Event],
+    args: &Args,
+    sink: &mut Sink<W>,
+    written: &mut u64,
+) -> std::io::Result<()> {
+    for ev in batch.iter().filter(|e| wanted(e, args)) {
+        sink.write(ev)?;
+        *written += 1;
+    }
+    sink.flush()
+}
+
+/// The user-space filters of `trace` (the pid filter runs in the kernel).
+fn wanted(ev: &Event, args: &Args) -> bool {
+    let comm = &ev.origin().comm;
+    args.comm.as_ref().is_none_or(|c| c == comm)
+}
+
+/// A closed stdout (e.g. `| head`) ends tracing quietly; other write errors are reported.
+pub(crate) fn write_failed(e: std::io::Error) -> Result<ExitCode> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Ok(ExitCode::SUCCESS);
+    }
+    Err(e).context("writing events")
+}
