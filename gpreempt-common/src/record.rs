@@ -11,16 +11,17 @@ pub const COMM_LEN: usize = 16;
 
 /// Ring buffer size in bytes (a power of two multiple of the page size).
 pub const RING_BYTES: u32 = 8 << 20;
-/// In-flight (entered, not yet exited) KFD ioctls tracked at once, one per thread.
+/// In-flight (entered, not yet exited) GPU driver ioctls tracked at once, one per thread.
 pub const MAX_INFLIGHT: u32 = 16_384;
-/// Processes remembered as KFD users (their exit is reported).
-pub const MAX_KFD_PIDS: u32 = 16_384;
+/// Processes remembered as GPU driver users, KFD or NVIDIA (their exit is reported).
+pub const MAX_GPU_PIDS: u32 = 16_384;
 
 /// Values of [`RecordHeader::kind`].
 pub mod kind {
-    /// An [`IoctlRecord`](super::IoctlRecord): one KFD ioctl, from syscall entry to exit.
+    /// An [`IoctlRecord`](super::IoctlRecord): one GPU driver ioctl (KFD or NVIDIA RM), from syscall
+    /// entry to exit.
     pub const IOCTL: u32 = 1;
-    /// A [`ProcessExitRecord`](super::ProcessExitRecord): a KFD process's group leader exited.
+    /// A [`ProcessExitRecord`](super::ProcessExitRecord): a GPU process's group leader exited.
     pub const PROCESS_EXIT: u32 = 2;
     /// A [`KernelRecord`](super::KernelRecord): an amdkfd function fired (kprobe).
     pub const KERNEL: u32 = 3;
@@ -81,7 +82,8 @@ pub struct RecordHeader {
     pub comm: [u8; COMM_LEN],
 }
 
-/// One KFD ioctl: arguments copied at syscall entry, outputs re-read at exit.
+/// One GPU driver ioctl (a KFD ioctl or an NVIDIA RM escape): arguments copied at syscall
+/// entry, outputs re-read at exit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IoctlRecord {

@@ -16,7 +16,7 @@ use gpreempt_common::{
     record::{config_flag, kind, stat, IoctlRecord, ARGS_MAX},
 };
 
-use crate::{config, count, now_ns, EVENTS, INFLIGHT, KFD_PIDS, SCRATCH};
+use crate::{config, count, now_ns, EVENTS, GPU_PIDS, INFLIGHT, SCRATCH};
 
 // Offsets in the syscall tracepoints' records (events/syscalls/sys_{enter,exit}_ioctl/format):
 // every syscall argument is 8 bytes from offset 16.
@@ -53,7 +53,7 @@ fn read_user(dst: *mut u8, src: u64, len: u64) -> u32 {
 }
 
 #[tracepoint(category = "syscalls", name = "sys_enter_ioctl")]
-pub fn kfd_ioctl_enter(ctx: TracePointContext) -> u32 {
+pub fn gpu_ioctl_enter(ctx: TracePointContext) -> u32 {
     enter(&ctx);
     0
 }
@@ -106,8 +106,8 @@ fn enter(ctx: &TracePointContext) {
         ctx,
         "tid {} enters KFD ioctl nr {} ({} argument bytes)", tid, nr, len
     );
-    if KFD_PIDS.get_ptr(tgid).is_none() {
-        let _ = KFD_PIDS.insert(tgid, 1u8, 0);
+    if GPU_PIDS.get_ptr(tgid).is_none() {
+        let _ = GPU_PIDS.insert(tgid, 1u8, 0);
     }
     // Taken last so the recorded duration covers the ioctl, not this program.
     inflight.ts_ns = now_ns();
@@ -121,7 +121,7 @@ fn enter(ctx: &TracePointContext) {
 }
 
 #[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
-pub fn kfd_ioctl_exit(ctx: TracePointContext) -> u32 {
+pub fn gpu_ioctl_exit(ctx: TracePointContext) -> u32 {
     exit(&ctx);
     0
 }

@@ -1,8 +1,9 @@
 //! gpreempt-ebpf's kernel programs.
 //!
-//! - `kfd_ioctl_enter` / `kfd_ioctl_exit` (tracepoints `syscalls/sys_enter_ioctl` and
-//!   `syscalls/sys_exit_ioctl`): KFD ioctls, arguments at entry, outputs and return value at exit.
-//! - `kfd_process_exit` (tracepoint `sched/sched_process_exit`): a KFD process went away.
+//! - `gpu_ioctl_enter` / `gpu_ioctl_exit` (tracepoints `syscalls/sys_enter_ioctl` and
+//!   `syscalls/sys_exit_ioctl`): GPU driver ioctls (KFD, NVIDIA RM escapes), arguments at
+//!   entry, outputs and return value at exit.
+//! - `gpu_process_exit` (tracepoint `sched/sched_process_exit`): a process that used a GPU driver went away.
 //! - `kp_*` / `fe_kfd_ioctl` (kprobes / fentry on amdkfd functions, optional): what the ioctl path
 //!   cannot see (hardware map/unmap, evictions, teardown, suspensions by others). See `kernel`.
 //! - `up_*` (uprobes on HIP/HSA launch entry points of chosen processes): launch hints.
@@ -22,7 +23,7 @@ use aya_ebpf::{
 };
 use gpreempt_common::{
     kprobe::KernelOffsets,
-    record::{stat, Config, InFlight, LaunchState, MAX_INFLIGHT, MAX_KFD_PIDS, RING_BYTES},
+    record::{stat, Config, InFlight, LaunchState, MAX_GPU_PIDS, MAX_INFLIGHT, RING_BYTES},
 };
 
 /// Every record, in order of completion.
@@ -48,7 +49,7 @@ static SCRATCH: PerCpuArray<InFlight> = PerCpuArray::with_max_entries(1, 0);
 
 /// Thread groups that issued a KFD ioctl (or that user space found in sysfs): their exit is reported.
 #[map]
-static KFD_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_KFD_PIDS, 0);
+static GPU_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
 
 /// Index 0: kernel struct offsets resolved from BTF by user space (see `gpreempt_common::kprobe`).
 #[map]
@@ -56,7 +57,7 @@ static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
 
 /// Launch-hint rate limit per thread group.
 #[map]
-static LAUNCHES: LruHashMap<u32, LaunchState> = LruHashMap::with_max_entries(MAX_KFD_PIDS, 0);
+static LAUNCHES: LruHashMap<u32, LaunchState> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
 
 #[inline(always)]
 fn count(index: u32) {

@@ -1,4 +1,4 @@
-//! Process exit of KFD users (tracepoint `sched/sched_process_exit`).
+//! Process exit of GPU driver users (KFD or NVIDIA) (tracepoint `sched/sched_process_exit`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
@@ -7,17 +7,17 @@ use aya_ebpf::{
 };
 use gpreempt_common::record::{kind, stat, ProcessExitRecord, RecordHeader};
 
-use crate::{count, now_ns, EVENTS, KFD_PIDS};
+use crate::{count, now_ns, EVENTS, GPU_PIDS};
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn kfd_process_exit(_ctx: TracePointContext) -> u32 {
+pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // The group leader's exit stands for the process (KFD keys its process on the leader too).
-    if tgid != pid_tgid as u32 || KFD_PIDS.get_ptr(tgid).is_none() {
+    if tgid != pid_tgid as u32 || GPU_PIDS.get_ptr(tgid).is_none() {
         return 0;
     }
-    let _ = KFD_PIDS.remove(tgid);
+    let _ = GPU_PIDS.remove(tgid);
     let rec = ProcessExitRecord {
         hdr: RecordHeader {
             kind: kind::PROCESS_EXIT,

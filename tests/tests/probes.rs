@@ -26,9 +26,9 @@ fn every_program_passes_the_verifier() {
         assert!(names.contains(&program), "{program} missing: {names:?}");
     }
     for want in [
-        "kfd_ioctl_enter",
-        "kfd_ioctl_exit",
-        "kfd_process_exit",
+        "gpu_ioctl_enter",
+        "gpu_ioctl_exit",
+        "gpu_process_exit",
         "fe_kfd_ioctl",
     ] {
         assert!(names.contains(&want), "{want} missing: {names:?}");

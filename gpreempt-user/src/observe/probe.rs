@@ -329,9 +329,9 @@ fn ensure_tracefs() -> Result<()> {
 
 /// The syscall/sched tracepoints: the floor of observation, present on every kernel.
 const TRACEPOINTS: [(&str, &str, &str); 3] = [
-    ("kfd_ioctl_enter", "syscalls", "sys_enter_ioctl"),
-    ("kfd_ioctl_exit", "syscalls", "sys_exit_ioctl"),
-    ("kfd_process_exit", "sched", "sched_process_exit"),
+    ("gpu_ioctl_enter", "syscalls", "sys_enter_ioctl"),
+    ("gpu_ioctl_exit", "syscalls", "sys_exit_ioctl"),
+    ("gpu_process_exit", "sched", "sched_process_exit"),
 ];
 
 /// Loads the object (programs not yet loaded into the kernel), with aya-log enabled or not.
