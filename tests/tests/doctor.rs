@@ -4,7 +4,6 @@
 //! lines must say what they say on the host.
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
 use gpreempt_common::kprobe::{FIELDS, PROBES};
