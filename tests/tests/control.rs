@@ -795,7 +795,7 @@ kill -INT $W; wait $W || true
         "{out}"
     );
     assert!(
-        out.contains("every queue resumed: nothing is left suspended"),
+        out.contains("--for elapsed: nothing is left suspended"),
         "{out}"
     );
     // Its clean exit removes lock, socket, status and the (empty) targets record.
