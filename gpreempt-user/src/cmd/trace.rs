@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::Global;
 use crate::{
     observe::events::{Event, EventSource, FdCheck},
+    observe::hints::LaunchHints,
     observe::probe::{ProbeOptions, Probes},
     trace::{Format, Sink},
 };
@@ -94,7 +95,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     );
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut launches = args.launches.then(LaunchWatch::default);
+    let mut launches = args.launches.then(LaunchHints::default);
     if let Some(l) = launches.as_mut() {
         let pids: Vec<u32> = match args.pid {
             Some(p) => vec![p],
@@ -103,7 +104,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
                 .unwrap_or_default(),
         };
         for pid in pids {
-            l.watch(&mut probes, pid);
+            l.watch(&probes, pid)?;
         }
     }
     eprintln!(
@@ -127,10 +128,23 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
             r = source.next_batch(&mut batch) => {
                 r.context("reading the ring buffer")?;
                 if let Some(l) = launches.as_mut() {
-                    l.follow(&mut probes, &batch);
+                    follow_launches(l, &mut probes, &batch);
                 }
                 if let Err(e) = emit(&batch, args, &mut sink, &mut written) {
                     return write_failed(e);
+                }
+            }
+            Some((pid, r, took)) = async {
+                match launches.as_mut() {
+                    Some(l) => l.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some(l) = launches.as_mut() {
+                    // Alive: its exit would have unwatched it.
+                    if let Some(line) = l.resolved(&mut probes, pid, r, true).describe(pid, took) {
+                        eprintln!("gpreempt-ebpf: {line}");
+                    }
                 }
             }
             _ = tick.tick() => {
@@ -178,42 +192,21 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `trace --launches`: launch uprobes on every KFD process as it shows up, off at its exit.
-#[derive(Default)]
-struct LaunchWatch {
-    resolver: crate::observe::launch::LaunchResolver,
-    tried: std::collections::HashSet<u32>,
-}
-
-impl LaunchWatch {
-    fn watch(&mut self, probes: &mut Probes, pid: u32) {
-        if !self.tried.insert(pid) || pid == std::process::id() {
-            return;
-        }
-        let targets = match self.resolver.resolve(pid) {
-            Ok(t) => t,
-            Err(e) => return log::debug!("pid {pid}: launch points: {e:#}"),
-        };
-        if targets.is_empty() {
-            return log::info!("pid {pid}: no HIP/HSA launch entry point mapped");
-        }
-        match probes.watch_launches(pid, &targets) {
-            Ok(n) => eprintln!("gpreempt-ebpf: pid {pid}: launch hints from {n} entry point(s)"),
-            Err(e) => eprintln!("gpreempt-ebpf: pid {pid}: no launch hints: {e:#}"),
-        }
-    }
-
-    fn follow(&mut self, probes: &mut Probes, batch: &[Event]) {
-        for ev in batch {
-            match ev {
-                Event::Ioctl(i) => self.watch(probes, i.origin.pid),
-                Event::Nv(n) => self.watch(probes, n.origin.pid),
-                Event::ProcessExit(p) => {
-                    probes.unwatch_launches(p.origin.pid);
-                    self.tried.remove(&p.origin.pid);
-                }
-                _ => {}
+/// `trace --launches`: launch hints on every GPU process as it shows up (resolved off the loop,
+/// the watcher's lifecycle), off at its exit.
+fn follow_launches(hints: &mut LaunchHints, probes: &mut Probes, batch: &[Event]) {
+    for ev in batch {
+        let pid = match ev {
+            Event::Ioctl(i) => i.origin.pid,
+            Event::Nv(n) => n.origin.pid,
+            Event::ProcessExit(p) => {
+                hints.unwatch(probes, p.origin.pid);
+                continue;
             }
+            _ => continue,
+        };
+        if let Err(e) = hints.watch(probes, pid) {
+            eprintln!("gpreempt-ebpf: pid {pid}: no launch hints: {e:#}");
         }
     }
 }

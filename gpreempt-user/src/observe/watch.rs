@@ -73,8 +73,8 @@ pub struct Watcher {
     lost_reported: u64,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
     pub controller: Option<crate::controller::daemon::Status>,
-    /// Where launch uprobes go in each process (found off the loop).
-    resolving: Resolving,
+    /// Launch hints: which processes get them, resolved off the loop.
+    hints: crate::observe::hints::LaunchHints,
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
 }
@@ -112,7 +112,7 @@ impl Watcher {
             timers: None,
             lost_reported: 0,
             controller: None,
-            resolving: Resolving::default(),
+            hints: Default::default(),
             applied: [0; APPLIED.len()],
         })
     }
@@ -156,28 +156,17 @@ impl Watcher {
     }
 
     /// Launch hints for `pid`: uprobes on its launch entry points (HIP/HSA, libcuda), attached
-    /// once a resolver thread has found them (parsing the symbols of a large process's libraries
-    /// takes long enough to stall the event loop). The outcome is logged.
+    /// once the resolver thread has found them. The outcome is logged.
     pub fn watch_launches(&mut self, pid: u32) -> Result<()> {
         let Some((probes, _)) = self.events.as_ref() else {
             anyhow::bail!("no eBPF programs loaded");
         };
-        if probes.watched_launches().any(|p| p == pid) || self.resolving.wanted.contains(&pid) {
-            return Ok(());
-        }
-        self.resolving.ask(pid)
+        self.hints.watch(probes, pid)
     }
 
     /// A resolution came back: attach if the process still wants hints.
-    fn resolved(
-        &mut self,
-        pid: u32,
-        r: Result<Vec<crate::observe::launch::LaunchTarget>>,
-        took: Duration,
-    ) {
-        if !self.resolving.wanted.remove(&pid) {
-            return;
-        }
+    fn resolved(&mut self, r: crate::observe::hints::Resolution) {
+        let (pid, r, took) = r;
         let alive = self
             .state
             .procs
@@ -186,31 +175,19 @@ impl Watcher {
         let Some((probes, _)) = self.events.as_mut() else {
             return;
         };
-        let ms = took.as_millis();
-        match r {
-            Ok(t) if t.is_empty() => {
-                log::info!("pid {pid}: no launch entry point mapped (searched in {ms} ms)")
-            }
-            Ok(_) if !alive => {}
-            Ok(t) => match probes.watch_launches(pid, &t) {
-                Ok(n) => {
-                    log::info!(
-                        "pid {pid}: launch hints from {n} entry point(s) (found in {ms} ms)"
-                    );
-                    self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
-                }
-                Err(e) => log::info!("pid {pid}: no launch hints: {e:#}"),
-            },
-            Err(e) => log::info!("pid {pid}: no launch hints: {e:#}"),
+        let outcome = self.hints.resolved(probes, pid, r, alive);
+        if let crate::observe::hints::Outcome::Attached(_) = outcome {
+            self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
+        }
+        if let Some(line) = outcome.describe(pid, took) {
+            log::info!("{line}");
         }
     }
 
     /// Stops the launch hints of `pid`.
     pub fn unwatch_launches(&mut self, pid: u32) {
-        self.resolving.wanted.remove(&pid);
         if let Some((probes, _)) = self.events.as_mut() {
-            if probes.watched_launches().any(|p| p == pid) {
-                probes.unwatch_launches(pid);
+            if self.hints.unwatch(probes, pid) {
                 self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
             }
         }
@@ -494,11 +471,7 @@ impl Watcher {
     pub async fn pump(&mut self) -> Result<()> {
         enum Due {
             Events(std::io::Result<()>),
-            Resolved(
-                u32,
-                Result<Vec<crate::observe::launch::LaunchTarget>>,
-                Duration,
-            ),
+            Resolved(crate::observe::hints::Resolution),
             Reconcile,
             Hqds,
             Sample,
@@ -507,7 +480,7 @@ impl Watcher {
             events,
             batch,
             timers,
-            resolving,
+            hints,
             ..
         } = self;
         let Some(Timers {
@@ -524,15 +497,10 @@ impl Watcher {
                 None => std::future::pending().await,
             }
         };
-        let resolved = async {
-            match resolving.answers.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
-            }
-        };
+        let resolved = hints.next();
         let due = tokio::select! {
             r = next_events => Due::Events(r),
-            Some((pid, r, took)) = resolved => Due::Resolved(pid, r, took),
+            Some(r) = resolved => Due::Resolved(r),
             _ = reconcile.tick() => Due::Reconcile,
             _ = hqds.tick() => Due::Hqds,
             _ = sample.tick() => Due::Sample,
@@ -551,7 +519,7 @@ impl Watcher {
                 });
                 self.check_lost()?;
             }
-            Due::Resolved(pid, r, took) => self.resolved(pid, r, took),
+            Due::Resolved(r) => self.resolved(r),
             Due::Hqds => self.hqds_now(),
             Due::Sample => self.sample_now(),
         }
@@ -604,49 +572,6 @@ const APPLIED: [&str; 6] = [
     "launches",
     "exits",
 ];
-
-type Resolution = (
-    u32,
-    Result<Vec<crate::observe::launch::LaunchTarget>>,
-    Duration,
-);
-
-/// The launch-entry-point resolver thread (started at the first request; its ELF cache lives
-/// there) and the pids waiting for it.
-#[derive(Default)]
-struct Resolving {
-    ask: Option<std::sync::mpsc::Sender<u32>>,
-    answers: Option<tokio::sync::mpsc::UnboundedReceiver<Resolution>>,
-    wanted: std::collections::BTreeSet<u32>,
-}
-
-impl Resolving {
-    fn ask(&mut self, pid: u32) -> Result<()> {
-        if self.ask.is_none() {
-            let (ask, questions) = std::sync::mpsc::channel::<u32>();
-            let (tell, answers) = tokio::sync::mpsc::unbounded_channel::<Resolution>();
-            std::thread::Builder::new()
-                .name("gpreempt-launch".into())
-                .spawn(move || {
-                    let mut resolver = crate::observe::launch::LaunchResolver::new();
-                    for pid in questions {
-                        let t0 = std::time::Instant::now();
-                        let r = resolver.resolve(pid);
-                        if tell.send((pid, r, t0.elapsed())).is_err() {
-                            break;
-                        }
-                    }
-                })
-                .context("starting the launch resolver thread")?;
-            self.ask = Some(ask);
-            self.answers = Some(answers);
-        }
-        let sent = self.ask.as_ref().is_some_and(|a| a.send(pid).is_ok());
-        anyhow::ensure!(sent, "the launch resolver thread is gone");
-        self.wanted.insert(pid);
-        Ok(())
-    }
-}
 
 /// For a successful DBG_TRAP SUSPEND/RESUME_QUEUES: which queues it acted on. The kernel writes
 /// status bits into the caller's queue array; entries without ERROR/INVALID were acted on.
