@@ -4,8 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use regex::Regex;
+
 use super::*;
-use crate::model::{Queue, QueueKind, SampleStatus, Source};
+use crate::model::{Process, Queue, QueueKind, QueueState, SampleStatus, Source, State};
+use crate::observe::procinfo::ProcInfo;
 
 const GA: u32 = 0xa1;
 const GB: u32 = 0xb2;

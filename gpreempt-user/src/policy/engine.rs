@@ -1,0 +1,729 @@
+//! The decision engine: turns the host model into SUSPEND/RESUME decisions once per tick, and
+//! remembers between ticks what it classified, saw launched, suspended and fenced.
+//!
+//! The engine is a pure function of (host state, its own memory, `now`): no clock, no I/O. The
+//! controller acts on its [`Decision`]s and reports back through [`Engine::confirm`], so the
+//! engine only believes a queue is suspended once the kernel said so.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{fmt_ms, fmt_ns, off_ns, Action, Class, Decision, Policy, Strategy};
+use crate::model::{Activity, Process, QueueState, SampleStatus, State};
+
+/// A process's class, cached per (pid, start time) and policy generation.
+struct ClassEntry {
+    start_time: u64,
+    gen: u64,
+    class: Class,
+    rule: Option<usize>,
+    /// What `classify` last returned for it.
+    reported: Option<Class>,
+    /// Tick of the last visit: entries not visited in a full pass are dropped.
+    stamp: u64,
+}
+
+/// What the engine remembers of an online queue's write pointer.
+struct Launches {
+    start_time: u64,
+    write: Option<u64>,
+    sample_ns: u64,
+    /// Sample time of the last change of `write`.
+    changed_ns: Option<u64>,
+    stamp: u64,
+}
+
+/// A queue the engine suspended.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    gpu_id: u32,
+    since_ns: u64,
+    start_time: u64,
+    /// When its RESUME was last decided (retried after `min_interval` if not confirmed).
+    resume_sent_ns: Option<u64>,
+}
+
+/// Why online work counts as busy on a GPU (the first evidence, by pid then queue).
+#[derive(Clone, Copy, Debug)]
+struct Evidence {
+    pid: u32,
+    qid: u32,
+    what: BusyBy,
+    /// The sample time of the evidence.
+    at_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum BusyBy {
+    Backlog(u64),
+    Launched {
+        ago_ns: u64,
+    },
+    Busy,
+    /// A launch hint (uprobe) newer than the last sample.
+    LaunchHint {
+        ago_ns: u64,
+    },
+}
+
+/// Why the held queues of a GPU (or of one process) are resumed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Release {
+    Idle { idle_ns: Option<u64> },
+    MaxSuspend,
+    Share,
+    Fenced,
+    Unmanaged,
+    NotOffline(Class),
+}
+
+/// What the engine keeps per GPU.
+#[derive(Default)]
+struct GpuMem {
+    fenced: Option<String>,
+    last_busy_ns: Option<u64>,
+    /// Online demand is going on: from its first busy tick until `resume_after` of idleness.
+    episode: bool,
+    last_suspend_ns: Option<u64>,
+    /// Starvation guard: no suspend before this.
+    no_suspend_until: u64,
+    /// Timeslice: start of the current cycle.
+    slice_start_ns: Option<u64>,
+    // Per tick:
+    busy: Option<Evidence>,
+    holding: u32,
+    oldest_ns: u64,
+    release: Option<Release>,
+    suspend: bool,
+}
+
+/// The policy's memory between ticks.
+pub struct Engine {
+    policy: Policy,
+    gen: u64,
+    tick: u64,
+    classes: HashMap<u32, ClassEntry>,
+    launches: HashMap<(u32, u32), Launches>,
+    held: BTreeMap<(u32, u32), Held>,
+    gpus: BTreeMap<u32, GpuMem>,
+}
+
+impl Engine {
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            gen: 0,
+            tick: 0,
+            classes: HashMap::new(),
+            launches: HashMap::new(),
+            held: BTreeMap::new(),
+            gpus: BTreeMap::new(),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// A reloaded policy: what is held stays held (and is resumed by the next `decide` if its
+    /// process is no longer offline, or its GPU no longer managed); every process is classified
+    /// again; fences are lifted.
+    pub fn set_policy(&mut self, p: Policy) {
+        let cycle_changed = p.strategy != self.policy.strategy;
+        self.policy = p;
+        self.gen += 1;
+        for g in self.gpus.values_mut() {
+            g.fenced = None;
+            if cycle_changed {
+                g.slice_start_ns = None;
+            }
+        }
+    }
+
+    /// The cached class of `pid` and the rule that gave it, if it was classified.
+    pub fn class_of(&self, pid: u32) -> Option<(Class, Option<usize>)> {
+        self.classes.get(&pid).map(|e| (e.class, e.rule))
+    }
+
+    /// Classifies the live processes whose `/proc` facts are known; returns the (pid, class)
+    /// pairs that changed since the last call (new processes included).
+    pub fn classify(&mut self, state: &State) -> Vec<(u32, Class)> {
+        self.tick += 1;
+        let mut visited = 0;
+        let mut changed = Vec::new();
+        for p in state.procs.values() {
+            let Some(e) = self.entry(p) else {
+                continue;
+            };
+            visited += 1;
+            if e.reported != Some(e.class) {
+                e.reported = Some(e.class);
+                changed.push((p.pid, e.class));
+            }
+        }
+        self.sweep_classes(visited);
+        changed
+    }
+
+    /// The class-cache entry of a live process with `/proc` facts, (re)classified if needed.
+    fn entry(&mut self, p: &Process) -> Option<&mut ClassEntry> {
+        if p.exited_ns.is_some() {
+            return None;
+        }
+        let info = p.info.as_ref()?;
+        let (policy, gen, tick) = (&self.policy, self.gen, self.tick);
+        let e = self.classes.entry(p.pid).or_insert_with(|| ClassEntry {
+            start_time: info.start_time,
+            gen: gen.wrapping_sub(1),
+            class: Class::Ignore,
+            rule: None,
+            reported: None,
+            stamp: tick,
+        });
+        if e.start_time != info.start_time {
+            // A new process under the pid: it has not been reported yet.
+            e.start_time = info.start_time;
+            e.reported = None;
+            e.gen = gen.wrapping_sub(1);
+        }
+        if e.gen != gen {
+            (e.class, e.rule) = policy.classify(info, p.pid);
+            e.gen = gen;
+        }
+        e.stamp = tick;
+        Some(e)
+    }
+
+    fn sweep_classes(&mut self, visited: usize) {
+        if self.classes.len() > visited {
+            let tick = self.tick;
+            self.classes.retain(|_, e| e.stamp == tick);
+        }
+    }
+
+    /// This tick's decisions, sorted by GPU, then pid (RESUME before SUSPEND).
+    ///
+    /// The phases run in the order their inputs are ready: online activity says which GPUs are
+    /// busy; the review of held queues counts what each GPU holds (the starvation guard reads
+    /// it); each GPU's plan turns both into "release" or "suspend more"; only then are the
+    /// decisions made.
+    pub fn decide(&mut self, state: &State, now_ns: u64) -> Vec<Decision> {
+        self.tick += 1;
+        for g in self.gpus.values_mut() {
+            g.new_tick();
+        }
+        let any_offline = self.gather_online(state, now_ns);
+        let mut out = Vec::new();
+        self.review_held(state, now_ns, &mut out);
+        let policy = &self.policy;
+        for (&gpu_id, g) in self.gpus.iter_mut() {
+            g.plan(policy, gpu_id, now_ns);
+        }
+        self.resume_released(now_ns, &mut out);
+        // Without an offline process there is nothing to suspend: skip the pass over processes.
+        if any_offline {
+            self.suspend_offline(state, now_ns, &mut out);
+        }
+        sort_decisions(&mut out);
+        out
+    }
+
+    /// Classifies the live processes and records, per GPU, the first evidence (by pid, then
+    /// queue) of online work on a managed compute queue: what makes offline queues yield there.
+    /// Returns whether any process is offline.
+    fn gather_online(&mut self, state: &State, now: u64) -> bool {
+        let mut visited = 0;
+        let mut visited_launches = 0;
+        let mut any_offline = false;
+        for p in state.procs.values() {
+            let Some(e) = self.entry(p) else {
+                continue;
+            };
+            visited += 1;
+            let (class, start_time) = (e.class, e.start_time);
+            any_offline |= class == Class::Offline;
+            if class != Class::Online {
+                continue;
+            }
+            for q in p.queues.values() {
+                if !q.alive() || !q.kind.is_compute() || !self.policy.manages(q.gpu_id) {
+                    continue;
+                }
+                visited_launches += 1;
+                let changed_ns = self.track_launches((p.pid, q.queue_id), start_time, &q.activity);
+                let Some((what, at_ns)) =
+                    online_evidence(&self.policy, p, &q.activity, changed_ns, now)
+                else {
+                    continue;
+                };
+                let g = self.gpus.entry(q.gpu_id).or_default();
+                if g.busy.is_none() {
+                    g.busy = Some(Evidence {
+                        pid: p.pid,
+                        qid: q.queue_id,
+                        what,
+                        at_ns,
+                    });
+                }
+            }
+        }
+        self.sweep_classes(visited);
+        if self.launches.len() > visited_launches {
+            let tick = self.tick;
+            self.launches.retain(|_, l| l.stamp == tick);
+        }
+        any_offline
+    }
+
+    /// Follows an online queue's write pointer from sample to sample; returns the sample time
+    /// of its last change. A change between two samples is a launch even when the GPU drained
+    /// it before the next sample, which the backlog alone would miss.
+    fn track_launches(&mut self, key: (u32, u32), start_time: u64, a: &Activity) -> Option<u64> {
+        let tick = self.tick;
+        let l = self
+            .launches
+            .entry(key)
+            .or_insert_with(|| Launches::first(start_time, a, tick));
+        l.stamp = tick;
+        if l.start_time != start_time {
+            // The pid was reused: first sighting of a different queue.
+            *l = Launches::first(start_time, a, tick);
+        } else if a.sample_ns != l.sample_ns {
+            if let (Some(old), Some(new)) = (l.write, a.write_dispatch_id) {
+                if old != new {
+                    l.changed_ns = Some(a.sample_ns);
+                }
+            }
+            if a.write_dispatch_id.is_some() {
+                l.write = a.write_dispatch_id;
+            }
+            l.sample_ns = a.sample_ns;
+        }
+        l.changed_ns
+    }
+
+    /// Goes over the held queues: forgets those that are gone (nothing to resume), resumes
+    /// those whose own process or GPU no longer qualifies, and counts the rest per GPU with
+    /// the oldest suspension, which the starvation guard reads.
+    fn review_held(&mut self, state: &State, now: u64, out: &mut Vec<Decision>) {
+        let (classes, policy, gpus) = (&self.classes, &self.policy, &mut self.gpus);
+        let mut proc: Option<&Process> = None;
+        self.held.retain(|&(pid, qid), h| {
+            // Held queues are in pid order: each process is looked up once.
+            if proc.is_none_or(|p| p.pid != pid) {
+                proc = state.procs.get(&pid);
+            }
+            if !proc.is_some_and(|p| still_held(p, qid, h)) {
+                return false;
+            }
+            let class = classes.get(&pid).map_or(Class::Ignore, |e| e.class);
+            let g = gpus.entry(h.gpu_id).or_default();
+            match process_release(policy, class, h.gpu_id, g) {
+                // This is the first pass to add to `out`: its RESUMEs start at 0.
+                Some(r) => push_resume(out, 0, policy, g, now, pid, qid, h, r),
+                None => {
+                    g.holding += 1;
+                    g.oldest_ns = g.oldest_ns.min(h.since_ns);
+                }
+            }
+            true
+        });
+    }
+
+    /// RESUMEs for the GPU-wide releases of this tick's plans: every queue still held there.
+    fn resume_released(&mut self, now: u64, out: &mut Vec<Decision>) {
+        if !self.gpus.values().any(|g| g.release.is_some()) {
+            return;
+        }
+        let first = out.len();
+        let (policy, gpus) = (&self.policy, &mut self.gpus);
+        for (&(pid, qid), h) in self.held.iter_mut() {
+            let Some(g) = gpus.get_mut(&h.gpu_id) else {
+                continue;
+            };
+            if let Some(r) = g.release {
+                push_resume(out, first, policy, g, now, pid, qid, h, r);
+            }
+        }
+    }
+
+    /// SUSPENDs for the offline processes on the GPUs whose plan says so; each GPU that got one
+    /// remembers when, for `min_interval`.
+    fn suspend_offline(&mut self, state: &State, now: u64, out: &mut Vec<Decision>) {
+        if !self.gpus.values().any(|g| g.suspend) {
+            return;
+        }
+        let first = out.len();
+        for p in state.procs.values() {
+            let offline = p.exited_ns.is_none()
+                && p.info.is_some()
+                && self
+                    .classes
+                    .get(&p.pid)
+                    .is_some_and(|e| e.class == Class::Offline);
+            if offline {
+                self.suspend_process(p, now, out);
+            }
+        }
+        for d in &out[first..] {
+            if let Some(g) = self.gpus.get_mut(&d.gpu_id) {
+                g.last_suspend_ns = Some(now);
+            }
+        }
+    }
+
+    /// One SUSPEND per GPU for an offline process: its active compute queues there that are
+    /// not held yet (a queue created while the others are held joins them).
+    fn suspend_process(&self, p: &Process, now: u64, out: &mut Vec<Decision>) {
+        // This process's decisions start here (one per GPU at most).
+        let mine = out.len();
+        for q in p.queues.values() {
+            if q.state != QueueState::Active
+                || !q.kind.is_compute()
+                || self.held.contains_key(&(p.pid, q.queue_id))
+            {
+                continue;
+            }
+            let Some(g) = self.gpus.get(&q.gpu_id).filter(|g| g.suspend) else {
+                continue;
+            };
+            let i = match out[mine..].iter().position(|d| d.gpu_id == q.gpu_id) {
+                Some(i) => mine + i,
+                None => {
+                    out.push(Decision {
+                        ts_ns: now,
+                        gpu_id: q.gpu_id,
+                        pid: p.pid,
+                        action: Action::Suspend,
+                        queues: Vec::new(),
+                        grace: self.policy.grace,
+                        reason: suspend_reason(&self.policy, g, now),
+                        trigger_ns: g.busy.map(|e| e.at_ns),
+                    });
+                    out.len() - 1
+                }
+            };
+            out[i].queues.push(q.queue_id);
+        }
+    }
+
+    /// What the controller did for a decision: `done` are the queue ids whose state changed.
+    pub fn confirm(&mut self, d: &Decision, done: &[u32]) {
+        match d.action {
+            Action::Suspend => {
+                let start_time = self.classes.get(&d.pid).map_or(0, |e| e.start_time);
+                for &qid in done.iter().filter(|q| d.queues.contains(q)) {
+                    self.held.insert(
+                        (d.pid, qid),
+                        Held {
+                            gpu_id: d.gpu_id,
+                            since_ns: d.ts_ns,
+                            start_time,
+                            resume_sent_ns: None,
+                        },
+                    );
+                }
+            }
+            Action::Resume => {
+                for qid in done {
+                    self.held.remove(&(d.pid, *qid));
+                }
+            }
+        }
+    }
+
+    /// Queues the engine holds suspended: (pid, queue id, gpu id, since).
+    pub fn held(&self) -> Vec<(u32, u32, u32, u64)> {
+        self.held
+            .iter()
+            .map(|(&(pid, qid), h)| (pid, qid, h.gpu_id, h.since_ns))
+            .collect()
+    }
+
+    /// Something else resumed these queues (all of `pid`'s when `queues` is None): forget them.
+    pub fn forget(&mut self, pid: u32, queues: Option<&[u32]>) {
+        match queues {
+            None => self.held.retain(|&(p, _), _| p != pid),
+            Some(ids) => {
+                for q in ids {
+                    self.held.remove(&(pid, *q));
+                }
+            }
+        }
+    }
+
+    /// Stops suspending on a GPU that reported a queue error (until `set_policy`); what is held
+    /// there is resumed by the next `decide`.
+    pub fn fence_gpu(&mut self, gpu_id: u32, why: &str) {
+        self.gpus.entry(gpu_id).or_default().fenced = Some(why.to_owned());
+    }
+
+    /// Fenced GPUs and why.
+    pub fn fenced(&self) -> Vec<(u32, String)> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.fenced.clone().map(|w| (id, w)))
+            .collect()
+    }
+}
+
+impl Launches {
+    /// The first sighting of a queue: its current write pointer is history, not a launch.
+    fn first(start_time: u64, a: &Activity, stamp: u64) -> Self {
+        Self {
+            start_time,
+            write: a.write_dispatch_id,
+            sample_ns: a.sample_ns,
+            changed_ns: None,
+            stamp,
+        }
+    }
+}
+
+impl GpuMem {
+    /// Clears what each tick computes afresh.
+    fn new_tick(&mut self) {
+        self.busy = None;
+        self.holding = 0;
+        self.oldest_ns = u64::MAX;
+        self.release = None;
+        self.suspend = false;
+    }
+
+    /// This tick's plan for the GPU, from its online evidence and what it holds: release what
+    /// is held (`release`), or suspend more (`suspend`), or neither.
+    fn plan(&mut self, p: &Policy, gpu_id: u32, now: u64) {
+        if self.fenced.is_some() || !p.manages(gpu_id) {
+            // Left alone: its held queues were released per process, and a later return starts
+            // from a fresh episode and cycle.
+            self.episode = false;
+            self.slice_start_ns = None;
+            return;
+        }
+        let idle_ns = self.track_episode(p, now);
+        if self.starvation_guard(p, now) {
+            return;
+        }
+        let want = self.strategy_wants_suspend(p, now);
+        if !self.episode && self.holding > 0 {
+            self.release = Some(Release::Idle { idle_ns });
+        }
+        self.suspend = want && self.rate_allows_suspend(p, now);
+    }
+
+    /// Online demand is an episode, from its first busy tick until `resume_after` of idleness,
+    /// so the gaps between an online process's kernels do not resume offline work each time.
+    /// Returns how long online has been idle (None: never seen busy).
+    fn track_episode(&mut self, p: &Policy, now: u64) -> Option<u64> {
+        let busy = self.busy.is_some();
+        if busy {
+            self.last_busy_ns = Some(now);
+        }
+        let idle_ns = self.last_busy_ns.map(|t| now.saturating_sub(t));
+        let recent = idle_ns.is_some_and(|i| i < p.resume_after_ns);
+        self.episode = busy || (self.episode && recent);
+        idle_ns
+    }
+
+    /// Offline work held for `max_suspend` is released whatever online does, and not suspended
+    /// again for `min_run`, so that it always makes progress. True when it fired.
+    fn starvation_guard(&mut self, p: &Policy, now: u64) -> bool {
+        if self.holding > 0 && now.saturating_sub(self.oldest_ns) >= p.max_suspend_ns {
+            self.release = Some(Release::MaxSuspend);
+            self.no_suspend_until = now.saturating_add(p.min_run_ns);
+            return true;
+        }
+        false
+    }
+
+    /// Whether the strategy wants offline suspended now. Priority: for the whole episode.
+    /// Timeslice: during the off part of each period of the episode, counted from its start;
+    /// in the on part what is held is released (`Share`).
+    fn strategy_wants_suspend(&mut self, p: &Policy, now: u64) -> bool {
+        match p.strategy {
+            Strategy::Priority => self.episode,
+            Strategy::Timeslice { period_ns, share } => {
+                if !self.episode {
+                    self.slice_start_ns = None;
+                    return false;
+                }
+                let start = *self.slice_start_ns.get_or_insert(now);
+                let phase = now.saturating_sub(start) % period_ns.max(1);
+                if phase < off_ns(period_ns, share) {
+                    return true;
+                }
+                if self.holding > 0 {
+                    self.release = Some(Release::Share);
+                }
+                false
+            }
+        }
+    }
+
+    /// Rate limiting: no SUSPEND while the starvation guard's `min_run` lasts, nor within
+    /// `min_interval` of this GPU's last batch, so the kernel is not asked at every tick.
+    fn rate_allows_suspend(&self, p: &Policy, now: u64) -> bool {
+        now >= self.no_suspend_until
+            && self
+                .last_suspend_ns
+                .is_none_or(|t| now.saturating_sub(t) >= p.min_interval_ns)
+    }
+}
+
+/// Whether a held queue is still the one that was suspended: its process has not exited (same
+/// start time: the pid was not reused), and the queue is alive on the same GPU and not created
+/// after the suspension (the id now naming another queue). If not, there is nothing to resume.
+fn still_held(p: &Process, qid: u32, h: &Held) -> bool {
+    let same_process = p.exited_ns.is_none()
+        && p.info
+            .as_ref()
+            .is_some_and(|i| i.start_time == h.start_time);
+    let same_queue = p.queues.get(&qid).is_some_and(|q| {
+        q.alive() && q.gpu_id == h.gpu_id && q.created_ns.is_none_or(|c| c <= h.since_ns)
+    });
+    same_process && same_queue
+}
+
+/// Why one process's held queue is resumed whatever its GPU's plan: the process is no longer
+/// offline (a reload), or its GPU is no longer managed or is fenced.
+fn process_release(policy: &Policy, class: Class, gpu_id: u32, g: &GpuMem) -> Option<Release> {
+    if class != Class::Offline {
+        Some(Release::NotOffline(class))
+    } else if !policy.manages(gpu_id) {
+        Some(Release::Unmanaged)
+    } else if g.fenced.is_some() {
+        Some(Release::Fenced)
+    } else {
+        None
+    }
+}
+
+/// Online evidence on one queue of an online process, and when it was observed: a launch hint
+/// newer than the last sample, a backlog, a write pointer that moved within `window`, or the
+/// busy flag of a sample within `window`, in that order.
+fn online_evidence(
+    policy: &Policy,
+    p: &Process,
+    a: &Activity,
+    changed_ns: Option<u64>,
+    now: u64,
+) -> Option<(BusyBy, u64)> {
+    let recent = |t: u64| now.saturating_sub(t) < policy.window_ns;
+    // A backlog counts only from a readable sample: a stale one (the queue's memory gone
+    // unreadable, e.g. the process exiting) would pin offline suspended.
+    let backlog = a
+        .backlog
+        .filter(|&n| n > 0 && a.status == SampleStatus::Valid);
+    let hint = p
+        .last_launch_ns
+        .filter(|&t| policy.launch_hints && recent(t) && t > a.sample_ns);
+    if let Some(t) = hint {
+        Some((
+            BusyBy::LaunchHint {
+                ago_ns: now.saturating_sub(t),
+            },
+            t,
+        ))
+    } else if let Some(n) = backlog {
+        Some((BusyBy::Backlog(n), a.sample_ns))
+    } else if let Some(t) = changed_ns.filter(|&t| recent(t)) {
+        Some((
+            BusyBy::Launched {
+                ago_ns: now.saturating_sub(t),
+            },
+            t,
+        ))
+    } else if a.busy == Some(true) && recent(a.sample_ns) {
+        Some((BusyBy::Busy, a.sample_ns))
+    } else {
+        None
+    }
+}
+
+/// The order the controller acts in and logs: by GPU, then pid, RESUME before SUSPEND; queue
+/// ids ascending.
+fn sort_decisions(out: &mut [Decision]) {
+    out.sort_by_key(|d| (d.gpu_id, d.pid, d.action == Action::Suspend));
+    for d in out {
+        d.queues.sort_unstable();
+    }
+}
+
+/// Adds a held queue to the RESUME of its (GPU, process), unless it is already in one this
+/// tick, or one was sent within `min_interval` and not confirmed yet. `out[first..]` holds this
+/// pass's RESUMEs, made in (pid, queue) order: a process's are at the end.
+#[allow(clippy::too_many_arguments)]
+fn push_resume(
+    out: &mut Vec<Decision>,
+    first: usize,
+    policy: &Policy,
+    g: &GpuMem,
+    now: u64,
+    pid: u32,
+    qid: u32,
+    h: &mut Held,
+    r: Release,
+) {
+    if h.resume_sent_ns
+        .is_some_and(|t| t == now || now.saturating_sub(t) < policy.min_interval_ns)
+    {
+        return;
+    }
+    h.resume_sent_ns = Some(now);
+    match out[first..]
+        .iter_mut()
+        .rev()
+        .take_while(|d| d.pid == pid)
+        .find(|d| d.gpu_id == h.gpu_id)
+    {
+        Some(d) => d.queues.push(qid),
+        None => out.push(Decision {
+            ts_ns: now,
+            gpu_id: h.gpu_id,
+            pid,
+            action: Action::Resume,
+            queues: vec![qid],
+            grace: None,
+            reason: release_reason(policy, g, h.gpu_id, r),
+            trigger_ns: None,
+        }),
+    }
+}
+
+fn release_reason(p: &Policy, g: &GpuMem, gpu_id: u32, r: Release) -> String {
+    match r {
+        Release::Idle { idle_ns: Some(i) } => format!("online idle {}", fmt_ms(i)),
+        Release::Idle { idle_ns: None } => "online idle".into(),
+        Release::MaxSuspend => format!("max_suspend {} reached", fmt_ns(p.max_suspend_ns)),
+        Release::Share => "timeslice: offline share".into(),
+        Release::Fenced => format!(
+            "gpu {gpu_id:#x} fenced: {}",
+            g.fenced.as_deref().unwrap_or("queue error")
+        ),
+        Release::Unmanaged => format!("gpu {gpu_id:#x} no longer managed"),
+        Release::NotOffline(c) => format!("no longer offline (now {c})"),
+    }
+}
+
+fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
+    let why = match g.busy {
+        Some(Evidence { pid, qid, what, .. }) => {
+            let how = match what {
+                BusyBy::Backlog(n) => format!("busy (backlog {n})"),
+                BusyBy::Launched { ago_ns } => format!("launched {} ago", fmt_ms(ago_ns)),
+                BusyBy::Busy => "busy".into(),
+                BusyBy::LaunchHint { ago_ns } => {
+                    format!("launch hint {} ago", fmt_ms(ago_ns))
+                }
+            };
+            format!("online pid {pid} queue {qid} {how}")
+        }
+        None => match g.last_busy_ns {
+            Some(t) => format!("online busy {} ago", fmt_ms(now.saturating_sub(t))),
+            None => "online busy".into(),
+        },
+    };
+    match p.strategy {
+        Strategy::Priority => why,
+        Strategy::Timeslice { .. } => format!("timeslice: online share; {why}"),
+    }
+}

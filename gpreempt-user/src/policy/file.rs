@@ -1,0 +1,577 @@
+//! The policy file: TOML text to a validated [`Policy`], every problem reported at once as
+//! `file:LINE: key: message`, and the duration syntax (`20ms`, `1.5s`) its values use.
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::Context as _;
+use regex::Regex;
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::{
+    fmt_ns, off_ns, Class, Glob, Policy, Rule, Strategy, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
+};
+
+/// Everything wrong with a policy file, one problem per line, each `source:LINE: ...`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyError {
+    pub source: String,
+    /// (1-based line, message), in line order.
+    pub problems: Vec<(usize, String)>,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (line, msg)) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}:{line}: {msg}", self.source)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+impl Policy {
+    /// Parses and validates a policy file's text; `source` names it in messages.
+    pub fn parse(text: &str, source: &str) -> Result<Policy, PolicyError> {
+        let mut p = Parser {
+            text,
+            problems: Vec::new(),
+        };
+        let policy = p.document(source);
+        if p.problems.is_empty() {
+            if let Some(policy) = policy {
+                return Ok(policy);
+            }
+        }
+        let mut problems = p.problems;
+        // Stable: problems on one line keep the order they were found in.
+        problems.sort_by_key(|(line, _)| *line);
+        problems.dedup();
+        Err(PolicyError {
+            source: source.to_owned(),
+            problems,
+        })
+    }
+
+    /// Reads and parses a policy file.
+    pub fn load(path: &Path) -> anyhow::Result<Policy> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read policy file {}", path.display()))?;
+        Ok(Self::parse(&text, &path.display().to_string())?)
+    }
+}
+
+/// Parses `20ms`, `1.5s`, `500us`, `100ns` into nanoseconds.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    const HINT: &str = "(use e.g. 500us, 20ms, 1.5s)";
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("negative duration {s:?} {HINT}"));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u128 = match unit.trim_start() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "" => return Err(format!("duration {s:?} has no unit {HINT}")),
+        _ => return Err(format!("invalid duration {s:?} {HINT}")),
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') {
+        return Err(format!("invalid duration {s:?} {HINT}"));
+    }
+    let digits = |d: &str| -> Result<u128, String> {
+        if d.is_empty() {
+            return Ok(0);
+        }
+        d.parse::<u128>()
+            .map_err(|_| format!("duration {s:?} is too large"))
+    };
+    let mut ns = digits(int)?
+        .checked_mul(scale)
+        .ok_or_else(|| format!("duration {s:?} is too large"))?;
+    // Fractional digits beyond nanoseconds are dropped.
+    let frac = &frac[..frac.len().min(12)];
+    if !frac.is_empty() {
+        ns += digits(frac)? * scale / 10u128.pow(frac.len() as u32);
+    }
+    u64::try_from(ns).map_err(|_| format!("duration {s:?} is too large"))
+}
+
+type Val<'i> = Spanned<DeValue<'i>>;
+
+/// Walks the parsed document, collecting every problem with its line.
+struct Parser<'t> {
+    text: &'t str,
+    problems: Vec<(usize, String)>,
+}
+
+impl Parser<'_> {
+    fn line(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    fn err(&mut self, offset: usize, msg: String) {
+        let line = self.line(offset);
+        self.problems.push((line, msg));
+    }
+
+    fn document(&mut self, source: &str) -> Option<Policy> {
+        let (doc, errors) = DeTable::parse_recoverable(self.text);
+        if !errors.is_empty() {
+            // The parser recovers and goes on; a second error on the same line is mostly its
+            // consequence.
+            for e in errors {
+                let line = self.line(e.span().map_or(0, |s| s.start));
+                if !self.problems.iter().any(|(l, _)| *l == line) {
+                    let msg = format!("TOML syntax error: {}", e.message());
+                    self.problems.push((line, msg));
+                }
+            }
+            return None;
+        }
+        let mut policy = Policy {
+            source: source.to_owned(),
+            ..Policy::default()
+        };
+        let mut policy_table: Option<(&DeTable, usize)> = None;
+        let mut timeslice: Option<(&DeTable, usize)> = None;
+        let mut rules: Option<&Val> = None;
+        for (k, v) in doc.get_ref().iter() {
+            match k.get_ref().as_ref() {
+                "policy" => policy_table = self.table(v, "[policy]").map(|t| (t, v.span().start)),
+                "timeslice" => {
+                    timeslice = self.table(v, "[timeslice]").map(|t| (t, v.span().start))
+                }
+                "rule" => rules = Some(v),
+                other => self.err(
+                    k.span().start,
+                    format!("unknown key {other:?} (expected [policy], [timeslice] or [[rule]])"),
+                ),
+            }
+        }
+        // Where relation errors about defaulted keys point.
+        let policy_at = policy_table.map_or(0, |(_, at)| at);
+        let mut strategy_timeslice = false;
+        let mut at = Ats::default();
+        if let Some((t, _)) = policy_table {
+            for (k, v) in t.iter() {
+                let key = k.get_ref().as_ref();
+                let span = v.span().start;
+                match key {
+                    "strategy" => match self.string(v, key) {
+                        Some("priority") => strategy_timeslice = false,
+                        Some("timeslice") => strategy_timeslice = true,
+                        Some(other) => self.err(
+                            span,
+                            format!(
+                                "strategy: unknown strategy {other:?} \
+                                 (use \"priority\" or \"timeslice\")"
+                            ),
+                        ),
+                        None => {}
+                    },
+                    "window" | "resume_after" | "max_suspend" | "min_run" | "min_interval" => {
+                        let Some(ns) = self.duration(v, key) else {
+                            continue;
+                        };
+                        let (slot, slot_at) = match key {
+                            "window" => (&mut policy.window_ns, &mut at.window),
+                            "resume_after" => (&mut policy.resume_after_ns, &mut at.resume_after),
+                            "max_suspend" => (&mut policy.max_suspend_ns, &mut at.max_suspend),
+                            "min_run" => (&mut policy.min_run_ns, &mut at.min_run),
+                            _ => (&mut policy.min_interval_ns, &mut at.min_interval),
+                        };
+                        *slot = ns;
+                        *slot_at = Some(span);
+                    }
+                    "grace" => policy.grace = self.integer(v, key).map(|g| g as u32),
+                    "launch_hints" => match v.get_ref() {
+                        DeValue::Boolean(b) => policy.launch_hints = *b,
+                        other => self.err(
+                            span,
+                            format!(
+                                "launch_hints: expected true or false, found {}",
+                                other.type_str()
+                            ),
+                        ),
+                    },
+                    "gpus" => policy.gpus = self.gpus(v),
+                    "default" => {
+                        if let Some(c) = self.class(v, key) {
+                            policy.default_class = c;
+                        }
+                    }
+                    other => self.err(
+                        k.span().start,
+                        format!(
+                            "[policy]: unknown key {other:?} (expected strategy, window, \
+                             resume_after, max_suspend, min_run, min_interval, grace, gpus, \
+                             default or launch_hints)"
+                        ),
+                    ),
+                }
+            }
+        }
+        let mut period = DEFAULT_PERIOD_NS;
+        let mut share = DEFAULT_SHARE;
+        let mut period_at = None;
+        let mut share_at = None;
+        if let Some((t, header)) = timeslice {
+            if !strategy_timeslice {
+                self.err(
+                    header,
+                    "[timeslice] is used only with strategy = \"timeslice\" \
+                     (set it in [policy], or remove this table)"
+                        .into(),
+                );
+            }
+            for (k, v) in t.iter() {
+                let key = k.get_ref().as_ref();
+                match key {
+                    "period" => {
+                        if let Some(ns) = self.duration(v, key) {
+                            period = ns;
+                            period_at = Some(v.span().start);
+                        }
+                    }
+                    "share" => {
+                        if let Some(s) = self.float(v, key) {
+                            share = s;
+                            share_at = Some(v.span().start);
+                        }
+                    }
+                    other => self.err(
+                        k.span().start,
+                        format!("[timeslice]: unknown key {other:?} (expected period or share)"),
+                    ),
+                }
+            }
+        }
+        if let Some(v) = rules {
+            self.rules(v, &mut policy.rules);
+        }
+
+        // Relations between values, pointing at the key (or its table when defaulted).
+        let here = |a: Option<usize>| a.unwrap_or(policy_at);
+        if policy.window_ns == 0 {
+            self.err(here(at.window), "window: must be more than 0".into());
+        }
+        if policy.min_run_ns == 0 {
+            self.err(here(at.min_run), "min_run: must be more than 0".into());
+        }
+        if policy.max_suspend_ns < policy.window_ns {
+            self.err(
+                here(at.max_suspend.or(at.window)),
+                format!(
+                    "max_suspend: {} is shorter than window {} (the guard would fire before \
+                     online work could be seen)",
+                    fmt_ns(policy.max_suspend_ns),
+                    fmt_ns(policy.window_ns)
+                ),
+            );
+        }
+        if strategy_timeslice {
+            let ts_at = timeslice.map_or(policy_at, |(_, h)| h);
+            if period == 0 {
+                self.err(
+                    period_at.unwrap_or(ts_at),
+                    "period: must be more than 0".into(),
+                );
+            }
+            if !(share > 0.0 && share < 1.0) {
+                self.err(
+                    share_at.unwrap_or(ts_at),
+                    format!("share: {share} is out of range (0 < share < 1)"),
+                );
+            } else if period > 0 {
+                let off = off_ns(period, share);
+                if policy.max_suspend_ns < off {
+                    self.err(
+                        here(at.max_suspend),
+                        format!(
+                            "max_suspend: {} is shorter than the suspended part of a timeslice \
+                             period ({}): the starvation guard would break every period",
+                            fmt_ns(policy.max_suspend_ns),
+                            fmt_ns(off)
+                        ),
+                    );
+                }
+            }
+            policy.strategy = Strategy::Timeslice {
+                period_ns: period,
+                share,
+            };
+        }
+        Some(policy)
+    }
+
+    fn table<'a, 'i>(&mut self, v: &'a Val<'i>, what: &str) -> Option<&'a DeTable<'i>> {
+        match v.get_ref() {
+            DeValue::Table(t) => Some(t),
+            other => {
+                self.err(
+                    v.span().start,
+                    format!("{what} must be a table, not {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn string<'a>(&mut self, v: &'a Val, key: &str) -> Option<&'a str> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(s.as_ref()),
+            other => {
+                self.err(
+                    v.span().start,
+                    format!("{key}: expected a string, found {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, v: &Val, key: &str) -> Option<u64> {
+        if let DeValue::Integer(_) | DeValue::Float(_) = v.get_ref() {
+            self.err(
+                v.span().start,
+                format!(
+                    "{key}: a duration needs a unit and quotes, e.g. \"{}ms\"",
+                    self.text.get(v.span()).unwrap_or("20")
+                ),
+            );
+            return None;
+        }
+        let s = self.string(v, key)?;
+        match parse_duration(s) {
+            Ok(ns) => Some(ns),
+            Err(e) => {
+                self.err(v.span().start, format!("{key}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// A non-negative integer that fits a u32.
+    fn integer(&mut self, v: &Val, key: &str) -> Option<u64> {
+        let DeValue::Integer(i) = v.get_ref() else {
+            self.err(
+                v.span().start,
+                format!(
+                    "{key}: expected an integer, found {}",
+                    v.get_ref().type_str()
+                ),
+            );
+            return None;
+        };
+        match i128::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) if (0..=i128::from(u32::MAX)).contains(&n) => Some(n as u64),
+            _ => {
+                self.err(
+                    v.span().start,
+                    format!("{key}: {} is out of range (0 to {})", i, u32::MAX),
+                );
+                None
+            }
+        }
+    }
+
+    fn float(&mut self, v: &Val, key: &str) -> Option<f64> {
+        let parsed = match v.get_ref() {
+            DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
+            DeValue::Integer(i) => i128::from_str_radix(i.as_str(), i.radix())
+                .ok()
+                .map(|n| n as f64),
+            _ => None,
+        };
+        if parsed.is_none() {
+            self.err(
+                v.span().start,
+                format!("{key}: expected a number, found {}", v.get_ref().type_str()),
+            );
+        }
+        parsed
+    }
+
+    fn class(&mut self, v: &Val, key: &str) -> Option<Class> {
+        let s = self.string(v, key)?;
+        let c = Class::parse(s);
+        if c.is_none() {
+            self.err(
+                v.span().start,
+                format!("{key}: unknown class {s:?} (use \"online\", \"offline\" or \"ignore\")"),
+            );
+        }
+        c
+    }
+
+    fn gpus(&mut self, v: &Val) -> Option<Vec<u32>> {
+        match v.get_ref() {
+            DeValue::String(s) if s.as_ref() == "all" => None,
+            DeValue::Array(a) if !a.is_empty() => {
+                let mut ids: Vec<u32> = a
+                    .iter()
+                    .filter_map(|e| self.integer(e, "gpus").map(|n| n as u32))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                Some(ids)
+            }
+            _ => {
+                self.err(
+                    v.span().start,
+                    "gpus: use \"all\" or a non-empty list of KFD gpu_ids, e.g. [0x1234]".into(),
+                );
+                None
+            }
+        }
+    }
+
+    fn rules(&mut self, v: &Val, out: &mut Vec<Rule>) {
+        let DeValue::Array(a) = v.get_ref() else {
+            self.err(v.span().start, "rule: rules are [[rule]] tables".into());
+            return;
+        };
+        for (i, r) in a.iter().enumerate() {
+            let n = i + 1;
+            let header = r.span().start;
+            let Some(t) = self.table(r, &format!("rule {n}")) else {
+                continue;
+            };
+            let mut rule = Rule {
+                class: Class::Ignore,
+                line: self.line(header),
+                comm: None,
+                cmdline: None,
+                uid: None,
+                cgroup: None,
+                container: None,
+                pid: None,
+            };
+            let mut class = None;
+            let mut matchers = 0;
+            let mut bad = false;
+            for (k, v) in t.iter() {
+                let key = k.get_ref().as_ref();
+                let ctx = format!("rule {n}: {key}");
+                let at = v.span().start;
+                let ok = match key {
+                    "class" => {
+                        class = self.class(v, &ctx);
+                        class.is_some()
+                    }
+                    "comm" | "cgroup" | "container" => {
+                        let g = self.string(v, &ctx).map(|s| (s, Glob::new(s)));
+                        match g {
+                            Some((_, Ok(g))) => {
+                                *match key {
+                                    "comm" => &mut rule.comm,
+                                    "cgroup" => &mut rule.cgroup,
+                                    _ => &mut rule.container,
+                                } = Some(g);
+                                true
+                            }
+                            Some((s, Err(e))) => {
+                                self.err(at, format!("{ctx}: invalid glob {s:?}: {e}"));
+                                false
+                            }
+                            None => false,
+                        }
+                    }
+                    "cmdline" => match self.string(v, &ctx).map(|s| (s, Regex::new(s))) {
+                        Some((_, Ok(re))) => {
+                            rule.cmdline = Some(re);
+                            true
+                        }
+                        Some((s, Err(e))) => {
+                            self.err(at, format!("{ctx}: invalid regex {s:?}: {}", regex_msg(&e)));
+                            false
+                        }
+                        None => false,
+                    },
+                    "uid" => {
+                        rule.uid = self.integer(v, &ctx).map(|n| n as u32);
+                        rule.uid.is_some()
+                    }
+                    "pid" => {
+                        rule.pid = self.integer(v, &ctx).map(|n| n as u32);
+                        rule.pid.is_some()
+                    }
+                    other => {
+                        self.err(
+                            k.span().start,
+                            format!(
+                                "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
+                                 uid, cgroup, container or pid)"
+                            ),
+                        );
+                        false
+                    }
+                };
+                bad |= !ok;
+                if ok && key != "class" {
+                    matchers += 1;
+                }
+            }
+            if class.is_none() && !t.iter().any(|(k, _)| k.get_ref().as_ref() == "class") {
+                self.err(
+                    header,
+                    format!(
+                        "rule {n}: no class (add class = \"online\", \"offline\" or \"ignore\")"
+                    ),
+                );
+            }
+            // A rule whose only matchers are invalid was already reported.
+            if matchers == 0 && !bad {
+                self.err(
+                    header,
+                    format!(
+                        "rule {n}: no matcher: it would match every process (add comm, cmdline, \
+                         uid, cgroup, container or pid; use `default` for everything else)"
+                    ),
+                );
+            }
+            if let Some(c) = class {
+                rule.class = c;
+            }
+            out.push(rule);
+        }
+    }
+}
+
+/// Where each relation-checked key was set.
+#[derive(Default)]
+struct Ats {
+    window: Option<usize>,
+    resume_after: Option<usize>,
+    max_suspend: Option<usize>,
+    min_run: Option<usize>,
+    min_interval: Option<usize>,
+}
+
+/// The regex crate's message on one line: its last `error: ...` line.
+fn regex_msg(e: &regex::Error) -> String {
+    let s = e.to_string();
+    s.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("error: "))
+        .map_or_else(
+            || s.split_whitespace().collect::<Vec<_>>().join(" "),
+            str::to_owned,
+        )
+}
