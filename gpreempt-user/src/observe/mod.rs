@@ -3,6 +3,7 @@
 //! ([`procinfo`]) and launch entry points ([`launch`]), and feed the host model ([`watch`]).
 pub mod btf;
 pub mod events;
+pub mod host;
 pub mod launch;
 pub mod probe;
 pub mod procinfo;
