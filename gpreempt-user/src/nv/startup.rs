@@ -12,7 +12,7 @@ use std::{
 use anyhow::{bail, ensure, Context as _, Result};
 
 use crate::{
-    doctor::{self, Root, Verdict},
+    doctor::{nvidia, Root, Verdict},
     nv::{
         controller::{NvControl, NvOps},
         selftest::{verify, Target},
@@ -29,8 +29,8 @@ const WINDOW: Duration = Duration::from_millis(150);
 
 /// The doctor's NVIDIA lines that forbid pausing, as one message (empty: none).
 fn blocking_findings() -> Vec<String> {
-    let pidfd = doctor::try_pidfd_getfd();
-    doctor::nvidia_checks(&Root::default(), Some(&pidfd), true)
+    let pidfd = nvidia::try_pidfd_getfd();
+    nvidia::nvidia_checks(&Root::default(), Some(&pidfd), true)
         .into_iter()
         .filter(|c| c.verdict == Verdict::Fail)
         .map(|c| match &c.fix {

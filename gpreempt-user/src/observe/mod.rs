@@ -4,6 +4,7 @@
 pub mod btf;
 pub mod events;
 pub mod hints;
+pub mod host;
 pub mod launch;
 pub mod probe;
 pub mod procinfo;

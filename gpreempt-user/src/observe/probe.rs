@@ -300,8 +300,8 @@ pub fn preflight() -> Result<()> {
 /// Effective capabilities allow bpf(2) program loads and tracepoint attach.
 fn has_bpf_privileges() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").ok();
-    match status.as_deref().and_then(crate::doctor::cap_eff) {
-        Some(caps) => crate::doctor::Privileges::from_caps(caps).bpf,
+    match status.as_deref().and_then(super::host::cap_eff) {
+        Some(caps) => super::host::Privileges::from_caps(caps).bpf,
         None => nix::unistd::geteuid().is_root(),
     }
 }
