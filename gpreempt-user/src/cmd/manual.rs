@@ -9,9 +9,10 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
+    backend::{OpReport, QueueOutcome},
     cli::{Cli, ResumeArgs, SuspendArgs},
     controller::daemon::{self, Controlled, Request, Response, Status},
-    kfd::control::{Control, Limits, Notice, OpReport, QueueOutcome},
+    kfd::control::{Control, Limits, Notice},
     observe::procinfo,
 };
 
