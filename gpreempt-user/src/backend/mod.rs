@@ -22,13 +22,16 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
     controller::daemon::{self, Controlled},
-    kfd::control::{Control, ControlHandle, Limits, Notice, OpReport},
+    kfd::control::{Control, ControlHandle, Limits, Notice},
     model::{State, Vendor},
     nv::controller::{NvControl, NvOps, Rm},
     observe::procinfo,
     observe::watch::Watcher,
     policy::Class,
 };
+
+mod report;
+pub use report::{OpReport, QueueOutcome, QueueResult};
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -446,10 +449,7 @@ pub fn refuse(vendor: Vendor, e: anyhow::Error) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        kfd::control::QueueOutcome,
-        nv::controller::tests::{host, Fake},
-    };
+    use crate::nv::controller::tests::{host, Fake};
 
     fn block_on<F: Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()

@@ -9,8 +9,9 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
+    backend::{OpReport, QueueOutcome},
     controller::daemon::{self, Controlled, Request, Response, Status},
-    kfd::control::{Control, Limits, Notice, OpReport, QueueOutcome},
+    kfd::control::{Control, Limits, Notice},
     observe::procinfo,
 };
 

@@ -15,11 +15,11 @@ use anyhow::{Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    backend::Backends,
+    backend::{Backends, OpReport, QueueOutcome},
     clock::monotonic_ns,
     cmd::manual::describe,
     controller::daemon::{self, Request, Response, Status},
-    kfd::control::{Notice, OpReport, QueueOutcome},
+    kfd::control::Notice,
     kfd::Paths,
     model::Update,
     observe::watch::{Intervals, Watcher},

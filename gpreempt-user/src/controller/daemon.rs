@@ -20,7 +20,7 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::kfd::control::OpReport;
+use crate::backend::OpReport;
 
 pub fn run_dir() -> PathBuf {
     std::env::var_os("GPREEMPT_RUN_DIR")

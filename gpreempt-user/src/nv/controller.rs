@@ -16,8 +16,8 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
+    backend::{OpReport, QueueOutcome, QueueResult},
     clock::monotonic_ns,
-    kfd::control::{OpReport, QueueOutcome, QueueResult},
     model::State,
     nv::{
         guardian::{GuardianHandle, HoldEntry},

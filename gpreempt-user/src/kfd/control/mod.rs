@@ -1,0 +1,387 @@
+//! The only module that acts on the kernel: ptrace and KFD DBG_TRAP.
+//!
+//! The kernel accepts DBG_TRAP calls (other than DISABLE) only from the target's ptrace-parent
+//! *thread*, so one dedicated OS thread owns every ptrace and DBG_TRAP call. Async code talks to
+//! it through [`Control`]: requests over a channel (an eventfd wakes the thread), replies over
+//! oneshot channels, and [`Notice`]s for what happens on its own (a target exits, a new queue,
+//! the watchdog, a fenced GPU).
+//!
+//! Per target: PTRACE_SEIZE (the target never stops), DBG_TRAP ENABLE with a pipe as the event
+//! fd, the target's signal-delivery-stops reaped and re-injected at once, QUEUE_NEW cleared so
+//! new queues are suspendable, EC_PROCESS_RUNTIME acknowledged so the target's hsa_init never
+//! hangs. Whatever happens, queues are resumed: on Shutdown, in Drop (also while unwinding from a
+//! panic), by the watchdog; and if this process dies outright the kernel disables the trap on
+//! every target when our mm goes away.
+//!
+//! This file is the async side (the handle, its requests and replies, the notices and errors);
+//! `thread` is the control thread's loop, `ops` the per-target kernel operations, and `holds`
+//! the pure bookkeeping they share (holds, watchdog deadlines, fences, the rate limit).
+
+use std::{
+    fmt,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+    sync::mpsc,
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use gpreempt_common::kfd::{self, ec, ec_mask};
+use nix::sys::{
+    signal::{SigSet, Signal},
+    signalfd::{SfdFlags, SignalFd},
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::backend::OpReport;
+
+mod holds;
+mod ops;
+#[cfg(test)]
+mod tests;
+mod thread;
+
+use ops::ioctl;
+use thread::Thread;
+
+/// The events a target reports to us: new queues (to clear QUEUE_NEW), deleted queues, and the
+/// runtime's enable/disable (which blocks until we acknowledge it).
+const SUBSCRIBED: u64 =
+    ec_mask(ec::QUEUE_NEW) | ec_mask(ec::DEVICE_QUEUE_DELETE) | ec_mask(ec::PROCESS_RUNTIME);
+
+/// Blocks SIGCHLD in the calling thread (and every thread it spawns later), so the control
+/// thread can take tracee stops from a signalfd. Call before any thread exists.
+pub fn block_sigchld() -> Result<()> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    set.thread_block().context("blocking SIGCHLD")
+}
+
+/// Hard limits the control thread enforces by itself, whatever its callers do.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// No queue stays suspended longer than this (the watchdog resumes it).
+    pub max_suspend: Duration,
+    /// At most this many SUSPEND calls per target per second (a runaway caller cannot make the
+    /// firmware re-upload runlists without end).
+    pub max_suspends_per_s: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_suspend: Duration::from_secs(300),
+            max_suspends_per_s: 200,
+        }
+    }
+}
+
+/// A queue as GET_QUEUE_SNAPSHOT shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapQueue {
+    pub queue_id: u32,
+    pub gpu_id: u32,
+    pub queue_type: u32,
+    pub ring_base_address: u64,
+    pub ring_size: u32,
+    pub suspended: bool,
+}
+
+/// Why a process cannot be controlled. Each is a per-target state, never a crash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "detail")]
+pub enum TargetError {
+    /// The process is gone (ESRCH).
+    Gone,
+    /// Someone else already traces it (rocgdb, strace, gdb): it cannot be seized.
+    Traced {
+        tracer: u32,
+        comm: String,
+    },
+    /// Its GPU debug trap is already enabled by another debugger (EALREADY).
+    AlreadyDebugged,
+    /// The kernel refused (EPERM: no permission, Yama ptrace_scope, or its runtime is not
+    /// enabled yet for a suspend).
+    NotPermitted(String),
+    /// The GPU or kernel cannot do it (EBUSY, ENODEV, EINVAL: e.g. GWS in use, a pre-GFX9 GPU,
+    /// no HWS).
+    Unsupported(String),
+    /// Its GPU is fenced after a preemption error.
+    Fenced(String),
+    /// Refused by the rate limit.
+    RateLimited,
+    Other(String),
+}
+
+impl fmt::Display for TargetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Gone => write!(f, "the process is gone"),
+            Self::Traced { tracer, comm } => write!(
+                f,
+                "already traced by pid {tracer} ({comm}); a process under rocgdb, gdb or strace \
+                 cannot be controlled: detach that tool first"
+            ),
+            Self::AlreadyDebugged => write!(
+                f,
+                "its GPU debug trap is already enabled by another debugger (EALREADY); \
+                 end that debugger first"
+            ),
+            Self::NotPermitted(s) => write!(f, "not permitted: {s}"),
+            Self::Unsupported(s) => write!(f, "not supported here: {s}"),
+            Self::Fenced(s) => write!(f, "GPU fenced: {s}"),
+            Self::RateLimited => write!(f, "rate limited: too many suspends of this process"),
+            Self::Other(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for TargetError {}
+
+/// What the control thread reports on its own.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Notice {
+    /// A controlled process exited (its queues went with it).
+    TargetGone { pid: u32 },
+    /// Queues the thread suspended or resumed without a request: new queues of a process held
+    /// suspended as a whole, the watchdog, a fence.
+    Acted {
+        report: OpReport,
+        suspend: bool,
+        why: String,
+    },
+    /// After a per-queue ERROR the GPU is no longer preempted.
+    Fenced { gpu_id: u32, why: String },
+    /// A problem worth telling the operator about.
+    Problem { pid: u32, text: String },
+}
+
+enum Req {
+    Attach(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
+    Detach(u32, oneshot::Sender<Result<(), TargetError>>),
+    Suspend {
+        pid: u32,
+        /// None: every queue of the process, now and created later, until a Resume of all.
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+        reply: oneshot::Sender<Result<OpReport, TargetError>>,
+    },
+    Resume {
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        reply: oneshot::Sender<Result<OpReport, TargetError>>,
+    },
+    Snapshot(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
+    /// Resume + disable + detach everything, then the thread ends.
+    Shutdown(oneshot::Sender<Vec<OpReport>>),
+}
+
+/// The handle async code holds. Dropping it shuts the thread down (resuming everything).
+pub struct Control {
+    tx: Option<mpsc::Sender<Req>>,
+    wake: std::sync::Arc<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A cheap clone of the request side, for a panic hook or signal handler task.
+#[derive(Clone)]
+pub struct ControlHandle {
+    tx: mpsc::Sender<Req>,
+    wake: std::sync::Arc<OwnedFd>,
+}
+
+fn wake(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writing 8 bytes from a live buffer to an eventfd we own.
+    unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+}
+
+impl ControlHandle {
+    fn send(&self, r: Req) -> bool {
+        let ok = self.tx.send(r).is_ok();
+        wake(&self.wake);
+        ok
+    }
+
+    /// Resume + disable everything and wait (at most `timeout`) for it to be done. Safe to call
+    /// from a panic hook on any thread other than the control thread.
+    pub fn shutdown_blocking(&self, timeout: Duration) -> Option<Vec<OpReport>> {
+        let (tx, mut rx) = oneshot::channel();
+        if !self.send(Req::Shutdown(tx)) {
+            return None;
+        }
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            match rx.try_recv() {
+                Ok(v) => return Some(v),
+                Err(oneshot::error::TryRecvError::Closed) => return None,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            if std::time::Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+fn closed<T>() -> Result<T, TargetError> {
+    Err(TargetError::Other("the control thread has ended".into()))
+}
+
+impl Control {
+    /// Opens the KFD device and starts the control thread. SIGCHLD must be blocked in every
+    /// thread ([`block_sigchld`], before any thread was spawned).
+    pub fn start(
+        kfd_device: &Path,
+        limits: Limits,
+    ) -> Result<(Self, tmpsc::UnboundedReceiver<Notice>)> {
+        let kfd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(kfd_device)
+            .with_context(|| {
+                format!(
+                    "opening {} (is amdgpu loaded and are you root?)",
+                    kfd_device.display()
+                )
+            })?;
+        let mut v = kfd::GetVersionArgs::default();
+        ioctl(&kfd, kfd::cmd::GET_VERSION, &mut v).context("AMDKFD_IOC_GET_VERSION")?;
+        anyhow::ensure!(
+            v.major_version == 1 && v.minor_version >= 13,
+            "KFD {}.{} has no debugger API (DBG_TRAP needs KFD 1.13, Linux 6.4+): upgrade the kernel",
+            v.major_version,
+            v.minor_version
+        );
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGCHLD);
+        anyhow::ensure!(
+            SigSet::thread_get_mask()
+                .map(|m| m.contains(Signal::SIGCHLD))
+                .unwrap_or(false),
+            "internal: SIGCHLD must be blocked before the control thread starts"
+        );
+        let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .context("signalfd(SIGCHLD)")?;
+        // SAFETY: eventfd returns a new fd or -1.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(std::io::Error::last_os_error()).context("eventfd");
+        }
+        // SAFETY: efd is a fresh fd we own.
+        let wake_fd = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let (tx, rx) = mpsc::channel();
+        let (ntx, nrx) = tmpsc::unbounded_channel();
+        let thread_wake = wake_fd.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpreempt-ctl".into())
+            .spawn(move || {
+                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits);
+                t.run();
+                // Drop of `t` resumes and disables whatever is left (also when unwinding).
+            })
+            .context("starting the control thread")?;
+        Ok((
+            Self {
+                tx: Some(tx),
+                wake: wake_fd,
+                thread: Some(thread),
+            },
+            nrx,
+        ))
+    }
+
+    pub fn handle(&self) -> Option<ControlHandle> {
+        Some(ControlHandle {
+            tx: self.tx.clone()?,
+            wake: self.wake.clone(),
+        })
+    }
+
+    fn send(&self, r: Req) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        let ok = tx.send(r).is_ok();
+        wake(&self.wake);
+        ok
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, TargetError>>) -> Req,
+    ) -> Result<T, TargetError> {
+        let (tx, rx) = oneshot::channel();
+        if !self.send(make(tx)) {
+            return closed();
+        }
+        rx.await.unwrap_or_else(|_| closed())
+    }
+
+    /// Seize `pid` and enable its debug trap; returns its queues.
+    pub async fn attach(&self, pid: u32) -> Result<Vec<SnapQueue>, TargetError> {
+        self.ask(|r| Req::Attach(pid, r)).await
+    }
+
+    /// Resume its queues, disable the trap and detach.
+    pub async fn detach(&self, pid: u32) -> Result<(), TargetError> {
+        self.ask(|r| Req::Detach(pid, r)).await
+    }
+
+    /// Suspend `queues` of `pid` (attaching first if needed); None: the whole process, including
+    /// queues it creates while suspended.
+    pub async fn suspend(
+        &self,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> Result<OpReport, TargetError> {
+        self.ask(|reply| Req::Suspend {
+            pid,
+            queues,
+            grace,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn resume(
+        &self,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> Result<OpReport, TargetError> {
+        self.ask(|reply| Req::Resume { pid, queues, reply }).await
+    }
+
+    pub async fn snapshot(&self, pid: u32) -> Result<Vec<SnapQueue>, TargetError> {
+        self.ask(|r| Req::Snapshot(pid, r)).await
+    }
+
+    /// Resume + disable + detach everything; the thread ends.
+    pub async fn shutdown(mut self) -> Vec<OpReport> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.send(Req::Shutdown(tx));
+        let out = if sent {
+            rx.await.unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        out
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let (tx, _rx) = oneshot::channel();
+            self.send(Req::Shutdown(tx));
+            self.tx = None;
+            let _ = t.join();
+        }
+    }
+}

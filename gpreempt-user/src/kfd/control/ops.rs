@@ -1,0 +1,549 @@
+//! The per-target kernel operations, all on the control thread: PTRACE_SEIZE and DBG_TRAP
+//! ENABLE, GET_QUEUE_SNAPSHOT, SUSPEND_QUEUES / RESUME_QUEUES with their per-queue status bits,
+//! DISABLE and the ptrace detach, and the check for a DESTROY_QUEUE waiting on a held queue.
+
+use std::{fs::File, os::fd::AsRawFd, time::Duration};
+
+use gpreempt_common::kfd::{
+    self, dbg_op, ec, ec_mask, DbgTrapArgs, DbgTrapEnableArgs, DbgTrapPayload,
+    DbgTrapQueueSnapshotArgs, DbgTrapResumeQueuesArgs, DbgTrapSendRuntimeEventArgs,
+    DbgTrapSuspendQueuesArgs, QueueSnapshotEntry, RuntimeInfo,
+};
+use nix::{
+    errno::Errno,
+    sys::{
+        ptrace,
+        signal::Signal,
+        wait::{waitpid, WaitPidFlag, WaitStatus},
+    },
+    unistd::Pid,
+};
+
+use super::{
+    holds::{self, Book},
+    thread::{Target, Thread},
+    Notice, SnapQueue, TargetError, SUBSCRIBED,
+};
+use crate::{
+    backend::{OpReport, QueueOutcome, QueueResult},
+    clock::monotonic_ns,
+};
+
+pub(super) fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
+    // SAFETY: `cmd` encodes `size_of::<T>()` bytes in/out and `args` is a live, exclusive T.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as libc::c_ulong, args as *mut T) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn tracer_of(pid: u32) -> Option<(u32, String)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let t: u32 = crate::observe::procinfo::status_field(&s, "TracerPid")?
+        .parse()
+        .ok()?;
+    (t != 0).then(|| {
+        let comm = std::fs::read_to_string(format!("/proc/{t}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "?".into());
+        (t, comm)
+    })
+}
+
+/// Why PTRACE_SEIZE failed; `tracer` (read only on EPERM) names whoever traces the process.
+pub(super) fn seize_error(e: Errno, tracer: impl FnOnce() -> Option<(u32, String)>) -> TargetError {
+    match e {
+        Errno::ESRCH => TargetError::Gone,
+        Errno::EPERM => match tracer() {
+            Some((tracer, comm)) => TargetError::Traced { tracer, comm },
+            None => TargetError::NotPermitted(format!(
+                "PTRACE_SEIZE: {e} (run as root; check kernel.yama.ptrace_scope)"
+            )),
+        },
+        e => TargetError::Other(format!("PTRACE_SEIZE: {e}")),
+    }
+}
+
+pub(super) fn errno_of(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(0))
+}
+
+pub(super) fn op_error(op: &str, e: &std::io::Error) -> TargetError {
+    match errno_of(e) {
+        Errno::ESRCH => TargetError::Gone,
+        Errno::EALREADY => TargetError::AlreadyDebugged,
+        Errno::EPERM | Errno::EACCES => TargetError::NotPermitted(format!(
+            "DBG_TRAP {op}: {e} (the process may not have started its GPU runtime yet)"
+        )),
+        Errno::EBUSY | Errno::ENODEV | Errno::EINVAL => {
+            TargetError::Unsupported(format!("DBG_TRAP {op}: {e}"))
+        }
+        _ => TargetError::Other(format!("DBG_TRAP {op}: {e}")),
+    }
+}
+
+impl Thread {
+    pub(super) fn dbg<P: DbgTrapPayload>(&self, pid: u32, p: P) -> std::io::Result<(i32, P)> {
+        let mut a = DbgTrapArgs::new(pid, p);
+        let r = ioctl(&self.kfd, kfd::cmd::DBG_TRAP, &mut a)?;
+        Ok((r, a.payload()))
+    }
+
+    /// Seize + ENABLE, once per target.
+    pub(super) fn attach(&mut self, pid: u32) -> Result<(), TargetError> {
+        if self.targets.contains_key(&pid) {
+            return Ok(());
+        }
+        if pid == std::process::id() {
+            return Err(TargetError::NotPermitted(
+                "gpreempt-ebpf does not control itself".into(),
+            ));
+        }
+        let p = Pid::from_raw(pid as i32);
+        if let Err(e) = ptrace::seize(p, ptrace::Options::empty()) {
+            return Err(seize_error(e, || tracer_of(pid)));
+        }
+        let (rd, wr) = match nix::unistd::pipe2(
+            nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                self.detach_ptrace(pid);
+                return Err(TargetError::Other(format!("pipe: {e}")));
+            }
+        };
+        let mut rinfo = RuntimeInfo::default();
+        let en = DbgTrapEnableArgs {
+            exception_mask: SUBSCRIBED,
+            rinfo_ptr: &mut rinfo as *mut RuntimeInfo as u64,
+            rinfo_size: std::mem::size_of::<RuntimeInfo>() as u32,
+            dbg_fd: wr.as_raw_fd() as u32,
+        };
+        if let Err(e) = self.dbg(pid, en) {
+            // The kernel records us as the target's debugger even when ENABLE fails; that is
+            // harmless unless another debugger holds the trap (EALREADY; it cannot be a tracer,
+            // the seize would have failed): our exit then disables its trap. Nothing can undo it.
+            self.detach_ptrace(pid);
+            return Err(op_error("enable", &e));
+        }
+        // The kernel holds its own reference to the write end.
+        drop(wr);
+        self.targets.insert(
+            pid,
+            Target {
+                pid,
+                events: File::from(rd),
+                book: Book::default(),
+            },
+        );
+        if rinfo.runtime_state == kfd::runtime_state::ENABLED {
+            // A runtime left waiting for an acknowledgment by a debugger that died (the kernel
+            // does not wake it) goes on; otherwise the extra count only means a later wait of the
+            // target returns at once.
+            let ack = DbgTrapSendRuntimeEventArgs {
+                exception_mask: ec_mask(ec::PROCESS_RUNTIME),
+                gpu_id: 0,
+                queue_id: 0,
+            };
+            if let Err(e) = self.dbg(pid, ack) {
+                log::debug!("pid {pid}: runtime acknowledgment: {e}");
+            }
+        }
+        log::info!("pid {pid}: under control");
+        Ok(())
+    }
+
+    /// GET_QUEUE_SNAPSHOT, clearing QUEUE_NEW; the target's queue map is rebuilt from it.
+    pub(super) fn snapshot(&mut self, pid: u32) -> Result<Vec<SnapQueue>, TargetError> {
+        let mut cap = 64usize;
+        let entries = loop {
+            let mut buf = vec![QueueSnapshotEntry::default(); cap];
+            let a = DbgTrapQueueSnapshotArgs {
+                exception_mask: ec_mask(ec::QUEUE_NEW),
+                snapshot_buf_ptr: buf.as_mut_ptr() as u64,
+                num_queues: cap as u32,
+                entry_size: std::mem::size_of::<QueueSnapshotEntry>() as u32,
+            };
+            let (_, out) = self
+                .dbg(pid, a)
+                .map_err(|e| op_error("get_queue_snapshot", &e))?;
+            let n = out.num_queues as usize;
+            if n <= cap {
+                buf.truncate(n);
+                break buf;
+            }
+            cap = n.next_power_of_two();
+        };
+        let mut fresh = Vec::new();
+        let held = self.targets.get(&pid).and_then(|t| t.book.hold_all);
+        let queues: Vec<SnapQueue> = entries
+            .iter()
+            .map(|e| SnapQueue {
+                queue_id: e.queue_id,
+                gpu_id: e.gpu_id,
+                queue_type: e.queue_type,
+                ring_base_address: e.ring_base_address,
+                ring_size: e.ring_size,
+                suspended: self
+                    .targets
+                    .get(&pid)
+                    .is_some_and(|t| t.book.suspended.contains_key(&e.queue_id)),
+            })
+            .collect();
+        if let Some(t) = self.targets.get_mut(&pid) {
+            fresh = t
+                .book
+                .set_queues(queues.iter().map(|q| (q.queue_id, q.gpu_id)).collect());
+        }
+        if let Some(grace) = held {
+            if !fresh.is_empty() {
+                self.auto_suspend(pid, fresh, grace);
+            }
+        }
+        Ok(queues)
+    }
+
+    /// New queues of a process held suspended as a whole are suspended at once.
+    pub(super) fn auto_suspend(&mut self, pid: u32, ids: Vec<u32>, grace: Option<u32>) {
+        match self.suspend_ids(pid, &ids, grace) {
+            Ok(report) => self.notice(Notice::Acted {
+                report,
+                suspend: true,
+                why: "new queue of a suspended process".into(),
+            }),
+            Err(e) => self.notice(Notice::Problem {
+                pid,
+                text: format!("suspending its new queues: {e}"),
+            }),
+        }
+    }
+
+    fn rate_ok(&mut self, pid: u32) -> bool {
+        let limit = self.limits.max_suspends_per_s;
+        let Some(t) = self.targets.get_mut(&pid) else {
+            return true;
+        };
+        t.book.window.admit(monotonic_ns(), limit)
+    }
+
+    pub(super) fn suspend(
+        &mut self,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> Result<OpReport, TargetError> {
+        self.attach(pid)?;
+        let ids = match &queues {
+            Some(q) => q.clone(),
+            None => {
+                self.snapshot(pid)?;
+                if let Some(t) = self.targets.get_mut(&pid) {
+                    t.book.hold_all = Some(grace);
+                }
+                self.targets
+                    .get(&pid)
+                    .map(|t| t.book.queues.keys().copied().collect())
+                    .unwrap_or_default()
+            }
+        };
+        if !self.rate_ok(pid) {
+            return Err(TargetError::RateLimited);
+        }
+        self.suspend_ids(pid, &ids, grace)
+    }
+
+    fn gpu_of(&self, pid: u32, qid: u32) -> Option<u32> {
+        self.targets.get(&pid)?.book.gpu_of(qid)
+    }
+
+    fn suspend_ids(
+        &mut self,
+        pid: u32,
+        ids: &[u32],
+        grace: Option<u32>,
+    ) -> Result<OpReport, TargetError> {
+        // Queues on fenced GPUs are not touched.
+        let (ids, fenced) = self.fenced.split(ids, |q| self.gpu_of(pid, q));
+        let mut report = self.queue_op(pid, true, &ids, grace)?;
+        for q in fenced {
+            report.queues.push(QueueResult {
+                queue_id: q,
+                gpu_id: self.gpu_of(pid, q),
+                outcome: QueueOutcome::Fenced,
+            });
+        }
+        if let Some(t) = self.targets.get_mut(&pid) {
+            t.book.record_suspended(&report);
+        }
+        for gpu in holds::error_gpus(&report) {
+            self.fence(
+                gpu,
+                format!("a suspend of pid {pid}'s queues returned ERROR (failed preemption)"),
+            );
+        }
+        Ok(report)
+    }
+
+    pub(super) fn resume(
+        &mut self,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> Result<OpReport, TargetError> {
+        if !self.targets.contains_key(&pid) {
+            // Nothing of ours; a resume of a process another instance left behind goes through
+            // a fresh attach (ENABLE, RESUME all, DISABLE).
+            self.attach(pid)?;
+            let r = self.queue_op(pid, false, &[], None);
+            let all = self.resume_all_raw(pid);
+            self.release(pid);
+            return r.map(|mut r| {
+                r.ret = all.ok();
+                r
+            });
+        }
+        let ids = match queues {
+            Some(q) => q,
+            None => {
+                if let Some(t) = self.targets.get_mut(&pid) {
+                    t.book.hold_all = None;
+                }
+                self.targets
+                    .get(&pid)
+                    .map(|t| t.book.queues.keys().copied().collect())
+                    .unwrap_or_default()
+            }
+        };
+        let report = self.queue_op(pid, false, &ids, None)?;
+        if let Some(t) = self.targets.get_mut(&pid) {
+            t.book.record_resumed(&report);
+        }
+        Ok(report)
+    }
+
+    /// RESUME_QUEUES with no array: the kernel resumes every queue of the target.
+    fn resume_all_raw(&mut self, pid: u32) -> Result<i32, TargetError> {
+        let a = DbgTrapResumeQueuesArgs {
+            queue_array_ptr: 0,
+            num_queues: 0,
+            pad: 0,
+        };
+        let r = self
+            .dbg(pid, a)
+            .map(|(r, _)| r)
+            .map_err(|e| op_error("resume_queues", &e));
+        if let Some(t) = self.targets.get_mut(&pid) {
+            if r.is_ok() {
+                t.book.suspended.clear();
+            }
+        }
+        r
+    }
+
+    /// One SUSPEND_QUEUES / RESUME_QUEUES call with per-queue results.
+    fn queue_op(
+        &mut self,
+        pid: u32,
+        suspend: bool,
+        ids: &[u32],
+        grace: Option<u32>,
+    ) -> Result<OpReport, TargetError> {
+        let mut arr: Vec<u32> = ids.to_vec();
+        let issued_ns = monotonic_ns();
+        if arr.is_empty() {
+            return Ok(OpReport {
+                pid,
+                ret: None,
+                queues: Vec::new(),
+                issued_ns,
+                returned_ns: issued_ns,
+            });
+        }
+        let r = if suspend {
+            self.dbg(
+                pid,
+                DbgTrapSuspendQueuesArgs {
+                    exception_mask: 0,
+                    queue_array_ptr: arr.as_mut_ptr() as u64,
+                    num_queues: arr.len() as u32,
+                    grace_period: grace.unwrap_or(kfd::USE_DEFAULT_GRACE_PERIOD),
+                },
+            )
+            .map(|(r, _)| r)
+        } else {
+            self.dbg(
+                pid,
+                DbgTrapResumeQueuesArgs {
+                    queue_array_ptr: arr.as_mut_ptr() as u64,
+                    num_queues: arr.len() as u32,
+                    pad: 0,
+                },
+            )
+            .map(|(r, _)| r)
+        };
+        let returned_ns = monotonic_ns();
+        let ret = r.map_err(|e| {
+            op_error(
+                if suspend {
+                    "suspend_queues"
+                } else {
+                    "resume_queues"
+                },
+                &e,
+            )
+        })?;
+        let queues = holds::decode_statuses(&arr, |q| self.gpu_of(pid, q));
+        Ok(OpReport {
+            pid,
+            ret: Some(ret),
+            queues,
+            issued_ns,
+            returned_ns,
+        })
+    }
+
+    /// The kernel makes a DESTROY_QUEUE of a suspended queue wait until it is resumed, and tells
+    /// the debugger nothing: a target ending normally would hang. So a held target's threads are
+    /// looked at (`/proc/PID/task/TID/syscall`): one inside DESTROY_QUEUE for a held queue gets
+    /// it resumed.
+    pub(super) fn release_destroying(&mut self) {
+        let now = monotonic_ns();
+        if now.saturating_sub(self.destroy_scan_ns) < 5_000_000 {
+            return;
+        }
+        self.destroy_scan_ns = now;
+        let held: Vec<u32> = self
+            .targets
+            .values()
+            .filter(|t| !t.book.suspended.is_empty())
+            .map(|t| t.pid)
+            .collect();
+        for pid in held {
+            let ids = destroying(pid);
+            let ids: Vec<u32> = ids
+                .into_iter()
+                .filter(|q| {
+                    self.targets
+                        .get(&pid)
+                        .is_some_and(|t| t.book.suspended.contains_key(q))
+                })
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            match self.resume(pid, Some(ids)) {
+                Ok(report) => self.notice(Notice::Acted {
+                    report,
+                    suspend: false,
+                    why: "the process is destroying it".into(),
+                }),
+                Err(e) => self.notice(Notice::Problem {
+                    pid,
+                    text: format!("resuming a queue it destroys: {e}"),
+                }),
+            }
+        }
+    }
+
+    /// Resume all, DISABLE (which resumes all again in the kernel), detach.
+    pub(super) fn release(&mut self, pid: u32) -> Option<OpReport> {
+        if !self.targets.contains_key(&pid) {
+            return None;
+        }
+        let held: Vec<u32> = self.targets[&pid].book.suspended.keys().copied().collect();
+        let report = self.queue_op(pid, false, &held, None).ok();
+        if let Err(e) = self.resume_all_raw(pid) {
+            log::debug!("pid {pid}: resume all: {e}");
+        }
+        let d = DbgTrapArgs {
+            pid,
+            op: dbg_op::DISABLE,
+            data: [0; 3],
+        };
+        let mut d = d;
+        if let Err(e) = ioctl(&self.kfd, kfd::cmd::DBG_TRAP, &mut d) {
+            if errno_of(&e) != Errno::ESRCH && errno_of(&e) != Errno::EINVAL {
+                log::warn!("pid {pid}: DBG_TRAP disable: {e}");
+            }
+        }
+        self.targets.remove(&pid);
+        self.detach_ptrace(pid);
+        report
+    }
+
+    pub(super) fn release_all(&mut self) -> Vec<OpReport> {
+        let pids: Vec<u32> = self.targets.keys().copied().collect();
+        pids.into_iter().filter_map(|p| self.release(p)).collect()
+    }
+
+    /// Ends the ptrace link: a seized tracee must be stopped to be detached, so interrupt it,
+    /// wait (bounded) for the stop and detach, passing on a signal it was about to get.
+    pub(super) fn detach_ptrace(&mut self, pid: u32) {
+        let p = Pid::from_raw(pid as i32);
+        if ptrace::interrupt(p).is_err() {
+            return;
+        }
+        let end = monotonic_ns() + 1_000_000_000;
+        while monotonic_ns() < end {
+            match waitpid(p, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_micros(200)),
+                Ok(WaitStatus::Stopped(_, sig)) => {
+                    let _ = ptrace::detach(p, sig);
+                    return;
+                }
+                Ok(WaitStatus::PtraceEvent(_, sig, _)) => {
+                    let pass = matches!(
+                        sig,
+                        Signal::SIGSTOP | Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+                    )
+                    .then_some(sig);
+                    let _ = ptrace::detach(p, pass);
+                    return;
+                }
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) => return,
+                Ok(_) => {
+                    let _ = ptrace::detach(p, None);
+                    return;
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+        log::warn!(
+            "pid {pid}: did not stop to be detached; the link ends when gpreempt-ebpf exits"
+        );
+    }
+}
+
+/// Queue ids that `pid`'s threads are destroying right now (blocked in DESTROY_QUEUE).
+fn destroying(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let Ok(line) = std::fs::read_to_string(t.path().join("syscall")) else {
+            continue;
+        };
+        // "NR arg0 arg1 arg2 ..." (hex args) while in a syscall; "running" or "-1 ..." otherwise.
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 || f[0] != libc::SYS_ioctl.to_string() {
+            continue;
+        }
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+        if hex(f[2]) != Some(u64::from(kfd::cmd::DESTROY_QUEUE)) {
+            continue;
+        }
+        let Some(ptr) = hex(f[3]) else { continue };
+        let mut buf = [0u8; 4];
+        let remote = [nix::sys::uio::RemoteIoVec {
+            base: ptr as usize,
+            len: 4,
+        }];
+        if crate::kfd::sampler::read_remote(pid, &remote, &mut buf) == Ok(4) {
+            out.push(u32::from_le_bytes(buf));
+        }
+    }
+    out
+}
