@@ -13,10 +13,13 @@ use gpreempt_sim::{model::tests::World, views};
 use super::*;
 use crate::{
     kfd::{
-        debugfs::{parse_hqds, parse_mqds, HqdSlot, MqdQueue},
-        sysfs::{parse_node, SysProc, SysQueue},
+        debugfs::{
+            parse_hqds, parse_mqds, HqdId, HqdNode, HqdSlot, MqdKind, MqdProcess, MqdQueue, Regs,
+        },
+        sysfs::{parse_node, GpuNode, ProcSnapshot, SysProc, SysQueue},
     },
-    observe::events::{tests::create_queue, Origin, ProcessExit},
+    observe::events::{tests::create_queue, Event, IoctlEvent, KfdCall, Origin, ProcessExit},
+    observe::procinfo::ProcInfo,
 };
 
 const GPU: u32 = 0xbeef;
