@@ -11,6 +11,7 @@ pub mod clock;
 pub mod cmd;
 pub mod controller;
 pub mod doctor;
+pub mod fsutil;
 pub mod kfd;
 pub mod model;
 pub mod nv;

@@ -21,7 +21,6 @@ use anyhow::Result;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    controller::daemon::{self, Controlled},
     kfd::control::{Control, ControlHandle, Limits, Notice},
     model::{State, Vendor},
     nv::controller::{NvControl, NvOps, Rm},
@@ -30,7 +29,10 @@ use crate::{
     policy::Class,
 };
 
+mod error;
 mod report;
+pub mod targets;
+pub use error::ActError;
 pub use report::{OpReport, QueueOutcome, QueueResult};
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
@@ -46,7 +48,7 @@ pub trait Backend {
         state: &'a State,
         pid: u32,
         class: Class,
-    ) -> BoxFut<'a, Result<(), String>>;
+    ) -> BoxFut<'a, Result<(), ActError>>;
 
     /// Suspends `queues` of `pid` (None: all of them). `grace` (us) where the vendor has one.
     fn suspend<'a>(
@@ -55,7 +57,7 @@ pub trait Backend {
         pid: u32,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, String>>;
+    ) -> BoxFut<'a, Result<OpReport, ActError>>;
 
     /// Resumes `queues` of `pid` (None: every queue this backend holds suspended).
     fn resume<'a>(
@@ -63,7 +65,7 @@ pub trait Backend {
         state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, String>>;
+    ) -> BoxFut<'a, Result<OpReport, ActError>>;
 
     /// The process is gone: drop what is kept for it.
     fn forget(&mut self, pid: u32);
@@ -112,11 +114,30 @@ impl Backends {
         Ok(Self { list, notices })
     }
 
+    /// Only the KFD backend: for a controller without a model of the host (`suspend`, or `top`
+    /// acting on a key), which acts on a process by pid (KFD can seize any process).
+    pub async fn kfd_only(kfd_device: &Path, dir: &Path, max_suspend: Duration) -> Result<Self> {
+        let (b, n) = KfdBackend::start(kfd_device, dir, max_suspend).await?;
+        Ok(Self {
+            list: vec![Box::new(b)],
+            notices: Some(n),
+        })
+    }
+
+    /// Resumes everything every backend holds and lets go; the reports of what was resumed.
+    pub async fn shutdown(&mut self) -> Vec<OpReport> {
+        let mut out = Vec::new();
+        for b in std::mem::take(&mut self.list) {
+            out.extend(b.shutdown().await);
+        }
+        out
+    }
+
     /// The backend that acts on `pid`: its queues' vendor; AMD for a process without known
     /// queues (KFD can seize any process).
-    pub fn for_pid(&mut self, state: &State, pid: u32) -> Result<&mut Box<dyn Backend>, String> {
+    pub fn for_pid(&mut self, state: &State, pid: u32) -> Result<&mut Box<dyn Backend>, ActError> {
         if self.list.is_empty() {
-            return Err("the controller runs with --dry-run: it acts on nothing".into());
+            return Err(ActError::DryRun);
         }
         let vendor = state
             .procs
@@ -126,7 +147,7 @@ impl Backends {
         self.list
             .iter_mut()
             .find(|b| b.vendor() == vendor)
-            .ok_or_else(|| format!("no {vendor} GPU driver on this host"))
+            .ok_or(ActError::NoDriver(vendor))
     }
 }
 
@@ -179,12 +200,12 @@ impl KfdBackend {
     }
 
     fn save_targets(&self) {
-        let t: Vec<Controlled> = self
+        let t: Vec<targets::Controlled> = self
             .attached
             .iter()
-            .map(|(&pid, &start_time)| Controlled { pid, start_time })
+            .map(|(&pid, &start_time)| targets::Controlled { pid, start_time })
             .collect();
-        if let Err(e) = daemon::write_targets(&self.dir, &t) {
+        if let Err(e) = targets::write_targets(&self.dir, &t) {
             log::warn!("{e:#}");
         }
     }
@@ -193,7 +214,7 @@ impl KfdBackend {
 /// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
 /// exited; this covers a controller that vanished in some other way).
 async fn recover(control: &Control, dir: &Path) {
-    for t in daemon::read_targets(dir) {
+    for t in targets::read_targets(dir) {
         if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
             continue;
         }
@@ -206,7 +227,7 @@ async fn recover(control: &Control, dir: &Path) {
             Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
         }
     }
-    let _ = daemon::write_targets(dir, &[]);
+    let _ = targets::write_targets(dir, &[]);
 }
 
 impl Backend for KfdBackend {
@@ -219,16 +240,18 @@ impl Backend for KfdBackend {
         state: &'a State,
         pid: u32,
         class: Class,
-    ) -> BoxFut<'a, Result<(), String>> {
+    ) -> BoxFut<'a, Result<(), ActError>> {
         Box::pin(async move {
             if class == Class::Offline && !self.attached.contains_key(&pid) {
-                self.control.attach(pid).await.map_err(|e| e.to_string())?;
-                // Classified processes have their /proc facts in the model already.
+                self.control.attach(pid).await?;
+                // The model has it for classified processes; a controller without one reads it.
                 let start = state
                     .procs
                     .get(&pid)
                     .and_then(|p| p.info.as_ref())
-                    .map_or(0, |i| i.start_time);
+                    .map(|i| i.start_time)
+                    .or_else(|| procinfo::start_time(Path::new("/proc"), pid).ok())
+                    .unwrap_or(0);
                 self.attached.insert(pid, start);
                 self.save_targets();
             } else if class != Class::Offline && self.attached.remove(&pid).is_some() {
@@ -247,13 +270,8 @@ impl Backend for KfdBackend {
         pid: u32,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, String>> {
-        Box::pin(async move {
-            self.control
-                .suspend(pid, queues, grace)
-                .await
-                .map_err(|e| e.to_string())
-        })
+    ) -> BoxFut<'a, Result<OpReport, ActError>> {
+        Box::pin(async move { Ok(self.control.suspend(pid, queues, grace).await?) })
     }
 
     fn resume<'a>(
@@ -261,13 +279,8 @@ impl Backend for KfdBackend {
         _state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, String>> {
-        Box::pin(async move {
-            self.control
-                .resume(pid, queues)
-                .await
-                .map_err(|e| e.to_string())
-        })
+    ) -> BoxFut<'a, Result<OpReport, ActError>> {
+        Box::pin(async move { Ok(self.control.resume(pid, queues).await?) })
     }
 
     fn forget(&mut self, pid: u32) {
@@ -284,7 +297,7 @@ impl Backend for KfdBackend {
     fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
         Box::pin(async move {
             let out = self.control.shutdown().await;
-            let _ = daemon::write_targets(&self.dir, &[]);
+            let _ = targets::write_targets(&self.dir, &[]);
             out
         })
     }
@@ -326,12 +339,12 @@ impl<O: NvOps> Backend for NvBackend<O> {
         state: &'a State,
         pid: u32,
         class: Class,
-    ) -> BoxFut<'a, Result<(), String>> {
+    ) -> BoxFut<'a, Result<(), ActError>> {
         Box::pin(async move {
             if class == Class::Offline {
                 // Duplicate its fds and give the guardian its way back now: a pause is then
                 // one RM call.
-                self.nv.prepare(state, pid).map_err(|e| format!("{e:#}"))?;
+                self.nv.prepare(state, pid)?;
             }
             Ok(())
         })
@@ -343,14 +356,13 @@ impl<O: NvOps> Backend for NvBackend<O> {
         pid: u32,
         queues: Option<Vec<u32>>,
         _grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, String>> {
+    ) -> BoxFut<'a, Result<OpReport, ActError>> {
         Box::pin(async move {
             let now = crate::clock::monotonic_ns();
             if let Some(&(until, _)) = self.backoff.get(&pid).filter(|(u, _)| now < *u) {
-                return Err(format!(
-                    "backing off after a failed pause: next try in {} ms",
-                    (until - now) / 1_000_000
-                ));
+                return Err(ActError::BackingOff {
+                    retry_in_ms: (until - now) / 1_000_000,
+                });
             }
             let tsgs = queues.unwrap_or_else(|| {
                 state
@@ -371,7 +383,7 @@ impl<O: NvOps> Backend for NvBackend<O> {
                         .insert(pid, (now + delay, (delay * 2).min(BACKOFF_MAX_NS)));
                 }
             }
-            r.map_err(|e| format!("{e:#}"))
+            Ok(r?)
         })
     }
 
@@ -380,7 +392,7 @@ impl<O: NvOps> Backend for NvBackend<O> {
         state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, String>> {
+    ) -> BoxFut<'a, Result<OpReport, ActError>> {
         Box::pin(async move {
             let tsgs = queues.unwrap_or_else(|| {
                 self.nv
@@ -390,9 +402,7 @@ impl<O: NvOps> Backend for NvBackend<O> {
                     .map(|(_, t)| t)
                     .collect()
             });
-            self.nv
-                .act(state, pid, &tsgs, false)
-                .map_err(|e| format!("{e:#}"))
+            Ok(self.nv.act(state, pid, &tsgs, false)?)
         })
     }
 
@@ -474,7 +484,7 @@ mod tests {
             _: &'a State,
             _: u32,
             _: Class,
-        ) -> BoxFut<'a, Result<(), String>> {
+        ) -> BoxFut<'a, Result<(), ActError>> {
             Box::pin(async { Ok(()) })
         }
         fn suspend<'a>(
@@ -483,7 +493,7 @@ mod tests {
             pid: u32,
             _: Option<Vec<u32>>,
             _: Option<u32>,
-        ) -> BoxFut<'a, Result<OpReport, String>> {
+        ) -> BoxFut<'a, Result<OpReport, ActError>> {
             self.1.borrow_mut().push((self.0, pid, true));
             Box::pin(async move {
                 Ok(OpReport {
@@ -500,7 +510,7 @@ mod tests {
             s: &'a State,
             pid: u32,
             q: Option<Vec<u32>>,
-        ) -> BoxFut<'a, Result<OpReport, String>> {
+        ) -> BoxFut<'a, Result<OpReport, ActError>> {
             self.1.borrow_mut().push((self.0, pid, false));
             self.suspend(s, pid, q, None)
         }
@@ -548,9 +558,14 @@ mod tests {
         // An NVIDIA-only host has no AMD backend: a process without queues is refused plainly.
         b.list.remove(0);
         let e = b.for_pid(&s, 99).err().unwrap();
-        assert!(e.contains("no AMD (KFD) GPU driver on this host"), "{e}");
+        assert_eq!(e, ActError::NoDriver(Vendor::Amd));
+        assert!(
+            e.to_string()
+                .contains("no AMD (KFD) GPU driver on this host"),
+            "{e}"
+        );
         b.list.clear();
-        assert!(b.for_pid(&s, 7).err().unwrap().contains("--dry-run"));
+        assert_eq!(b.for_pid(&s, 7).err().unwrap(), ActError::DryRun);
     }
 
     #[test]
@@ -605,15 +620,22 @@ mod tests {
             backoff: BTreeMap::new(),
         };
         let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
-        assert!(e.contains("NV_ERR_NOT_SUPPORTED"), "{e}");
+        assert!(
+            matches!(&e, ActError::Driver(t) if t.contains("NV_ERR_NOT_SUPPORTED")),
+            "{e}"
+        );
         let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
-        assert!(e.contains("backing off after a failed pause"), "{e}");
+        assert!(matches!(e, ActError::BackingOff { .. }), "{e}");
+        assert!(
+            e.to_string().contains("backing off after a failed pause"),
+            "{e}"
+        );
         let (until, next) = b.backoff[&7];
         assert_eq!(next, 2 * BACKOFF_MIN_NS, "the delay doubles");
         // Once the delay has passed, it tries again (and fails again: a longer delay).
         b.backoff.insert(7, (0, next));
         let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
-        assert!(e.contains("NV_ERR_NOT_SUPPORTED"), "{e}");
+        assert!(e.to_string().contains("NV_ERR_NOT_SUPPORTED"), "{e}");
         assert!(b.backoff[&7].0 > until);
         assert_eq!(b.backoff[&7].1, 4 * BACKOFF_MIN_NS);
         b.forget(7);

@@ -45,4 +45,50 @@ impl OpReport {
             .map(|q| q.queue_id)
             .collect()
     }
+
+    /// One line per outcome for a person: what happened to which queues.
+    pub fn describe(&self, suspend: bool) -> String {
+        let r = self;
+        let verb = if suspend { "suspended" } else { "resumed" };
+        let list = |o: QueueOutcome| {
+            r.queues
+                .iter()
+                .filter(|q| q.outcome == o)
+                .map(|q| q.queue_id.to_string())
+                .collect::<Vec<_>>()
+        };
+        let mut parts = Vec::new();
+        let done = list(QueueOutcome::Done);
+        if !done.is_empty() {
+            parts.push(format!("{verb} queue(s) {}", done.join(", ")));
+        }
+        let invalid = list(QueueOutcome::Invalid);
+        if !invalid.is_empty() {
+            parts.push(format!(
+                "not {verb}: {} (no such queue, or being created/destroyed)",
+                invalid.join(", ")
+            ));
+        }
+        let error = list(QueueOutcome::Error);
+        if !error.is_empty() {
+            parts.push(format!(
+                "FAILED: {} (the GPU reported an error)",
+                error.join(", ")
+            ));
+        }
+        let fenced = list(QueueOutcome::Fenced);
+        if !fenced.is_empty() {
+            parts.push(format!(
+                "skipped: {} (GPU fenced after an error)",
+                fenced.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            parts.push(match r.ret {
+                Some(n) => format!("{verb} all queues (kernel count {n})"),
+                None => "no queues".into(),
+            });
+        }
+        format!("pid {}: {}", r.pid, parts.join("; "))
+    }
 }

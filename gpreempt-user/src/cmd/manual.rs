@@ -9,10 +9,15 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    backend::{OpReport, QueueOutcome},
-    controller::daemon::{self, Controlled, Request, Response, Status},
-    kfd::control::{Control, Limits, Notice},
+    backend::{Backends, QueueOutcome},
+    controller::{
+        daemon::{self, Request, Response, Status},
+        requests::answer,
+    },
+    kfd::control::{Limits, Notice},
+    model::State,
     observe::procinfo,
+    policy::Class,
 };
 
 #[derive(clap::Args, Debug)]
@@ -44,84 +49,10 @@ pub struct ResumeArgs {
     pub queue: Vec<u32>,
 }
 
-/// One line per queue group: what happened.
-pub fn describe(r: &OpReport, suspend: bool) -> String {
-    let verb = if suspend { "suspended" } else { "resumed" };
-    let list = |o: QueueOutcome| {
-        r.queues
-            .iter()
-            .filter(|q| q.outcome == o)
-            .map(|q| q.queue_id.to_string())
-            .collect::<Vec<_>>()
-    };
-    let mut parts = Vec::new();
-    let done = list(QueueOutcome::Done);
-    if !done.is_empty() {
-        parts.push(format!("{verb} queue(s) {}", done.join(", ")));
-    }
-    let invalid = list(QueueOutcome::Invalid);
-    if !invalid.is_empty() {
-        parts.push(format!(
-            "not {verb}: {} (no such queue, or being created/destroyed)",
-            invalid.join(", ")
-        ));
-    }
-    let error = list(QueueOutcome::Error);
-    if !error.is_empty() {
-        parts.push(format!(
-            "FAILED: {} (the GPU reported an error)",
-            error.join(", ")
-        ));
-    }
-    let fenced = list(QueueOutcome::Fenced);
-    if !fenced.is_empty() {
-        parts.push(format!(
-            "skipped: {} (GPU fenced after an error)",
-            fenced.join(", ")
-        ));
-    }
-    if parts.is_empty() {
-        parts.push(match r.ret {
-            Some(n) => format!("{verb} all queues (kernel count {n})"),
-            None => "no queues".into(),
-        });
-    }
-    format!("pid {}: {}", r.pid, parts.join("; "))
-}
-
-/// Serves one socket request with our own [`Control`] (a `suspend` holder).
-pub async fn handle(control: &Control, req: Request, status: impl FnOnce() -> Status) -> Response {
-    match req {
-        Request::Suspend { pid, queues, grace } => {
-            match control.suspend(pid, queues, grace).await {
-                Ok(r) => Response {
-                    ok: true,
-                    report: Some(r),
-                    ..Default::default()
-                },
-                Err(e) => Response::err(format!("pid {pid}: {e}")),
-            }
-        }
-        Request::Resume { pid, queues } => match control.resume(pid, queues).await {
-            Ok(r) => Response {
-                ok: true,
-                report: Some(r),
-                ..Default::default()
-            },
-            Err(e) => Response::err(format!("pid {pid}: {e}")),
-        },
-        Request::Status => Response {
-            ok: true,
-            status: Some(status()),
-            ..Default::default()
-        },
-    }
-}
-
 fn print_response(r: &Response, suspend: bool) -> ExitCode {
     match (&r.report, &r.error) {
         (Some(rep), _) => {
-            println!("{}", describe(rep, suspend));
+            println!("{}", rep.describe(suspend));
             if rep.queues.is_empty() || rep.queues.iter().any(|q| q.outcome == QueueOutcome::Done) {
                 ExitCode::SUCCESS
             } else {
@@ -150,37 +81,35 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     if let Some(r) = daemon::ask(&dir, &req).await? {
         return Ok(print_response(&r, true));
     }
+    procinfo::start_time(Path::new("/proc"), a.pid)
+        .with_context(|| format!("pid {} does not exist", a.pid))?;
     let lock = daemon::Lock::acquire(&dir)?;
     let max = a.max_suspend.0;
-    let (control, mut notices) = Control::start(
-        &g.kfd_device,
-        Limits {
-            max_suspend: max,
-            ..Limits::default()
-        },
-    )?;
-    let start_time = procinfo::start_time(Path::new("/proc"), a.pid)
-        .with_context(|| format!("pid {} does not exist", a.pid))?;
-    daemon::write_targets(
-        lock.dir(),
-        &[Controlled {
-            pid: a.pid,
-            start_time,
-        }],
-    )?;
-    let first = match control.suspend(a.pid, queues_arg(&a.queue), a.grace).await {
-        Ok(r) => r,
-        Err(e) => {
-            control.shutdown().await;
-            let _ = daemon::write_targets(lock.dir(), &[]);
-            anyhow::bail!("pid {}: {e}", a.pid);
-        }
+    let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max).await?;
+    let mut notices = backends.notices.take();
+    // No observer here: the target is acted on by its pid alone.
+    let state = State::new();
+    // Attached ahead and recorded (targets.json), as `run` does with an offline process.
+    let ready = match backends.for_pid(&state, a.pid) {
+        Ok(b) => b.classed(&state, a.pid, Class::Offline).await,
+        Err(e) => Err(e),
     };
-    println!("{}", describe(&first, true));
+    if let Err(e) = ready {
+        backends.shutdown().await;
+        anyhow::bail!("pid {}: {e}", a.pid);
+    }
+    let first = answer(&mut backends, &state, req, Status::default).await;
+    let Some((first, _)) = first.acted else {
+        backends.shutdown().await;
+        anyhow::bail!(
+            "{}",
+            first.response.error.unwrap_or_else(|| "no answer".into())
+        );
+    };
+    println!("{}", first.describe(true));
     let mut held: std::collections::BTreeSet<u32> = first.done().into_iter().collect();
     if held.is_empty() {
-        control.shutdown().await;
-        let _ = daemon::write_targets(lock.dir(), &[]);
+        backends.shutdown().await;
         return Ok(ExitCode::FAILURE);
     }
     let mut requests = daemon::serve(lock.dir())?;
@@ -217,10 +146,10 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
             _ = term.recv() => break "terminated".to_string(),
             _ = hup.recv() => break "hangup".to_string(),
             _ = &mut until => break "--for elapsed".to_string(),
-            Some(n) = notices.recv() => match n {
+            Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => match n {
                 Notice::TargetGone { pid } if pid == a.pid => break format!("pid {pid} exited"),
                 Notice::Acted { report, suspend, why } => {
-                    println!("{} ({why})", describe(&report, suspend));
+                    println!("{} ({why})", report.describe(suspend));
                     for q in report.done() {
                         if suspend { held.insert(q); } else { held.remove(&q); }
                     }
@@ -231,16 +160,14 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
                 Notice::TargetGone { .. } => {}
             },
             Some((req, reply)) = requests.recv() => {
-                let resume = matches!(req, Request::Resume { .. });
-                let suspend = matches!(req, Request::Suspend { .. });
-                let resp = handle(&control, req, || status(&held)).await;
-                if let Some(r) = &resp.report {
-                    println!("{}", describe(r, suspend));
+                let ans = answer(&mut backends, &state, req, || status(&held)).await;
+                if let Some((r, suspend)) = &ans.acted {
+                    println!("{}", r.describe(*suspend));
                     for q in r.done() {
-                        if suspend { held.insert(q); } else if resume { held.remove(&q); }
+                        if *suspend { held.insert(q); } else { held.remove(&q); }
                     }
                 }
-                let _ = reply.send(resp);
+                let _ = reply.send(ans.response);
                 let _ = daemon::write_status(lock.dir(), &status(&held));
             }
         }
@@ -248,11 +175,9 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
             break "every queue resumed".to_string();
         }
     };
-    let reports = control.shutdown().await;
-    let _ = daemon::write_targets(lock.dir(), &[]);
-    let _ = daemon::write_status(lock.dir(), &Status::default());
+    let reports = backends.shutdown().await;
     for r in reports.iter().filter(|r| !r.queues.is_empty()) {
-        println!("{}", describe(r, false));
+        println!("{}", r.describe(false));
     }
     println!("{why}: nothing is left suspended");
     Ok(ExitCode::SUCCESS)
@@ -270,10 +195,15 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     // No controller: a suspension of ours cannot exist (it ends with its controller), but a
     // process may still have queues suspended by a debugger that vanished oddly. Attach,
     // resume everything, detach.
-    let _lock = daemon::Lock::acquire(&dir)?;
-    let (control, _notices) = Control::start(&g.kfd_device, Limits::default())?;
-    let r = control.resume(a.pid, None).await;
-    control.shutdown().await;
+    let lock = daemon::Lock::acquire(&dir)?;
+    let mut backends =
+        Backends::kfd_only(&g.kfd_device, lock.dir(), Limits::default().max_suspend).await?;
+    let state = State::new();
+    let r = match backends.for_pid(&state, a.pid) {
+        Ok(b) => b.resume(&state, a.pid, None).await,
+        Err(e) => Err(e),
+    };
+    backends.shutdown().await;
     match r {
         Ok(rep) => {
             println!(

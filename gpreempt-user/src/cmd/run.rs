@@ -17,8 +17,10 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::{
     backend::{Backends, OpReport, QueueOutcome},
     clock::monotonic_ns,
-    cmd::manual::describe,
-    controller::daemon::{self, Request, Response, Status},
+    controller::{
+        daemon::{self, Request, Response, Status},
+        requests::answer,
+    },
     kfd::control::Notice,
     kfd::Paths,
     model::Update,
@@ -145,7 +147,8 @@ impl Ctx {
                 Ok(()) => {
                     self.refused.remove(&pid);
                 }
-                Err(text) => {
+                Err(e) => {
+                    let text = e.to_string();
                     if self.refused.get(&pid) != Some(&text) {
                         log::warn!("pid {pid}: cannot be controlled: {text}");
                         w.state.apply(Update::Warning {
@@ -219,14 +222,15 @@ impl Ctx {
             self.record(rec);
             return;
         }
-        let r: Result<OpReport, String> = match self.backends.for_pid(&w.state, d.pid) {
-            Ok(b) if suspend => {
-                b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
-                    .await
-            }
-            Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
-            Err(e) => Err(e),
-        };
+        let r: Result<OpReport, crate::backend::ActError> =
+            match self.backends.for_pid(&w.state, d.pid) {
+                Ok(b) if suspend => {
+                    b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                        .await
+                }
+                Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
+                Err(e) => Err(e),
+            };
         let mut rec = self.audit_record(&d);
         match r {
             Ok(report) => {
@@ -250,11 +254,11 @@ impl Ctx {
                     rec["decision_latency_ns"] =
                         serde_json::json!(report.issued_ns.saturating_sub(t));
                 }
-                log::info!("{} ({})", describe(&report, suspend), d.reason);
+                log::info!("{} ({})", report.describe(suspend), d.reason);
             }
             Err(e) => {
                 self.engine.confirm(&d, &[]);
-                rec["failed"] = serde_json::json!(e);
+                rec["failed"] = serde_json::json!(e.to_string());
                 log::warn!("pid {}: {e}", d.pid);
             }
         }
@@ -274,7 +278,7 @@ impl Ctx {
                 suspend,
                 why,
             } => {
-                log::info!("{} ({why})", describe(&report, suspend));
+                log::info!("{} ({why})", report.describe(suspend));
                 self.apply_report(w, &report, suspend);
                 if !suspend {
                     self.engine.forget(report.pid, Some(&report.done()));
@@ -309,49 +313,21 @@ impl Ctx {
     }
 
     async fn request(&mut self, w: &mut Watcher, req: Request) -> Response {
-        let (suspend, pid, r) = match req {
-            Request::Status => {
-                return Response {
-                    ok: true,
-                    status: Some(self.status(w)),
-                    ..Default::default()
-                }
-            }
-            Request::Suspend { pid, queues, grace } => {
-                let r = match self.backends.for_pid(&w.state, pid) {
-                    Ok(b) => b.suspend(&w.state, pid, queues, grace).await,
-                    Err(e) => Err(e),
-                };
-                (true, pid, r)
-            }
-            Request::Resume { pid, queues } => {
-                let r = match self.backends.for_pid(&w.state, pid) {
-                    Ok(b) => b.resume(&w.state, pid, queues).await,
-                    Err(e) => Err(e),
-                };
-                (false, pid, r)
-            }
-        };
-        let resp = match r {
-            Ok(report) => Response {
-                ok: true,
-                report: Some(report),
-                ..Default::default()
-            },
-            Err(e) => Response::err(format!("pid {pid}: {e}")),
-        };
-        if let Some(r) = &resp.report {
-            self.apply_report(w, r, suspend);
+        // Cheap next to a driver call; computed first because the backends are borrowed below.
+        let status = self.status(w);
+        let ans = answer(&mut self.backends, &w.state, req, || status).await;
+        if let Some((r, suspend)) = &ans.acted {
+            self.apply_report(w, r, *suspend);
             self.record(serde_json::json!({
                 "ts_ns": r.returned_ns,
                 "pid": r.pid,
-                "action": if suspend { "suspend" } else { "resume" },
+                "action": if *suspend { "suspend" } else { "resume" },
                 "done": r.done(),
                 "reason": "manual request",
                 "by": "operator",
             }));
         }
-        resp
+        ans.response
     }
 }
 
@@ -497,7 +473,6 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             resumed
         );
     }
-    let _ = daemon::write_targets(&dir, &[]);
     let _ = daemon::write_status(&dir, &Status::default());
     match result {
         Ok(why) => {

@@ -7,9 +7,12 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
-    cmd::manual::describe,
-    controller::daemon::{self, Lock, Request, Response, Status},
-    kfd::control::{Control, Notice},
+    backend::Backends,
+    controller::{
+        daemon::{self, Lock, Request, Response, Status},
+        requests::answer,
+    },
+    kfd::control::{Limits, Notice},
     kfd::Paths,
     model::{State, Update},
     observe::watch::{Intervals, Watcher},
@@ -32,10 +35,10 @@ pub struct Args {
     pub reconcile_interval: u64,
 }
 
-/// top's own control, started on the first `s` / `r` when no controller runs.
+/// top's own control (the KFD backend), started on the first `s` / `r` when no controller runs.
 struct Local {
     _lock: Lock,
-    control: Control,
+    backends: Backends,
     notices: tokio::sync::mpsc::UnboundedReceiver<Notice>,
     requests: tokio::sync::mpsc::Receiver<daemon::Incoming>,
 }
@@ -79,25 +82,28 @@ impl Top {
                 return Ok(r);
             }
             let lock = Lock::acquire(&dir)?;
-            let (control, notices) = Control::start(&self.kfd_device, Default::default())?;
+            let mut backends =
+                Backends::kfd_only(&self.kfd_device, &dir, Limits::default().max_suspend).await?;
+            let Some(notices) = backends.notices.take() else {
+                anyhow::bail!("the KFD backend has no notice channel");
+            };
             let requests = daemon::serve(&dir)?;
             self.local = Some(Local {
                 _lock: lock,
-                control,
+                backends,
                 notices,
                 requests,
             });
         }
-        let Some(local) = &self.local else {
+        let Some(local) = &mut self.local else {
             anyhow::bail!("no control");
         };
-        let suspend = matches!(req, Request::Suspend { .. });
-        let resp = crate::cmd::manual::handle(&local.control, req, Status::default).await;
-        if let Some(r) = &resp.report {
-            let r = r.clone();
-            self.apply(&r, suspend);
+        let ans = answer(&mut local.backends, &self.w.state, req, Status::default).await;
+        if let Some((r, suspend)) = &ans.acted {
+            self.apply(r, *suspend);
             let _ = daemon::write_status(&dir, &self.status());
         }
+        let resp = ans.response;
         Ok(resp)
     }
 }
@@ -167,7 +173,7 @@ impl tui::Source for Top {
         };
         let resp = self.send(req).await?;
         match (resp.report, resp.error) {
-            (Some(r), _) => Ok(describe(&r, suspend)),
+            (Some(r), _) => Ok(r.describe(suspend)),
             (None, Some(e)) => anyhow::bail!("{e}"),
             (None, None) => Ok(String::new()),
         }
@@ -195,10 +201,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     log::set_max_level(log::LevelFilter::Off);
     let r = tui::run(&mut top, ms(args.interval)).await;
     log::set_max_level(level);
-    if let Some(local) = top.local.take() {
+    if let Some(mut local) = top.local.take() {
         // What top suspended runs again.
-        local.control.shutdown().await;
-        let _ = daemon::write_status(&daemon::run_dir(), &Status::default());
+        local.backends.shutdown().await;
     }
     r?;
     Ok(ExitCode::SUCCESS)

@@ -97,37 +97,11 @@ impl Drop for Lock {
         for f in ["control.sock", "status.json", "status.tmp", "targets.tmp"] {
             let _ = std::fs::remove_file(self.dir.join(f));
         }
-        if read_targets(&self.dir).is_empty() {
+        if crate::backend::targets::read_targets(&self.dir).is_empty() {
             let _ = std::fs::remove_file(self.dir.join("targets.json"));
         }
         let _ = std::fs::remove_file(self.dir.join("controller.lock"));
     }
-}
-
-/// A process a controller attached to, with its start time (a reused pid is not touched).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Controlled {
-    pub pid: u32,
-    pub start_time: u64,
-}
-
-/// Records the controlled processes (written on every change; atomically replaced).
-pub fn write_targets(dir: &Path, targets: &[Controlled]) -> Result<()> {
-    write_atomic(&dir.join("targets.json"), &serde_json::to_vec(targets)?)
-}
-
-/// What an earlier controller recorded (empty when none or unreadable).
-pub fn read_targets(dir: &Path) -> Vec<Controlled> {
-    std::fs::read(dir.join("targets.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
-fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// What a controller publishes for `top` and `gpreempt-ebpf resume`.
@@ -155,7 +129,7 @@ pub struct Status {
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {
-    write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
+    crate::fsutil::write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
 }
 
 /// The status of the running controller, if there is one (the lock is held).
@@ -303,6 +277,7 @@ pub async fn ask(dir: &Path, req: &Request) -> Result<Option<Response>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::targets::{read_targets, write_targets, Controlled};
 
     struct Dir(PathBuf);
     impl Dir {

@@ -1,3 +1,5 @@
-//! What a running controller shares with the host and other commands: the lock, the status file,
-//! the targets record and the control socket ([`daemon`]).
+//! The acting side's shared parts: what a running controller shares with the host and other
+//! commands ([`daemon`]: lock, status file, control socket) and how it answers requests
+//! ([`requests`], through the backend seam).
 pub mod daemon;
+pub mod requests;

@@ -1,0 +1,49 @@
+//! Why the seam could not act: one type for every backend, so callers (the controller's loop,
+//! the socket, `top`) decide by cause, not by parsing text.
+
+use std::fmt;
+
+use crate::{kfd::control::TargetError, model::Vendor};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ActError {
+    /// The controller runs with `--dry-run`.
+    DryRun,
+    /// The process's queues belong to a driver this host does not have.
+    NoDriver(Vendor),
+    /// KFD: the control thread's verdict on the target (gone, traced, not permitted...).
+    Target(TargetError),
+    /// NVIDIA: an earlier pause of this process failed; the driver is not asked again yet.
+    BackingOff { retry_in_ms: u64 },
+    /// The driver call failed (its message, with context).
+    Driver(String),
+}
+
+impl fmt::Display for ActError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::DryRun => write!(f, "the controller runs with --dry-run: it acts on nothing"),
+            Self::NoDriver(v) => write!(f, "no {v} GPU driver on this host"),
+            Self::Target(e) => e.fmt(f),
+            Self::BackingOff { retry_in_ms } => write!(
+                f,
+                "backing off after a failed pause: next try in {retry_in_ms} ms"
+            ),
+            Self::Driver(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for ActError {}
+
+impl From<TargetError> for ActError {
+    fn from(e: TargetError) -> Self {
+        Self::Target(e)
+    }
+}
+
+impl From<anyhow::Error> for ActError {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Driver(format!("{e:#}"))
+    }
+}
