@@ -26,14 +26,13 @@ use crate::{
     nv::controller::{NvControl, NvOps, Rm},
     observe::procinfo,
     observe::watch::Watcher,
+    outcome::OpReport,
     policy::Class,
+    rundir,
 };
 
 mod error;
-mod report;
-pub mod targets;
 pub use error::ActError;
-pub use report::{OpReport, QueueOutcome, QueueResult};
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
@@ -200,12 +199,12 @@ impl KfdBackend {
     }
 
     fn save_targets(&self) {
-        let t: Vec<targets::Controlled> = self
+        let t: Vec<rundir::Controlled> = self
             .attached
             .iter()
-            .map(|(&pid, &start_time)| targets::Controlled { pid, start_time })
+            .map(|(&pid, &start_time)| rundir::Controlled { pid, start_time })
             .collect();
-        if let Err(e) = targets::write_targets(&self.dir, &t) {
+        if let Err(e) = rundir::write_targets(&self.dir, &t) {
             log::warn!("{e:#}");
         }
     }
@@ -214,7 +213,7 @@ impl KfdBackend {
 /// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
 /// exited; this covers a controller that vanished in some other way).
 async fn recover(control: &Control, dir: &Path) {
-    for t in targets::read_targets(dir) {
+    for t in rundir::read_targets(dir) {
         if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
             continue;
         }
@@ -227,7 +226,7 @@ async fn recover(control: &Control, dir: &Path) {
             Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
         }
     }
-    let _ = targets::write_targets(dir, &[]);
+    let _ = rundir::write_targets(dir, &[]);
 }
 
 impl Backend for KfdBackend {
@@ -297,7 +296,7 @@ impl Backend for KfdBackend {
     fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
         Box::pin(async move {
             let out = self.control.shutdown().await;
-            let _ = targets::write_targets(&self.dir, &[]);
+            let _ = rundir::write_targets(&self.dir, &[]);
             out
         })
     }
@@ -600,7 +599,10 @@ mod tests {
         assert!(b.upkeep(&s, u64::MAX).is_empty(), "resumed once");
         // Resume of "everything" after that is a no-op report.
         let r = block_on(b.resume(&s, 7, None)).unwrap();
-        assert!(r.queues.iter().all(|q| q.outcome != QueueOutcome::Done));
+        assert!(r
+            .queues
+            .iter()
+            .all(|q| q.outcome != crate::outcome::QueueOutcome::Done));
         drop(b);
         assert_eq!(fake.calls.len(), 2, "{:?}", fake.calls);
         assert!(!fake.calls[1].1, "the second call resumes");

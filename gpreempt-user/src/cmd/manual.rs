@@ -9,7 +9,7 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    backend::{Backends, QueueOutcome},
+    backend::Backends,
     controller::{
         daemon::{self, Request, Response, Status},
         requests::answer,
@@ -17,6 +17,7 @@ use crate::{
     kfd::control::{Limits, Notice},
     model::State,
     observe::procinfo,
+    outcome::QueueOutcome,
     policy::Class,
 };
 

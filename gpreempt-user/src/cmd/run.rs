@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    backend::{Backends, OpReport, QueueOutcome},
+    backend::Backends,
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
@@ -25,6 +25,7 @@ use crate::{
     kfd::Paths,
     model::Update,
     observe::watch::{Intervals, Watcher},
+    outcome::{OpReport, QueueOutcome},
     policy::{Action, Class, Decision, Engine, Policy},
 };
 

@@ -50,7 +50,7 @@ pub struct Top {
 }
 
 impl Top {
-    fn apply(&mut self, r: &crate::backend::OpReport, suspend: bool) {
+    fn apply(&mut self, r: &crate::outcome::OpReport, suspend: bool) {
         let (ts_ns, by, target, queues) =
             (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
         self.w

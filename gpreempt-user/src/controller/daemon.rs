@@ -20,13 +20,8 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::backend::OpReport;
-
-pub fn run_dir() -> PathBuf {
-    std::env::var_os("GPREEMPT_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/gpreempt-ebpf"))
-}
+use crate::outcome::OpReport;
+pub use crate::rundir::run_dir;
 
 /// An exclusive flock on `<dir>/controller.lock`, holding our pid. Released when dropped or
 /// when the process dies in any way (the kernel drops flocks with the last fd).
@@ -97,7 +92,7 @@ impl Drop for Lock {
         for f in ["control.sock", "status.json", "status.tmp", "targets.tmp"] {
             let _ = std::fs::remove_file(self.dir.join(f));
         }
-        if crate::backend::targets::read_targets(&self.dir).is_empty() {
+        if crate::rundir::read_targets(&self.dir).is_empty() {
             let _ = std::fs::remove_file(self.dir.join("targets.json"));
         }
         let _ = std::fs::remove_file(self.dir.join("controller.lock"));
@@ -129,7 +124,7 @@ pub struct Status {
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {
-    crate::fsutil::write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
+    crate::rundir::write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
 }
 
 /// The status of the running controller, if there is one (the lock is held).
@@ -277,7 +272,7 @@ pub async fn ask(dir: &Path, req: &Request) -> Result<Option<Response>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::targets::{read_targets, write_targets, Controlled};
+    use crate::rundir::{read_targets, write_targets, Controlled};
 
     struct Dir(PathBuf);
     impl Dir {

@@ -3,9 +3,10 @@
 //! vendor control directly.
 
 use crate::{
-    backend::{Backends, OpReport},
+    backend::Backends,
     controller::daemon::{Request, Response, Status},
     model::State,
+    outcome::OpReport,
 };
 
 /// A request's answer, and what was done (for the caller's model, audit and status).

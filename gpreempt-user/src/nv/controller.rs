@@ -16,13 +16,13 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
-    backend::{OpReport, QueueOutcome, QueueResult},
     clock::monotonic_ns,
     model::State,
     nv::{
         guardian::{GuardianHandle, HoldEntry},
         rm::{dup_fd, set_disabled, Channels},
     },
+    outcome::{OpReport, QueueOutcome, QueueResult},
 };
 
 /// What pausing needs from the system; the real one is [`Rm`], tests use a fake.

@@ -12,11 +12,11 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    backend::QueueOutcome,
     kfd::Paths,
     model::QueueKind,
     nv::controller::NvControl,
     observe::watch::{Intervals, Watcher},
+    outcome::QueueOutcome,
 };
 
 #[derive(clap::Args, Debug)]
@@ -110,7 +110,7 @@ pub async fn main(args: &Args) -> Result<ExitCode> {
     // The controller's own path: fd duplicates, the guardian's hold, then the pauses.
     let mut nv = NvControl::new(&dir)?;
     nv.prepare(&w.state, pid)?;
-    let took = |r: &crate::backend::OpReport| -> Result<f64> {
+    let took = |r: &crate::outcome::OpReport| -> Result<f64> {
         if r.queues.iter().any(|q| q.outcome != QueueOutcome::Done) {
             bail!("pid {pid}: not every TSG was acted on: {:?}", r.queues);
         }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpreempt_common::kfd;
 
-use crate::backend::{OpReport, QueueOutcome, QueueResult};
+use crate::outcome::{OpReport, QueueOutcome, QueueResult};
 
 /// One second in ns: the rate limit's window.
 const WINDOW_NS: u64 = 1_000_000_000;

@@ -35,7 +35,7 @@ use nix::sys::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use crate::backend::OpReport;
+use crate::outcome::OpReport;
 
 mod holds;
 mod ops;
@@ -384,4 +384,9 @@ impl Drop for Control {
             let _ = t.join();
         }
     }
+}
+
+/// The errno of a failed syscall (0 when it carries none).
+fn errno_of(e: &std::io::Error) -> nix::errno::Errno {
+    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
 }

@@ -20,13 +20,14 @@ use nix::{
 };
 
 use super::{
+    errno_of,
     holds::{self, Book},
     thread::{Target, Thread},
     Notice, SnapQueue, TargetError, SUBSCRIBED,
 };
 use crate::{
-    backend::{OpReport, QueueOutcome, QueueResult},
     clock::monotonic_ns,
+    outcome::{OpReport, QueueOutcome, QueueResult},
 };
 
 pub(super) fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
@@ -64,10 +65,6 @@ pub(super) fn seize_error(e: Errno, tracer: impl FnOnce() -> Option<(u32, String
         },
         e => TargetError::Other(format!("PTRACE_SEIZE: {e}")),
     }
-}
-
-pub(super) fn errno_of(e: &std::io::Error) -> Errno {
-    Errno::from_raw(e.raw_os_error().unwrap_or(0))
 }
 
 pub(super) fn op_error(op: &str, e: &std::io::Error) -> TargetError {

@@ -24,7 +24,7 @@ use super::{
     thread::{Target, Thread},
     Limits, Notice, Req, TargetError,
 };
-use crate::backend::{OpReport, QueueOutcome, QueueResult};
+use crate::outcome::{OpReport, QueueOutcome, QueueResult};
 
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

@@ -24,8 +24,8 @@ use nix::{
 use tokio::sync::mpsc as tmpsc;
 
 use super::{
+    errno_of,
     holds::{self, Book, Fences},
-    ops::errno_of,
     Limits, Notice, Req, SUBSCRIBED,
 };
 use crate::clock::monotonic_ns;
