@@ -1,0 +1,622 @@
+//! The debug-trap and queue rules, driven through `ioctl` with a fake host.
+use super::*;
+use crate::spec::{Model, Spec};
+#[cfg(test)]
+use gpreempt_common::kfd::{
+    dbg_op, DbgTrapQueryDebugEventArgs, DbgTrapQueueSnapshotArgs, DbgTrapSendRuntimeEventArgs,
+    DestroyQueueArgs, KFD_DBG_QUEUE_ERROR_MASK, KFD_DBG_QUEUE_INVALID_MASK,
+};
+use gpreempt_common::kfd::{
+    iowr, DbgTrapEnableArgs, DbgTrapPayload, DbgTrapResumeQueuesArgs, DbgTrapSuspendQueuesArgs,
+};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, FromRawFd};
+
+#[derive(Default)]
+pub struct FakeHost {
+    mem: HashMap<(u32, u64), u8>,
+    pub tracer: HashMap<u32, u32>,
+    pub alive: HashSet<u32>,
+    pub dots: Vec<OwnedFd>,
+}
+
+impl Host for FakeHost {
+    fn read_mem(&mut self, pid: u32, addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        if addr == 0 {
+            return Err(libc::EFAULT);
+        }
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = *self.mem.get(&(pid, addr + i as u64)).unwrap_or(&0);
+        }
+        Ok(())
+    }
+    fn write_mem(&mut self, pid: u32, addr: u64, data: &[u8]) -> Result<(), Errno> {
+        for (i, b) in data.iter().enumerate() {
+            self.mem.insert((pid, addr + i as u64), *b);
+        }
+        Ok(())
+    }
+    fn tracer(&mut self, pid: u32) -> Option<u32> {
+        self.tracer.get(&pid).copied()
+    }
+    fn take_fd(&mut self, _pid: u32, fd: u32) -> Result<OwnedFd, Errno> {
+        if fd == u32::MAX {
+            return Err(libc::EBADF);
+        }
+        let mut p = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        unsafe {
+            assert_eq!(libc::pipe2(p.as_mut_ptr(), libc::O_NONBLOCK), 0);
+            self.dots.push(OwnedFd::from_raw_fd(p[0]));
+            Ok(OwnedFd::from_raw_fd(p[1]))
+        }
+    }
+    fn fd_exists(&mut self, _pid: u32, _fd: u32) -> bool {
+        true
+    }
+    fn process_exists(&mut self, pid: u32) -> bool {
+        self.alive.contains(&pid)
+    }
+}
+
+impl FakeHost {
+    /// '.' bytes written to the last debugger fd so far.
+    pub fn drain_dots(&mut self) -> usize {
+        let Some(fd) = self.dots.last() else { return 0 };
+        let mut buf = [0u8; 64];
+        // SAFETY: reading into a local buffer from a non-blocking pipe we own.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        n.max(0) as usize
+    }
+    pub fn ids(&mut self, pid: u32, addr: u64, n: usize) -> Vec<u32> {
+        let mut b = vec![0u8; n * 4];
+        self.read_mem(pid, addr, &mut b).unwrap();
+        b.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
+pub const TARGET: u32 = 100;
+pub const DEBUGGER: u32 = 200;
+const OTHER: u32 = 300;
+const ARRAY: u64 = 0x5000;
+const RINFO: u64 = 0x6000;
+
+pub struct World {
+    pub kfd: Kfd,
+    pub host: FakeHost,
+    pub gpu: u32,
+}
+
+fn me(pid: u32) -> Caller {
+    Caller {
+        tgid: pid,
+        tid: pid,
+    }
+}
+
+#[allow(clippy::new_without_default)]
+impl World {
+    pub fn new() -> Self {
+        let kfd = Kfd::new(&Spec::new(Model::Mi210), 1, 7, Costs::default());
+        let gpu = kfd.gpus[0].gpu_id;
+        let mut host = FakeHost::default();
+        host.alive.extend([TARGET, DEBUGGER, OTHER]);
+        World { kfd, host, gpu }
+    }
+    pub fn call<T: Copy>(&mut self, caller: u32, nr: u32, args: &T) -> (i32, Vec<u8>) {
+        // SAFETY: T is one of the plain KFD arg structs.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((args as *const T).cast::<u8>(), std::mem::size_of::<T>())
+        };
+        let cmd = iowr(nr, bytes.len());
+        match self
+            .kfd
+            .ioctl(me(caller), caller, cmd, bytes, &mut self.host, 0)
+        {
+            Outcome::Done { ret, out } => (ret, out),
+            Outcome::Blocked(w) => panic!("blocked: {w:?}"),
+        }
+    }
+    pub fn raw(&mut self, caller: u32, nr: u32, bytes: &[u8]) -> Outcome {
+        self.kfd.ioctl(
+            me(caller),
+            caller,
+            iowr(nr, bytes.len()),
+            bytes,
+            &mut self.host,
+            0,
+        )
+    }
+    /// A process with an acquired VM, runtime enabled (or not), and `n` AQL queues.
+    pub fn process(&mut self, pid: u32, runtime: bool, n: u32) -> Vec<u32> {
+        self.kfd.open(me(pid));
+        let vm = kfd::AcquireVmArgs {
+            drm_fd: 3,
+            gpu_id: self.gpu,
+        };
+        assert_eq!(self.call(pid, nr::ACQUIRE_VM, &vm).0, 0);
+        if runtime {
+            let rt = RuntimeEnableArgs {
+                mode_mask: 1,
+                ..Default::default()
+            };
+            assert_eq!(self.call(pid, nr::RUNTIME_ENABLE, &rt).0, 0);
+        }
+        (0..n)
+            .map(|i| self.queue(pid, 0x10_0000 * (u64::from(i) + 1), 7))
+            .collect()
+    }
+    pub fn queue(&mut self, pid: u32, base: u64, priority: u32) -> u32 {
+        for (va, size) in [(base, 4096u64), (base + 0x1_0000, 0x1_0000)] {
+            let a = AllocMemoryOfGpuArgs {
+                va_addr: va,
+                size,
+                mmap_offset: va,
+                gpu_id: self.gpu,
+                flags: kfd::alloc_mem_flags::USERPTR,
+                ..Default::default()
+            };
+            let (r, out) = self.call(pid, nr::ALLOC_MEMORY_OF_GPU, &a);
+            assert_eq!(r, 0);
+            let h = AllocMemoryOfGpuArgs::from_bytes(&out).handle;
+            let devs = self.gpu.to_le_bytes();
+            self.host.write_mem(pid, 0x9000, &devs).unwrap();
+            let m = kfd::MapMemoryToGpuArgs {
+                handle: h,
+                device_ids_array_ptr: 0x9000,
+                n_devices: 1,
+                n_success: 0,
+            };
+            assert_eq!(self.call(pid, nr::MAP_MEMORY_TO_GPU, &m).0, 0);
+        }
+        let c = CreateQueueArgs {
+            ring_base_address: base + 0x1_0000,
+            write_pointer_address: base + 0x38,
+            read_pointer_address: base + 0x80,
+            ring_size: 0x1_0000,
+            gpu_id: self.gpu,
+            queue_type: queue_type::COMPUTE_AQL,
+            queue_percentage: 100,
+            queue_priority: priority,
+            ..Default::default()
+        };
+        let (r, out) = self.call(pid, nr::CREATE_QUEUE, &c);
+        assert_eq!(r, 0, "create_queue");
+        CreateQueueArgs::from_bytes(&out).queue_id
+    }
+    pub fn dbg<P: DbgTrapPayload>(&mut self, caller: u32, target: u32, p: P) -> (i32, DbgTrapArgs) {
+        let a = DbgTrapArgs::new(target, p);
+        let (r, out) = self.call(caller, nr::DBG_TRAP, &a);
+        (r, DbgTrapArgs::from_bytes(&out))
+    }
+    pub fn enable(&mut self, debugger: u32, target: u32, mask: u64) -> i32 {
+        self.dbg(
+            debugger,
+            target,
+            DbgTrapEnableArgs {
+                exception_mask: mask,
+                rinfo_ptr: RINFO,
+                rinfo_size: 16,
+                dbg_fd: 5,
+            },
+        )
+        .0
+    }
+    pub fn suspend(
+        &mut self,
+        caller: u32,
+        target: u32,
+        ids: &[u32],
+        clear: u64,
+    ) -> (i32, Vec<u32>) {
+        let raw: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.host.write_mem(caller, ARRAY, &raw).unwrap();
+        let s = DbgTrapSuspendQueuesArgs {
+            exception_mask: clear,
+            queue_array_ptr: ARRAY,
+            num_queues: ids.len() as u32,
+            grace_period: 0,
+        };
+        let r = self.dbg(caller, target, s).0;
+        (r, self.host.ids(caller, ARRAY, ids.len()))
+    }
+    pub fn resume(&mut self, caller: u32, target: u32, ids: &[u32]) -> (i32, Vec<u32>) {
+        let raw: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.host.write_mem(caller, ARRAY, &raw).unwrap();
+        let s = DbgTrapResumeQueuesArgs {
+            queue_array_ptr: ARRAY,
+            num_queues: ids.len() as u32,
+            pad: 0,
+        };
+        let r = self.dbg(caller, target, s).0;
+        (r, self.host.ids(caller, ARRAY, ids.len()))
+    }
+    pub fn suspended(&self, pid: u32, qid: u32) -> bool {
+        self.kfd.queue((pid, qid)).unwrap().is_suspended
+    }
+    pub fn mapped(&self, pid: u32, qid: u32) -> bool {
+        self.kfd.gpus[0].slot_of((pid, qid)).is_some()
+    }
+}
+
+#[cfg(test)]
+const NEW: u64 = ec_mask(ec::QUEUE_NEW);
+#[cfg(test)]
+const RUNTIME: u64 = ec_mask(ec::PROCESS_RUNTIME);
+#[cfg(test)]
+const INVALID: u32 = KFD_DBG_QUEUE_INVALID_MASK;
+
+/// A consumed slot is handed back INVALID before the read id moves: a producer bumps the
+/// write id before it writes the packet, and the ring's previous lap must not be run again
+/// (it was: the read id overtook the write id and the workload's arithmetic overflowed).
+#[test]
+fn a_completed_packet_leaves_its_slot_invalid() {
+    use crate::aql::{Dispatch, PACKET_BYTES, PACKET_TYPE_INVALID, PACKET_TYPE_KERNEL_DISPATCH};
+    let mut w = World::new();
+    let base = 0x10_0000u64;
+    w.kfd.open(me(TARGET));
+    w.process(TARGET, true, 0);
+    w.queue(TARGET, base, 7);
+    let (ring, wptr, rptr) = (base + 0x1_0000, base + 0x38, base + 0x80);
+    let d = Dispatch {
+        header: PACKET_TYPE_KERNEL_DISPATCH,
+        workgroup: [64, 1, 1],
+        grid: [64, 1, 1],
+        kernel_object: 1,
+        duration_ns: 1_000,
+        completion_signal: 0,
+    };
+    w.host.write_mem(TARGET, ring, &d.encode()).unwrap();
+    w.host.write_mem(TARGET, wptr, &1u64.to_le_bytes()).unwrap();
+    let header = |h: &mut FakeHost| {
+        let mut b = [0u8; 2];
+        h.read_mem(TARGET, ring, &mut b).unwrap();
+        u16::from_le_bytes(b)
+    };
+    let read_id = |h: &mut FakeHost| {
+        let mut b = [0u8; 8];
+        h.read_mem(TARGET, rptr, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    };
+    let mut now = 0;
+    while read_id(&mut w.host) < 1 && now < 1_000_000_000 {
+        now += 1_000_000;
+        crate::gpu::advance(&mut w.kfd, &mut w.host, now);
+    }
+    assert_eq!(read_id(&mut w.host), 1, "the packet completes");
+    assert_eq!(header(&mut w.host) & 0xff, PACKET_TYPE_INVALID);
+    // The rest of the lap (zeroed memory reads as vendor-specific packets, which complete at
+    // once), then a producer that reserved the next lap's slot 0 but has not written it
+    // yet: the packet processor waits there.
+    let slots = 0x1_0000 / PACKET_BYTES as u64;
+    w.host
+        .write_mem(TARGET, wptr, &(slots + 1).to_le_bytes())
+        .unwrap();
+    for _ in 0..10 {
+        now += 1_000_000;
+        crate::gpu::advance(&mut w.kfd, &mut w.host, now);
+    }
+    assert_eq!(read_id(&mut w.host), slots, "the unwritten slot was run");
+}
+
+#[test]
+fn create_queue_results_and_errors() {
+    let mut w = World::new();
+    let q = w.process(TARGET, true, 2);
+    assert_eq!(q, vec![0, 1], "lowest free ids");
+    let q0 = w.kfd.queue((TARGET, 0)).unwrap();
+    assert_eq!(q0.doorbell_id, 0);
+    assert!(w.mapped(TARGET, 0) && w.mapped(TARGET, 1));
+    let c = CreateQueueArgs {
+        gpu_id: w.gpu,
+        ring_size: 1000,
+        ..Default::default()
+    };
+    assert_eq!(
+        w.call(TARGET, nr::CREATE_QUEUE, &c).0,
+        -libc::EINVAL,
+        "ring size not a power of two"
+    );
+    let c = CreateQueueArgs {
+        gpu_id: w.gpu,
+        queue_priority: 16,
+        ..Default::default()
+    };
+    assert_eq!(w.call(TARGET, nr::CREATE_QUEUE, &c).0, -libc::EINVAL);
+    let c = CreateQueueArgs {
+        gpu_id: w.gpu,
+        queue_type: 9,
+        ..Default::default()
+    };
+    assert_eq!(w.call(TARGET, nr::CREATE_QUEUE, &c).0, -ENOTSUPP);
+    let c = CreateQueueArgs {
+        gpu_id: 12345,
+        queue_type: queue_type::COMPUTE_AQL,
+        ..Default::default()
+    };
+    assert_eq!(
+        w.call(TARGET, nr::CREATE_QUEUE, &c).0,
+        -libc::EINVAL,
+        "unknown gpu"
+    );
+    let c = CreateQueueArgs {
+        gpu_id: w.gpu,
+        queue_type: queue_type::COMPUTE_AQL,
+        ring_base_address: 0x77_0000,
+        ring_size: 4096,
+        ..Default::default()
+    };
+    assert_eq!(
+        w.call(TARGET, nr::CREATE_QUEUE, &c).0,
+        -libc::EINVAL,
+        "buffers not GPU-mapped"
+    );
+    // Unknown nr and DKMS numbers: ENOTTY; another process's fd: EBADF.
+    assert!(
+        matches!(w.raw(TARGET, 0x80, &[0; 8]), Outcome::Done { ret, .. } if ret == -libc::ENOTTY)
+    );
+    let v = w.kfd.ioctl(
+        me(OTHER),
+        TARGET,
+        iowr(nr::GET_VERSION, 8),
+        &[0; 8],
+        &mut w.host,
+        0,
+    );
+    assert!(matches!(v, Outcome::Done { ret, .. } if ret == -libc::EBADF));
+    // RUNTIME_ENABLE once queues exist: EBUSY (already enabled) / EEXIST (fresh process).
+    w.process(OTHER, false, 1);
+    let rt = RuntimeEnableArgs {
+        mode_mask: 1,
+        ..Default::default()
+    };
+    assert_eq!(w.call(OTHER, nr::RUNTIME_ENABLE, &rt).0, -libc::EEXIST);
+    assert_eq!(w.call(TARGET, nr::RUNTIME_ENABLE, &rt).0, -libc::EBUSY);
+}
+
+#[test]
+fn ptrace_rule_and_runtime_rule() {
+    let mut w = World::new();
+    let q = w.process(TARGET, false, 1);
+    w.process(DEBUGGER, false, 0);
+    assert_eq!(
+        w.enable(DEBUGGER, TARGET, NEW),
+        -libc::EPERM,
+        "not the ptrace parent"
+    );
+    w.host.tracer.insert(TARGET, DEBUGGER + 1); // another thread of the debugger
+    assert_eq!(
+        w.enable(DEBUGGER, TARGET, NEW),
+        -libc::EPERM,
+        "the tracer must be the calling thread"
+    );
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW), 0);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW), -libc::EALREADY);
+    assert_eq!(
+        w.suspend(DEBUGGER, TARGET, &q, 0).0,
+        -libc::EPERM,
+        "runtime not enabled"
+    );
+    // A target may debug itself without ptrace.
+    let mut w2 = World::new();
+    w2.process(OTHER, true, 0);
+    assert_eq!(w2.enable(OTHER, OTHER, 0), 0);
+}
+
+#[test]
+fn queue_new_blocks_suspend_until_cleared() {
+    let mut w = World::new();
+    let q = w.process(TARGET, true, 2);
+    w.process(DEBUGGER, false, 0);
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW | RUNTIME), 0);
+    // Queues made before ENABLE carry QUEUE_NEW too: nothing suspends, entries stay INVALID.
+    let (r, ids) = w.suspend(DEBUGGER, TARGET, &q, 0);
+    assert_eq!(r, 0);
+    assert_eq!(ids, vec![INVALID, 1 | INVALID]);
+    // QUERY_DEBUG_EVENT reports the newest queue first and clears what it is asked to.
+    let (r, a) = w.dbg(
+        DEBUGGER,
+        TARGET,
+        DbgTrapQueryDebugEventArgs {
+            exception_mask: NEW,
+            ..Default::default()
+        },
+    );
+    let e: DbgTrapQueryDebugEventArgs = a.payload();
+    assert_eq!(
+        (r, e.queue_id, e.gpu_id, e.exception_mask & NEW),
+        (0, 1, w.gpu, NEW)
+    );
+    let (r, ids) = w.suspend(DEBUGGER, TARGET, &q, 0);
+    assert_eq!(
+        (r, ids),
+        (1, vec![INVALID, 1]),
+        "queue 1 cleared, queue 0 still new"
+    );
+    assert!(w.suspended(TARGET, 1) && !w.mapped(TARGET, 1) && w.mapped(TARGET, 0));
+    // The snapshot's clear mask works too; an unknown id stays INVALID.
+    let s = DbgTrapQueueSnapshotArgs {
+        exception_mask: NEW,
+        snapshot_buf_ptr: 0x8000,
+        num_queues: 8,
+        entry_size: 64,
+    };
+    let (r, a) = w.dbg(DEBUGGER, TARGET, s);
+    assert_eq!(
+        (r, a.payload::<DbgTrapQueueSnapshotArgs>().num_queues),
+        (0, 2)
+    );
+    let (r, ids) = w.suspend(DEBUGGER, TARGET, &[0, 1, 7], 0);
+    assert_eq!(
+        (r, ids),
+        (2, vec![0, 1, 7 | INVALID]),
+        "already-suspended queues count"
+    );
+    // Resume counts every listed queue that exists.
+    let (r, ids) = w.resume(DEBUGGER, TARGET, &[0, 9]);
+    assert_eq!((r, ids), (1, vec![0, 9 | INVALID]));
+    assert!(!w.suspended(TARGET, 0) && w.mapped(TARGET, 0));
+    // Nothing pending: EAGAIN.
+    w.dbg(
+        DEBUGGER,
+        TARGET,
+        DbgTrapQueryDebugEventArgs {
+            exception_mask: u64::MAX,
+            ..Default::default()
+        },
+    );
+    let (r, _) = w.dbg(
+        DEBUGGER,
+        TARGET,
+        DbgTrapQueryDebugEventArgs {
+            exception_mask: u64::MAX,
+            ..Default::default()
+        },
+    );
+    let (r2, _) = w.dbg(DEBUGGER, TARGET, DbgTrapQueryDebugEventArgs::default());
+    assert!(r == 0 || r == -libc::EAGAIN);
+    assert_eq!(r2, -libc::EAGAIN);
+}
+
+#[test]
+fn events_write_dots_and_runtime_enable_waits_for_the_debugger() {
+    let mut w = World::new();
+    w.process(TARGET, false, 0);
+    w.process(DEBUGGER, false, 0);
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW | RUNTIME), 0);
+    assert_eq!(w.host.drain_dots(), 0);
+    let rt = RuntimeEnableArgs {
+        mode_mask: 1,
+        ..Default::default()
+    };
+    let o = w.raw(TARGET, nr::RUNTIME_ENABLE, rt.as_bytes());
+    let Outcome::Blocked(wait) = o else {
+        panic!("RUNTIME_ENABLE must block: {o:?}")
+    };
+    assert_eq!(w.host.drain_dots(), 1, "EC_PROCESS_RUNTIME raised");
+    assert!(w.kfd.retry(&wait, 0).is_none());
+    // A signal interrupts it; the retry goes straight back to waiting.
+    assert!(matches!(w.kfd.interrupt(&wait), Outcome::Done { ret, .. } if ret == -libc::EINTR));
+    let Outcome::Blocked(wait) = w.raw(TARGET, nr::RUNTIME_ENABLE, rt.as_bytes()) else {
+        panic!()
+    };
+    let ack = DbgTrapSendRuntimeEventArgs {
+        exception_mask: RUNTIME,
+        gpu_id: 0,
+        queue_id: 0,
+    };
+    assert_eq!(w.dbg(DEBUGGER, TARGET, ack).0, 0);
+    assert!(matches!(
+        w.kfd.retry(&wait, 0),
+        Some(Outcome::Done { ret: 0, .. })
+    ));
+    w.queue(TARGET, 0x10_0000, 7);
+    assert_eq!(w.host.drain_dots(), 1, "EC_QUEUE_NEW raised");
+}
+
+#[test]
+fn disable_by_anyone_and_debugger_death_resume_everything() {
+    for how in ["third-party disable", "debugger exit"] {
+        let mut w = World::new();
+        let q = w.process(TARGET, true, 1);
+        w.process(DEBUGGER, false, 0);
+        w.process(OTHER, false, 0);
+        w.host.tracer.insert(TARGET, DEBUGGER);
+        assert_eq!(w.enable(DEBUGGER, TARGET, NEW), 0);
+        w.dbg(
+            DEBUGGER,
+            TARGET,
+            DbgTrapQueryDebugEventArgs {
+                exception_mask: NEW,
+                ..Default::default()
+            },
+        );
+        assert_eq!(w.suspend(DEBUGGER, TARGET, &q, 0).0, 1);
+        assert!(w.suspended(TARGET, 0));
+        assert_eq!(w.suspend(OTHER, TARGET, &q, 0).0, -libc::EPERM, "{how}");
+        match how {
+            "third-party disable" => {
+                assert_eq!(
+                    w.call(
+                        OTHER,
+                        nr::DBG_TRAP,
+                        &DbgTrapArgs::bare(TARGET, dbg_op::DISABLE)
+                    )
+                    .0,
+                    0
+                )
+            }
+            _ => w.kfd.process_exit(DEBUGGER, 0),
+        }
+        assert!(!w.suspended(TARGET, 0) && w.mapped(TARGET, 0), "{how}");
+        assert!(w.kfd.procs[&TARGET].debug.is_none(), "{how}");
+    }
+}
+
+#[test]
+fn destroy_blocks_while_suspended_and_target_death_frees_its_queues() {
+    let mut w = World::new();
+    let q = w.process(TARGET, true, 1);
+    w.process(DEBUGGER, false, 0);
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    w.enable(DEBUGGER, TARGET, NEW);
+    w.dbg(
+        DEBUGGER,
+        TARGET,
+        DbgTrapQueryDebugEventArgs {
+            exception_mask: NEW,
+            ..Default::default()
+        },
+    );
+    w.suspend(DEBUGGER, TARGET, &q, 0);
+    let d = DestroyQueueArgs {
+        queue_id: 0,
+        pad: 0,
+    };
+    let Outcome::Blocked(wait) = w.raw(TARGET, nr::DESTROY_QUEUE, d.as_bytes()) else {
+        panic!("destroy of a suspended queue must block")
+    };
+    // Being destroyed: a second suspend reports it INVALID.
+    assert!(w.kfd.retry(&wait, 0).is_none());
+    w.resume(DEBUGGER, TARGET, &q);
+    assert!(matches!(
+        w.kfd.retry(&wait, 0),
+        Some(Outcome::Done { ret: 0, .. })
+    ));
+    assert!(w.kfd.queue((TARGET, 0)).is_none());
+    w.queue(TARGET, 0x20_0000, 7);
+    assert!(w.mapped(TARGET, 0));
+    w.kfd.process_exit(TARGET, 0);
+    assert!(!w.kfd.procs.contains_key(&TARGET));
+    assert!(w.kfd.gpus[0].slots.iter().all(Option::is_none));
+    assert!(w.kfd.gpus[0].runlist.is_empty());
+}
+
+#[test]
+fn failed_preemption_sets_error_bits() {
+    let mut w = World::new();
+    let q = w.process(TARGET, true, 2);
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    w.process(DEBUGGER, false, 0);
+    w.enable(DEBUGGER, TARGET, 0);
+    w.kfd.gpus[0].hws_hung = true;
+    // Still QUEUE_NEW: refused (INVALID) before the device is even asked.
+    let (r, ids) = w.suspend(DEBUGGER, TARGET, &q, 0);
+    assert_eq!(r, 0);
+    assert!(ids.iter().all(|i| i & INVALID != 0), "{ids:x?}");
+    // DISABLE clears every exception status, QUEUE_NEW included: a new session can suspend.
+    w.kfd.dbg_disable(TARGET, 0);
+    w.enable(DEBUGGER, TARGET, NEW);
+    w.kfd.gpus[0].hws_hung = true;
+    let (r, ids) = w.suspend(DEBUGGER, TARGET, &q, 0);
+    assert_eq!(r, 0, "nothing counts as suspended");
+    assert_eq!(
+        ids,
+        vec![KFD_DBG_QUEUE_ERROR_MASK, 1 | KFD_DBG_QUEUE_ERROR_MASK]
+    );
+}

@@ -1,0 +1,160 @@
+//! The guardian: nothing in the NVIDIA driver resumes channels that a dead controller paused
+//! (unlike KFD, which drops the debug trap with the debugger's mm), so a separate process does.
+//!
+//! The controller spawns `gpreempt-ebpf nv-guardian --journal PATH` ([`GuardianHandle::spawn`])
+//! with a pipe as its stdin, in its own process group (a Ctrl-C to the controller's group does
+//! not reach it; it also ignores SIGINT/SIGHUP/SIGQUIT). Protocol, one JSON line per request,
+//! one reply line (`ok` or `err <reason>`) per request, `ready` once at start:
+//!
+//! - `{"op":"hold","pid":P,"fd":F,"h_client":C,"h_subdevice":S,"channels":[..]}` before a pause:
+//!   the guardian takes its own duplicate of the target's fd, resumes the listed channels once
+//!   through it (they are running: this proves it can undo the pause), journals the entry
+//!   (fsync) and replies `ok`. Only then may the controller pause. A repeated hold of the same
+//!   (pid, client, subdevice) adds channels.
+//! - `{"op":"release","pid":P,"h_client":C}` after the resume: the entries go (journal
+//!   rewritten) and so do the duplicates. A hold may also span many pause/resume cycles:
+//!   resuming channels that run is harmless.
+//! - An empty line is a heartbeat, with no reply. EOF catches a controller that dies, not one
+//!   that hangs (its event loop stuck) with channels paused and its stdin still open. With
+//!   `--lease-ms N` ([`GuardianHandle::spawn_with_lease`]) the controller owes a line (a request
+//!   or [`GuardianHandle::beat`]) at least every N ms; after a longer silence the guardian resumes
+//!   everything held, once until the next line, but keeps the holds and the journal: a
+//!   controller that wakes up carries on with them (and may pause again).
+//!
+//! On EOF of stdin (the controller exited or was killed, any way) or SIGTERM, it resumes every
+//! held entry through its own duplicates, says so on stderr, empties the journal and exits (0 if
+//! everything was resumed). A target that exits is dropped at once: our duplicate of its fd
+//! would keep its RM client, and so its GPU memory, alive. If the guardian itself dies, the
+//! journal remains: [`recover`] (and every guardian at start) resumes what it lists.
+
+use std::{
+    io::{self, Write},
+    path::PathBuf,
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use nix::sys::{
+    signal::{SigHandler, SigSet, Signal},
+    signalfd::{SfdFlags, SignalFd},
+};
+use serde::{Deserialize, Serialize};
+
+use super::rm::Channels;
+
+mod handle;
+mod holds;
+mod journal;
+mod serve;
+
+pub use handle::GuardianHandle;
+pub use holds::{enable_entry, Guardian, Rm, TargetFd, Targets};
+pub use journal::{recover, Journal};
+use serve::Input;
+pub use serve::{serve, Event, Source};
+
+/// `gpreempt-ebpf nv-guardian` (hidden; started by the controller).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The re-enable journal (in the run dir; the controller names it).
+    #[arg(long, value_name = "FILE")]
+    pub journal: PathBuf,
+    /// Resume what is held when the controller sends no line for this long (0: no lease).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub lease_ms: u64,
+}
+
+/// Channels of one client of one target that the controller is about to pause: where to find
+/// the target's nvidiactl file (`pid`, `fd`) and what to resume through it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldEntry {
+    pub pid: u32,
+    pub fd: i32,
+    pub h_client: u32,
+    pub h_subdevice: u32,
+    pub channels: Vec<u32>,
+}
+
+impl HoldEntry {
+    fn key(&self) -> (u32, u32, u32) {
+        (self.pid, self.h_client, self.h_subdevice)
+    }
+
+    pub fn to_channels(&self) -> Channels {
+        Channels {
+            h_client: self.h_client,
+            h_subdevice: self.h_subdevice,
+            channels: self.channels.clone(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} channel(s) of pid {} (fd {}, client {:#x}, subdevice {:#x})",
+            self.channels.len(),
+            self.pid,
+            self.fd,
+            self.h_client,
+            self.h_subdevice
+        )
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Request {
+    Hold(HoldEntry),
+    Release { pid: u32, h_client: u32 },
+}
+
+fn say(msg: &str) {
+    eprintln!("gpreempt-ebpf nv-guardian: {msg}");
+}
+
+/// One line, for a reply.
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace(['\n', '\r'], " ")
+}
+
+/// `gpreempt-ebpf nv-guardian --journal PATH [--lease-ms N]`.
+pub fn main(args: &Args) -> Result<ExitCode> {
+    for s in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
+        // SAFETY: SIG_IGN installs no handler code; nothing else in this process handles these.
+        unsafe { nix::sys::signal::signal(s, SigHandler::SigIgn) }
+            .with_context(|| format!("ignoring {s}"))?;
+    }
+    // Out of the controller's session too, when not already a group leader (spawn makes us one).
+    let _ = nix::unistd::setsid();
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.thread_block().context("blocking SIGTERM")?;
+    let sigterm = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).context("signalfd")?;
+
+    let mut out = io::stdout().lock();
+    let journal = Journal::new(&args.journal);
+    let started = journal
+        .lock()
+        .and_then(|lock| Ok((lock, Guardian::new(Rm, journal.clone())?)));
+    let (_lock, mut g) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = writeln!(out, "err {}", one_line(&e)).and_then(|_| out.flush());
+            return Err(e);
+        }
+    };
+    writeln!(out, "ready")
+        .and_then(|_| out.flush())
+        .context("answering the controller")?;
+    let lease = (args.lease_ms > 0).then(|| Duration::from_millis(args.lease_ms));
+    Ok(
+        if serve(Input::new(sigterm, io::stdin()), out, &mut g, lease) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests;

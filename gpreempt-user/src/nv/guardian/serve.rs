@@ -1,0 +1,244 @@
+//! The guardian loop ([`serve`]): the controller's lines and silences ([`Source`]), the heartbeat
+//! lease, and stdin with SIGTERM as its end.
+
+use std::{
+    io::{BufRead, Write},
+    os::fd::AsFd,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+    sys::signalfd::SignalFd,
+};
+
+use super::{
+    holds::{Guardian, Targets},
+    say,
+};
+
+/// How long the guardian waits for a line when no lease is due sooner: exited targets are reaped
+/// at least this often.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What [`serve`] reads from the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A line, without its newline (empty: a heartbeat).
+    Line(String),
+    /// No line within the wait.
+    Idle,
+    /// EOF, SIGTERM, a read error or an unterminated last line: the controller's end.
+    End,
+}
+
+/// The controller's lines and silences, on a clock of its own (injectable for tests).
+pub trait Source {
+    /// The next line, or [`Event::Idle`] once `wait` passed without one.
+    fn next(&mut self, wait: Duration) -> Event;
+    /// The clock `wait` and the lease are measured on.
+    fn now(&self) -> Instant;
+}
+
+const TORN: &str = "ignoring an unterminated last request";
+
+fn text(line: &[u8]) -> String {
+    String::from_utf8_lossy(line)
+        .trim_end_matches(['\n', '\r'])
+        .to_string()
+}
+
+/// A blocking reader (a script of requests): never idle.
+impl<R: BufRead> Source for R {
+    fn next(&mut self, _wait: Duration) -> Event {
+        let mut line = Vec::new();
+        match self.read_until(b'\n', &mut line) {
+            Ok(0) => Event::End,
+            Ok(_) if line.last() != Some(&b'\n') => {
+                // The controller died mid-request: it had no `ok`, so it paused nothing for it.
+                say(TORN);
+                Event::End
+            }
+            Ok(_) => Event::Line(text(&line)),
+            Err(e) => {
+                say(&format!(
+                    "reading requests: {e}; taking it as the controller's end"
+                ));
+                Event::End
+            }
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// The heartbeat lease: due `lease` after the controller's last line; once it has run out it
+/// stays quiet until the next line re-arms it.
+#[derive(Debug)]
+struct Lease {
+    lease: Duration,
+    last: Instant,
+    armed: bool,
+}
+
+impl Lease {
+    fn new(lease: Duration, now: Instant) -> Self {
+        Self {
+            lease,
+            last: now,
+            armed: true,
+        }
+    }
+
+    fn due(&self) -> Option<Instant> {
+        self.last.checked_add(self.lease).filter(|_| self.armed)
+    }
+
+    fn renew(&mut self, now: Instant) {
+        self.last = now;
+        self.armed = true;
+    }
+
+    /// How long to wait for a line: until it is due (so expiry is seen on time), at most a TICK.
+    fn wait(&self, now: Instant) -> Duration {
+        self.due()
+            .map_or(TICK, |d| d.saturating_duration_since(now).min(TICK))
+    }
+
+    /// The silence, when the lease ran out by `now` (it is disarmed then).
+    fn expire(&mut self, now: Instant) -> Option<Duration> {
+        let silent = self.due().filter(|&d| now >= d).map(|_| now - self.last)?;
+        self.armed = false;
+        Some(silent)
+    }
+}
+
+/// The guardian loop: requests from `input` until its end, replies to `output`, then
+/// [`Guardian::shutdown`]. Exited targets are reaped on every line and every idle wait. With a
+/// `lease`, a controller silent that long gets everything held resumed ([`Guardian::resume_held`])
+/// once per silence. Returns shutdown's verdict.
+pub fn serve<S: Source, W: Write, T: Targets>(
+    mut input: S,
+    mut output: W,
+    g: &mut Guardian<T>,
+    lease: Option<Duration>,
+) -> bool {
+    let mut lease = lease
+        .filter(|l| !l.is_zero())
+        .map(|l| Lease::new(l, input.now()));
+    loop {
+        let wait = lease.as_ref().map_or(TICK, |l| l.wait(input.now()));
+        match input.next(wait) {
+            Event::End => break,
+            Event::Idle => {
+                g.reap();
+                let now = input.now();
+                if let Some(silent) = lease.as_mut().and_then(|l| l.expire(now)) {
+                    g.resume_held(&format!("controller silent for {} ms", silent.as_millis()));
+                }
+            }
+            Event::Line(req) => {
+                g.reap();
+                let req = req.trim();
+                if !req.is_empty() {
+                    let reply = g.handle(req);
+                    // A failed write: the controller is gone, and EOF follows.
+                    let _ = writeln!(output, "{reply}").and_then(|_| output.flush());
+                }
+                // After the reply: a controller waiting for it cannot beat meanwhile.
+                let now = input.now();
+                if let Some(l) = lease.as_mut() {
+                    l.renew(now);
+                }
+            }
+        }
+    }
+    g.shutdown()
+}
+
+/// Milliseconds for poll, rounded up (a wait never ends early), capped.
+fn poll_timeout(d: Duration) -> PollTimeout {
+    let ms = d.as_nanos().div_ceil(1_000_000).min(u16::MAX as u128) as u16;
+    PollTimeout::from(ms)
+}
+
+/// The guardian's stdin (`fd`) for [`serve`]: SIGTERM reads as its end.
+pub(super) struct Input<F> {
+    sigterm: SignalFd,
+    fd: F,
+    buf: Vec<u8>,
+}
+
+impl<F: AsFd> Input<F> {
+    pub(super) fn new(sigterm: SignalFd, fd: F) -> Self {
+        Self {
+            sigterm,
+            fd,
+            buf: Vec::new(),
+        }
+    }
+}
+
+impl<F: AsFd> Source for Input<F> {
+    fn next(&mut self, wait: Duration) -> Event {
+        let deadline = Instant::now().checked_add(wait);
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Event::Line(text(&line));
+            }
+            // Polled even when nothing is left of the wait: a line already sent is no silence.
+            let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
+            let mut fds = [
+                PollFd::new(self.sigterm.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.fd.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, poll_timeout(left)) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    say(&format!(
+                        "polling for requests: {}; taking it as the controller's end",
+                        e.desc()
+                    ));
+                    return Event::End;
+                }
+                Ok(0) if deadline.is_some_and(|d| Instant::now() >= d) => return Event::Idle,
+                Ok(0) => continue,
+                Ok(_) => {}
+            }
+            if fds[0].any() == Some(true) {
+                let _ = self.sigterm.read_signal();
+                say("SIGTERM");
+                return Event::End;
+            }
+            if fds[1].any() != Some(false) {
+                let mut chunk = [0u8; 4096];
+                match nix::unistd::read(self.fd.as_fd(), &mut chunk) {
+                    Err(Errno::EINTR | Errno::EAGAIN) => continue,
+                    Err(e) => {
+                        say(&format!(
+                            "reading requests: {}; taking it as the controller's end",
+                            e.desc()
+                        ));
+                        return Event::End;
+                    }
+                    Ok(0) => {
+                        if !self.buf.is_empty() {
+                            // As for a blocking reader: it paused nothing for a torn request.
+                            say(TORN);
+                        }
+                        return Event::End;
+                    }
+                    Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        }
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}

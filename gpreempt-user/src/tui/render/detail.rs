@@ -1,0 +1,187 @@
+//! The detail pane (Enter): every field of the selected process or queue, in columns that fit.
+
+use ratatui::text::{Line, Span};
+
+use super::{ago, bold, fmt_rate, hex, opt, source_label, KEY_W};
+use crate::model::{Process, Queue, SampleStatus, State};
+use crate::tui::app::{self, App, TreeRow};
+
+pub(super) struct Detail {
+    pub(super) title: String,
+    pub(super) lines: Vec<Line<'static>>,
+}
+
+type Pairs = Vec<(&'static str, String)>;
+
+pub(super) fn detail(app: &App, state: &State, rows: &[TreeRow], width: u16) -> Option<Detail> {
+    if !app.detail {
+        return None;
+    }
+    let row = app.resolve(rows).and_then(|i| rows.get(i))?;
+    let p = state.procs.get(&row.pid)?;
+    let (title, pairs, wide) = match row.queue {
+        Some(qid) => {
+            let q = p.queues.get(&qid)?;
+            let (pairs, wide) = queue_pairs(q, state);
+            (
+                format!(" queue {qid} of pid {} ({}) ", p.pid, p.comm()),
+                pairs,
+                wide,
+            )
+        }
+        None => {
+            let (pairs, wide) = process_pairs(p, state.now_ns);
+            (format!(" pid {} ({}) ", p.pid, p.comm()), pairs, wide)
+        }
+    };
+    Some(Detail {
+        title,
+        lines: pair_lines(&pairs, &wide, width),
+    })
+}
+
+fn sample_label(s: &SampleStatus) -> String {
+    match s {
+        SampleStatus::None => "none".into(),
+        SampleStatus::Valid => "valid".into(),
+        SampleStatus::Invalid(why) => format!("invalid: {why}"),
+        SampleStatus::Unreadable(why) => format!("unreadable: {why}"),
+    }
+}
+
+/// Every field of a queue, the most useful first; long values get a line of their own.
+fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
+    let now = state.now_ns;
+    let gpu = match state.gpu(q.gpu_id) {
+        Some(g) => format!("{} {}", q.gpu_id, g.gfx_target),
+        None => q.gpu_id.to_string(),
+    };
+    let hqd = match q.hqd {
+        Some(h) => h.to_string(),
+        None if state.hqds_ns.is_none() && q.alive() => "unknown (no debugfs)".into(),
+        None => "- (not mapped)".into(),
+    };
+    let a = &q.activity;
+    let busy = a.busy.map_or("-", |b| if b { "yes" } else { "no" });
+    let created = match q.created_ns {
+        Some(t) => ago(now, t),
+        None => format!("before start (seen {})", ago(now, q.seen_ns)),
+    };
+    let pairs = vec![
+        ("queue", q.queue_id.to_string()),
+        ("state", q.state.label().to_string()),
+        ("hqd", hqd),
+        ("gpu", gpu),
+        ("type", q.kind.label().to_string()),
+        ("suspended by", opt(q.suspended_by)),
+        ("priority", opt(q.priority)),
+        ("percentage", opt(q.percentage)),
+        (
+            "ring",
+            format!("{} ({} B)", hex(q.ring_base_address), q.ring_size),
+        ),
+        ("rptr", hex(q.read_pointer_address)),
+        ("wptr", hex(q.write_pointer_address)),
+        ("doorbell", hex(q.doorbell_offset)),
+        ("dispatch/s", fmt_rate(a.dispatches_per_s)),
+        ("backlog", opt(a.backlog)),
+        ("busy", busy.to_string()),
+        ("read id", opt(a.read_dispatch_id)),
+        ("write id", opt(a.write_dispatch_id)),
+        ("source", source_label(q.source).to_string()),
+        (
+            "pointers",
+            if q.pointers_from_mqds {
+                "mqds (by order)".to_string()
+            } else if q.ring_base_address.is_some() {
+                "create_queue".to_string()
+            } else {
+                "-".to_string()
+            },
+        ),
+        ("created", created),
+        (
+            "destroyed",
+            q.destroyed_ns.map_or("-".into(), |t| ago(now, t)),
+        ),
+    ];
+    let mut pairs = pairs;
+    let mut wide = vec![("sample", sample_label(&a.status))];
+    if let Some(t) = &q.nv {
+        // The RM objects a pause goes through, in place of the AMD ring and pointers.
+        pairs.retain(|(k, _)| !matches!(*k, "ring" | "rptr" | "wptr" | "doorbell" | "pointers"));
+        pairs.extend([
+            ("rm client", format!("{:#x} (fd {})", t.h_client, t.fd)),
+            ("subdevice", hex(t.h_subdevice.map(u64::from))),
+            ("engine", format!("{:#x}", t.engine_type)),
+        ]);
+        let list: Vec<String> = t.channels.iter().map(|c| format!("{c:#x}")).collect();
+        wide.push(("channels", format!("{}: {}", list.len(), list.join(" "))));
+    }
+    (pairs, wide)
+}
+
+fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
+    let info = p.info.as_ref();
+    let total = p.queues.len();
+    let mut pairs = vec![
+        ("pid", p.pid.to_string()),
+        ("comm", p.comm().to_string()),
+        ("class", p.class.clone().unwrap_or_else(|| "-".into())),
+        (
+            "queues",
+            format!("{} live, {total} listed", app::live_count(p)),
+        ),
+        ("dispatch/s", fmt_rate(app::proc_rate(p))),
+        ("ns pid", opt(info.and_then(|i| i.ns_pid))),
+        ("uid", opt(info.and_then(|i| i.uid))),
+        (
+            "container",
+            info.and_then(|i| i.container.clone())
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("debugger", opt(p.debugger)),
+        ("source", source_label(p.source).to_string()),
+        ("seen", ago(now, p.seen_ns)),
+        ("exited", p.exited_ns.map_or("-".into(), |t| ago(now, t))),
+    ];
+    let wide = match info {
+        Some(i) => vec![("cgroup", i.cgroup.clone()), ("cmdline", i.cmdline.clone())],
+        None => {
+            pairs.push(("info", "/proc not read yet".into()));
+            vec![]
+        }
+    };
+    (pairs, wide)
+}
+
+/// `key value` pairs in as many columns as fit (filled row by row, so a short pane shows the
+/// first pairs), then one line per wide pair.
+fn pair_lines(pairs: &[(&str, String)], wide: &[(&str, String)], width: u16) -> Vec<Line<'static>> {
+    let val_w = pairs
+        .iter()
+        .map(|(_, v)| v.chars().count())
+        .max()
+        .unwrap_or(0);
+    let cell_w = KEY_W + 1 + val_w + 2;
+    let ncols = (usize::from(width) / cell_w).max(1);
+    let nrows = pairs.len().div_ceil(ncols);
+    let mut lines = Vec::with_capacity(nrows + wide.len());
+    for r in 0..nrows {
+        let mut spans = Vec::new();
+        for c in 0..ncols {
+            if let Some((k, v)) = pairs.get(r * ncols + c) {
+                spans.push(Span::styled(format!("{k:<KEY_W$} "), bold()));
+                spans.push(Span::raw(format!("{v:<w$}", w = val_w + 2)));
+            }
+        }
+        lines.push(Line::from(spans));
+    }
+    for (k, v) in wide {
+        lines.push(Line::from(vec![
+            Span::styled(format!("{k:<KEY_W$} "), bold()),
+            Span::raw(v.clone()),
+        ]));
+    }
+    lines
+}

@@ -1,0 +1,144 @@
+//! The lines above the table: the title, one line per GPU, the HQD source line.
+
+use std::collections::BTreeMap;
+
+use ratatui::{
+    layout::Rect,
+    style::{Color, Style},
+    text::{Line, Span},
+    widgets::Paragraph,
+    Frame,
+};
+
+use super::{ago, bold, dim, opt};
+use crate::model::{QueueState, State};
+use crate::tui::app::App;
+
+/// `queues`: live queues in all.
+pub(super) fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, queues: usize) {
+    let procs = state
+        .procs
+        .values()
+        .filter(|p| p.exited_ns.is_none())
+        .count();
+    let mut spans = vec![
+        Span::styled("gpreempt-ebpf top", bold()),
+        Span::raw(format!(
+            "  {procs} processes  {queues} queues  sort {}{}",
+            app.sort.label(),
+            app.dir.arrow()
+        )),
+    ];
+    if !app.filter.is_empty() && !app.filter_open {
+        spans.push(Span::raw("  filter "));
+        spans.push(Span::styled(format!("{:?}", app.filter), bold()));
+    }
+    if !app.interval.is_empty() {
+        spans.push(Span::raw(format!("  every {}", app.interval)));
+    }
+    if let Some(l) = &app.label {
+        spans.push(Span::raw("  "));
+        spans.push(Span::styled(format!("[{l}]"), bold()));
+    }
+    if let Some(c) = &state.controller {
+        spans.push(Span::raw(format!("  {c}")));
+    }
+    if let Some(s) = &state.sources {
+        spans.push(Span::raw(format!("  {s}")));
+    }
+    f.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+/// Live, suspended and busy queues of a GPU.
+#[derive(Clone, Copy, Default)]
+pub(super) struct GpuCounts {
+    pub(super) live: usize,
+    pub(super) suspended: usize,
+    pub(super) busy: usize,
+}
+
+/// [`GpuCounts`] of every GPU queues are on, in one pass over the queues.
+pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
+    let mut m: BTreeMap<u32, GpuCounts> = BTreeMap::new();
+    for q in state.procs.values().flat_map(|p| p.live_queues()) {
+        let c = m.entry(q.gpu_id).or_default();
+        c.live += 1;
+        c.suspended += usize::from(q.state == QueueState::Suspended);
+        c.busy += usize::from(q.activity.busy == Some(true));
+    }
+    m
+}
+
+fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts) -> Line<'static> {
+    let id = g.node.gpu_id;
+    let GpuCounts {
+        live,
+        suspended,
+        busy,
+    } = counts;
+    let used = opt(g.hqds_used).replace('-', "?");
+    let mut spans = vec![
+        Span::styled(format!("GPU {id}"), bold()),
+        Span::raw(format!(
+            " {} {}CU  HQD {used}/{}  queues {}  ",
+            g.gfx_target, g.node.cu_count, g.hqds_total, live
+        )),
+        Span::styled(
+            format!("suspended {suspended}"),
+            if suspended > 0 {
+                Style::new().fg(Color::Yellow)
+            } else {
+                Style::new()
+            },
+        ),
+        Span::raw(format!("  busy {busy}")),
+    ];
+    if g.stopped {
+        spans.push(Span::styled("  STOPPED", Style::new().fg(Color::Red)));
+    }
+    Line::from(spans)
+}
+
+pub(super) fn draw_gpus(
+    f: &mut Frame,
+    area: Rect,
+    state: &State,
+    counts: &BTreeMap<u32, GpuCounts>,
+) {
+    let lines: Vec<Line> = if state.gpus.is_empty() {
+        vec![Line::styled(
+            "no GPUs found (no GPU node in /sys/class/kfd/kfd/topology)",
+            bold(),
+        )]
+    } else {
+        let room = usize::from(area.height);
+        let n = state.gpus.len();
+        let shown = if n > room { room.saturating_sub(1) } else { n };
+        let mut v: Vec<Line> = state.gpus[..shown]
+            .iter()
+            .map(|g| gpu_line(g, counts.get(&g.node.gpu_id).copied().unwrap_or_default()))
+            .collect();
+        if shown < n {
+            v.push(Line::styled(
+                format!("... and {} more GPUs", n - shown),
+                dim(),
+            ));
+        }
+        v
+    };
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+pub(super) fn draw_hqd_line(f: &mut Frame, area: Rect, state: &State) {
+    let line = match state.hqds_ns {
+        None => Line::from(vec![
+            Span::styled("HQD slots unknown", bold()),
+            Span::raw(": debugfs hqds not readable (run as root, debugfs mounted)"),
+        ]),
+        Some(t) => Line::from(Span::styled(
+            format!("HQD map from debugfs hqds, read {}", ago(state.now_ns, t)),
+            dim(),
+        )),
+    };
+    f.render_widget(Paragraph::new(line), area);
+}

@@ -1,0 +1,532 @@
+//! Render tests: column fitting, row bounds, and whole screens drawn to a test backend.
+
+use super::table::{columns, row_bounds, Col, COLS};
+use super::*;
+use crate::model::Update;
+use crate::tui::app::{
+    tests::{create, info, known_state, GPU_A},
+    Action,
+};
+use ratatui::{backend::TestBackend, buffer::Buffer, Terminal};
+use ratatui::{
+    layout::Constraint,
+    widgets::{Row, Table, TableState},
+};
+
+fn render(app: &App, state: &State, w: u16, h: u16) -> Buffer {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| draw(f, app, state)).unwrap();
+    t.backend().buffer().clone()
+}
+
+fn line(b: &Buffer, y: u16) -> String {
+    (0..b.area.width)
+        .map(|x| b[(x, y)].symbol().to_string())
+        .collect()
+}
+
+fn lines(b: &Buffer) -> Vec<String> {
+    (0..b.area.height).map(|y| line(b, y)).collect()
+}
+
+/// The line holding `needle`, or a panic that shows the screen.
+fn find(b: &Buffer, needle: &str) -> u16 {
+    let all = lines(b);
+    match all.iter().position(|l| l.contains(needle)) {
+        Some(y) => y as u16,
+        None => panic!("{needle:?} not on screen:\n{}", all.join("\n")),
+    }
+}
+
+fn assert_absent(b: &Buffer, needle: &str) {
+    let all = lines(b);
+    assert!(
+        all.iter().all(|l| !l.contains(needle)),
+        "{needle:?} is on screen:\n{}",
+        all.join("\n")
+    );
+}
+
+/// The first line that starts with `prefix` (a pid, or ` ├─ Q` for a queue) and holds
+/// `also`.
+fn row_starting(b: &Buffer, prefix: &str, also: &str) -> String {
+    let all = lines(b);
+    match all
+        .iter()
+        .find(|l| l.starts_with(prefix) && l.contains(also))
+    {
+        Some(l) => l.clone(),
+        None => panic!("no line {prefix:?}..{also:?}:\n{}", all.join("\n")),
+    }
+}
+
+fn row_with(b: &Buffer, needle: &str) -> String {
+    line(b, find(b, needle))
+}
+
+fn find_start(b: &Buffer, prefix: &str) -> u16 {
+    let all = lines(b);
+    match all.iter().position(|l| l.starts_with(prefix)) {
+        Some(y) => y as u16,
+        None => panic!("no line starts with {prefix:?}:\n{}", all.join("\n")),
+    }
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
+fn has(words: &[String], w: &str) -> bool {
+    words.iter().any(|x| x == w)
+}
+
+#[test]
+fn formats() {
+    assert_eq!(fmt_age(3_200_000_000), "3s");
+    assert_eq!(fmt_age(300_000_000_000), "5m");
+    assert_eq!(fmt_age(7_300_000_000_000), "2h");
+    assert_eq!(fmt_age(3 * 86_400_000_000_000), "3d");
+    assert_eq!(fmt_rate(None), "-");
+    assert_eq!(fmt_rate(Some(0.0)), "0");
+    assert_eq!(fmt_rate(Some(2.54)), "2.5");
+    assert_eq!(fmt_rate(Some(350.2)), "350");
+    assert_eq!(fmt_rate(Some(1234.0)), "1.2k");
+    assert_eq!(fmt_rate(Some(3.4e6)), "3.4M");
+    assert_eq!(hex(Some(0x1000)), "0x1000");
+    assert_eq!(hex(None), "-");
+}
+
+#[test]
+fn columns_degrade_with_width() {
+    let names = |w: u16| -> Vec<Col> { columns(w).iter().map(|(c, _)| c.col).collect() };
+    let total = |w: u16| -> u16 {
+        let c = columns(w);
+        c.iter().map(|(_, w)| *w).sum::<u16>() + c.len() as u16 - 1
+    };
+    for w in [40, 60, 80, 100, 120, 200] {
+        assert_eq!(total(w), w, "columns fill {w}");
+    }
+    let wide = names(200);
+    assert_eq!(wide.len(), COLS.len());
+    let c80 = names(80);
+    for c in [
+        Col::Id,
+        Col::Comm,
+        Col::Hqd,
+        Col::State,
+        Col::Gpu,
+        Col::Rate,
+    ] {
+        assert!(c80.contains(&c), "{c:?} at 80");
+    }
+    for c in [Col::Cmdline, Col::Container, Col::Age] {
+        assert!(!c80.contains(&c), "{c:?} dropped at 80");
+    }
+    assert_eq!(
+        names(40),
+        vec![Col::Id, Col::Comm, Col::Gpu, Col::Hqd, Col::State]
+    );
+}
+
+#[test]
+fn a_known_state() {
+    let st = known_state();
+    let app = App::new("100ms");
+    let b = render(&app, &st, 140, 40);
+    // Title and header.
+    let y = find(&b, "gpreempt-ebpf top");
+    assert_eq!(y, 0);
+    assert!(line(&b, 0).contains("3 processes  5 queues  sort pid▲"));
+    assert!(line(&b, 0).contains("every 100ms"));
+    assert_eq!(
+        words(&line(&b, 1)),
+        words("GPU 1001 gfx90a 104CU  HQD 1/32  queues 3  suspended 1  busy 1")
+    );
+    assert_eq!(
+        words(&line(&b, 2)),
+        words("GPU 2002 gfx90a 104CU  HQD ?/24  queues 2  suspended 0  busy 0")
+    );
+    assert!(line(&b, 3).contains("HQD map from debugfs hqds, read 2s ago"));
+    // Table header on line 4, then the tree.
+    let header = words(&line(&b, 4));
+    assert_eq!(
+        header,
+        words("PID▲ COMM CLASS Q GPU TYPE PRIO HQD STATE DISP/S BKLG AGE CONTAINER CMDLINE")
+    );
+    assert_eq!(
+        words(&line(&b, 5)),
+        words(
+            "100 python online 2 suspended 1.0k 5s abcdef123456 python serve.py --model resnet18"
+        )
+    );
+    assert_eq!(
+        words(&line(&b, 6)),
+        words("├─ 0 1001 aql 7 0.1.2 active 1.0k 4 5s")
+    );
+    assert_eq!(
+        words(&line(&b, 7)),
+        words("├─ 1 1001 aql 7 - suspended - - 5s")
+    );
+    assert_eq!(
+        words(&line(&b, 8)),
+        words("└─ 2 2002 aql 7 - destroyed - - 5s")
+    );
+    assert_eq!(
+        words(&line(&b, 9)),
+        words("200 train offline 2 evicted - 4s - torchrun train.py")
+    );
+    assert_eq!(
+        words(&line(&b, 10)),
+        words("├─ 0 2002 aql 7 - evicted - - 4s")
+    );
+    assert_eq!(
+        words(&line(&b, 11)),
+        words("└─ 1 2002 aql 7 - evicted - - 4s")
+    );
+    assert_eq!(
+        words(&line(&b, 12)),
+        words("300 bench - 1 active - 3s - ./bench -n 10")
+    );
+    assert_eq!(
+        words(&line(&b, 13)),
+        words("└─ 5 1001 aql 7 - active - - 3s")
+    );
+    // The first row is selected: reversed, not coloured.
+    assert!(b[(0, 5)].modifier.contains(Modifier::REVERSED));
+    assert!(!b[(0, 6)].modifier.contains(Modifier::REVERSED));
+    // States: suspended yellow, evicted red, destroyed dim; never white or black.
+    let x = line(&b, 7).find("suspended").unwrap();
+    let x = line(&b, 7)[..x].chars().count() as u16;
+    assert_eq!(b[(x, 7)].fg, Color::Yellow);
+    let x = line(&b, 10)[..line(&b, 10).find("evicted").unwrap()]
+        .chars()
+        .count() as u16;
+    assert_eq!(b[(x, 10)].fg, Color::Red);
+    assert!(b[(3, 8)].modifier.contains(Modifier::DIM));
+    for cell in b.content() {
+        for c in [Color::White, Color::Black, Color::Gray, Color::DarkGray] {
+            assert_ne!(cell.fg, c);
+            assert_ne!(cell.bg, c);
+        }
+    }
+    // The event log: newest last, with age, kind, pid, queue and text.
+    let y = find(&b, "events");
+    assert!(y > 13);
+    let l = row_with(&b, "suspend  ");
+    assert_eq!(words(&l), words("1s suspend 100 q1 suspended by pid 999"));
+    let l = row_with(&b, "destroy  ");
+    assert_eq!(words(&l), words("1s destroy 100 q2 destroyed"));
+    let l = row_with(&b, "evict ");
+    assert_eq!(words(&l), words("1s evict 200 2 queue(s) evicted"));
+    // Footer: key hints.
+    let last = line(&b, 39);
+    assert!(last.contains("q quit"), "{last}");
+    assert!(last.contains("s suspend"), "{last}");
+}
+
+#[test]
+fn hqds_unknown_says_so() {
+    let mut st = State::new();
+    st.apply(create(1_000_000_000, 42, 3, GPU_A));
+    let b = render(&App::default(), &st, 80, 24);
+    let y = find(&b, "HQD slots unknown");
+    assert!(line(&b, y).contains("debugfs hqds not readable"));
+    assert_eq!(y, 2, "right under the (single) GPU line");
+    assert!(line(&b, 1).contains("no GPUs found"));
+    // A live queue's slot is unknown: `?`, not `-`.
+    let q = words(&row_starting(&b, " └─ 3", ""));
+    assert!(has(&q, "?"), "{q:?}");
+}
+
+#[test]
+fn the_detail_pane_of_a_queue() {
+    let st = known_state();
+    let mut app = App::default();
+    app.handle(Action::Down, &st);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 120, 40);
+    let y = find(&b, " queue 0 of pid 100 (python) ");
+    let pane: Vec<String> = lines(&b)[y as usize..].to_vec();
+    let has = |k: &str, v: &str| {
+        let want = format!("{k:<KEY_W$} {v}");
+        assert!(
+            pane.iter().any(|l| l.contains(&want)),
+            "{want:?} not in\n{}",
+            pane.join("\n")
+        );
+    };
+    let rb = crate::tui::app::tests::ring(100, 0);
+    has("hqd", "0.1.2");
+    has("state", "active");
+    has("gpu", "1001 gfx90a");
+    has("type", "aql");
+    has("priority", "7");
+    has("ring", &format!("{rb:#x} (4096 B)"));
+    has("rptr", &format!("{:#x}", rb + 0x800));
+    has("wptr", &format!("{:#x}", rb + 0x7b8));
+    has("doorbell", "0x");
+    has("suspended by", "-");
+    has("source", "event");
+    has("pointers", "create_queue");
+    has("sample", "valid");
+    has("dispatch/s", "1.0k");
+    has("backlog", "4");
+    has("read id", "1010");
+    has("write id", "1014");
+    has("busy", "yes");
+    has("created", "5s ago");
+    // The selected queue row is highlighted.
+    let row = find(&b, "├─ 0");
+    assert!(b[(2, row)].modifier.contains(Modifier::REVERSED));
+
+    // The suspended queue names its suspender.
+    app.handle(Action::Down, &st);
+    let b = render(&app, &st, 120, 40);
+    find(&b, " queue 1 of pid 100 (python) ");
+    let y = find(&b, "suspended by");
+    assert!(line(&b, y).contains(&format!("{:<KEY_W$} 999", "suspended by")));
+}
+
+#[test]
+fn the_detail_pane_of_a_process() {
+    let st = known_state();
+    let mut app = App::default();
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 120, 40);
+    find(&b, " pid 100 (python) ");
+    for (k, v) in [
+        ("ns pid", "7"),
+        ("uid", "1000"),
+        ("container", "abcdef123456"),
+        // Learnt from its suspend of queue 1.
+        ("debugger", "999"),
+        ("class", "online"),
+        ("queues", "2 live, 3 listed"),
+        ("cgroup", "/system.slice/x.scope"),
+        ("cmdline", "python serve.py --model resnet18"),
+    ] {
+        find(&b, &format!("{k:<KEY_W$} {v}"));
+    }
+}
+
+#[test]
+fn the_detail_pane_fits_80x24() {
+    let st = known_state();
+    let mut app = App::default();
+    app.handle(Action::Down, &st);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 80, 24);
+    find(&b, " queue 0 of pid 100 (python) ");
+    find(&b, &format!("{:<KEY_W$} 0.1.2", "hqd"));
+    find(&b, &format!("{:<KEY_W$} active", "state"));
+    // The table still shows the selection.
+    let y = find(&b, "├─ 0");
+    assert!(b[(2, y)].modifier.contains(Modifier::REVERSED));
+    assert!(line(&b, 23).contains("q quit"));
+}
+
+#[test]
+fn the_help_popup_lists_keys() {
+    let st = known_state();
+    let mut app = App::default();
+    app.handle(Action::Help, &st);
+    let b = render(&app, &st, 80, 24);
+    find(&b, "help: keys");
+    for k in [
+        "move the selection",
+        "open / close the detail pane",
+        "suspend the selected process or queue",
+        "resume the selected process or queue",
+        "reverse the sort order",
+        "quit",
+    ] {
+        find(&b, k);
+    }
+    // At the minimum size the popup is clipped, not a panic.
+    render(&app, &st, MIN_WIDTH, MIN_HEIGHT);
+}
+
+#[test]
+fn everything_essential_fits_80x24() {
+    let st = known_state();
+    let app = App::default();
+    let b = render(&app, &st, 80, 24);
+    find(&b, "GPU 1001 gfx90a 104CU  HQD 1/32");
+    find(&b, "GPU 2002");
+    let head = words(&row_with(&b, "PID▲"));
+    for h in ["PID▲", "COMM", "GPU", "HQD", "STATE", "DISP/S"] {
+        assert!(has(&head, h), "{h} in {head:?}");
+    }
+    for h in ["CMDLINE", "CONTAINER", "AGE"] {
+        assert!(!has(&head, h), "{h} dropped: {head:?}");
+    }
+    let p = words(&row_starting(&b, "100 ", ""));
+    assert_eq!(&p[..2], &["100", "python"]);
+    assert!(has(&p, "suspended"));
+    let q = words(&row_starting(&b, " ├─ 0", "1001"));
+    assert!(has(&q, "0.1.2") && has(&q, "active"), "{q:?}");
+    for (id, also, state) in [
+        (" ├─ 1", "1001", "suspended"),
+        (" └─ 2", "2002", "destroyed"),
+        (" ├─ 0", "2002", "evicted"),
+        (" └─ 1", "2002", "evicted"),
+        (" └─ 5", "1001", "active"),
+    ] {
+        let r = words(&row_starting(&b, id, also));
+        assert!(has(&r, state), "{id}: {r:?}");
+    }
+    row_starting(&b, "200 ", "train");
+    row_starting(&b, "300 ", "bench");
+    find(&b, "train");
+    find(&b, "bench");
+    find(&b, "events");
+    assert!(line(&b, 23).contains("q quit"));
+}
+
+#[test]
+fn very_small_terminals_get_a_message() {
+    let st = known_state();
+    let mut app = App::default();
+    app.detail = true;
+    app.show_help = true;
+    let b = render(&app, &st, 30, 8);
+    assert!(
+        line(&b, 0).starts_with("terminal too small"),
+        "{}",
+        line(&b, 0)
+    );
+    for (w, h) in [(39, 24), (80, 9), (1, 1), (18, 3)] {
+        let b = render(&app, &st, w, h);
+        let want = &"terminal too small"[..usize::from(w.min(18))];
+        assert!(line(&b, 0).starts_with(want), "{w}x{h}: {}", line(&b, 0));
+    }
+    // Just big enough: the full screen, no panic, with every pane open.
+    for (w, h) in [(40, 10), (41, 11), (45, 14), (60, 17)] {
+        let b = render(&app, &st, w, h);
+        find(&b, "gpreempt-ebpf");
+    }
+}
+
+#[test]
+fn an_empty_host() {
+    let st = State::new();
+    let app = App::default();
+    let b = render(&app, &st, 80, 24);
+    find(&b, "no GPUs found");
+    find(&b, "no KFD processes");
+    find(&b, "no events yet");
+    find(&b, "0 processes  0 queues");
+    // Keys on an empty table do nothing harmful.
+    let mut app = app;
+    for a in [
+        Action::Down,
+        Action::End,
+        Action::ToggleDetail,
+        Action::Suspend,
+    ] {
+        app.handle(a, &st);
+    }
+    let b = render(&app, &st, 80, 24);
+    find(&b, "no KFD processes");
+    find(&b, "nothing to suspend");
+}
+
+#[test]
+fn a_filter_with_no_match_says_so() {
+    let st = known_state();
+    let mut app = App::default();
+    app.handle(Action::StartFilter, &st);
+    for c in "zzz".chars() {
+        app.handle(Action::FilterChar(c), &st);
+    }
+    let b = render(&app, &st, 80, 24);
+    find(&b, "no process or queue matches the filter \"zzz\"");
+    assert!(line(&b, 23).starts_with("filter: zzz"));
+    app.handle(Action::FilterDone, &st);
+    let b = render(&app, &st, 80, 24);
+    find(&b, "filter \"zzz\"");
+    assert_absent(&b, "python");
+}
+
+#[test]
+fn many_gpus_are_summarised() {
+    let mut st = State::new();
+    let nodes = (0..8)
+        .map(|i| crate::kfd::sysfs::GpuNode {
+            node: i + 1,
+            gpu_id: 100 + i,
+            gfx_target_version: 90402,
+            cu_count: 80,
+            hqd_slots: 24,
+            num_xcc: 4,
+            ..Default::default()
+        })
+        .collect();
+    st.apply(Update::Topology(nodes));
+    st.apply(create(1, 9, 0, 100));
+    st.apply(Update::ProcInfo {
+        pid: 9,
+        info: info("x", "x", None),
+    });
+    let b = render(&App::default(), &st, 80, 24);
+    find(&b, "GPU 100 gfx942 80CU  HQD ?/96");
+    find(&b, "... and 3 more GPUs");
+    find(&b, "└─ 0");
+}
+
+#[test]
+fn scrolling_keeps_the_selection_visible() {
+    let mut st = State::new();
+    for pid in 1..=30 {
+        st.apply(create(1, pid, 0, GPU_A));
+    }
+    let mut app = App::default();
+    app.page = 5;
+    for _ in 0..44 {
+        app.handle(Action::Down, &st);
+    }
+    let b = render(&app, &st, 80, 24);
+    let y = find_start(&b, "23 ");
+    assert!(
+        b[(0, y)].modifier.contains(Modifier::REVERSED),
+        "pid 23 selected"
+    );
+    // Going up a little does not move the view.
+    let first = app.scroll.get();
+    app.handle(Action::Up, &st);
+    render(&app, &st, 80, 24);
+    assert_eq!(app.scroll.get(), first);
+}
+
+/// `row_bounds` picks the rows ratatui's `Table` shows, so a table of just those rows draws
+/// the same screen and keeps the same offset.
+#[test]
+fn the_row_window_is_the_tables_own() {
+    let full = |len: usize, sel: Option<usize>, off: usize, h: u16| {
+        let rows = (0..len).map(|i| Row::new([i.to_string()]));
+        let t = Table::new(rows, [Constraint::Length(6)]).header(Row::new(["H"]));
+        let mut ts = TableState::default().with_offset(off).with_selected(sel);
+        let mut b = Buffer::empty(Rect::new(0, 0, 6, h));
+        ratatui::widgets::StatefulWidget::render(t, b.area, &mut b, &mut ts);
+        (ts.offset(), b)
+    };
+    for len in [1usize, 2, 5, 9, 30] {
+        for h in [1u16, 2, 4, 7, 12] {
+            let body = usize::from(h - 1);
+            for off in 0..len + 2 {
+                for sel in (0..len + 1).map(Some).chain([None]) {
+                    let (offset, want) = full(len, sel, off, h);
+                    let (start, end) = row_bounds(len, sel, off, body);
+                    assert_eq!(start, offset, "len {len} h {h} off {off} sel {sel:?}");
+                    let rows = (start..end).map(|i| Row::new([i.to_string()]));
+                    let t = Table::new(rows, [Constraint::Length(6)]).header(Row::new(["H"]));
+                    let mut ts = TableState::default()
+                        .with_selected(sel.map(|s| s.min(len - 1).saturating_sub(start)));
+                    let mut got = Buffer::empty(Rect::new(0, 0, 6, h));
+                    ratatui::widgets::StatefulWidget::render(t, got.area, &mut got, &mut ts);
+                    assert_eq!(got, want, "len {len} h {h} off {off} sel {sel:?}");
+                }
+            }
+        }
+    }
+}
