@@ -248,6 +248,16 @@ impl AqlQueue {
     fn create(fd: File, gpu_id: u32, priority: u32) -> Result<Self> {
         let queue = Mapping::new(4096)?;
         let ring = Mapping::new((RING_PACKETS as usize) * PACKET_BYTES)?;
+        // As ROCr's queue creation does: every slot starts INVALID, so a packet processor that
+        // sees the write id move before the packet is written waits for it.
+        for i in 0..RING_PACKETS as usize {
+            // SAFETY: inside the ring mapping (i < RING_PACKETS slots of PACKET_BYTES), 2-aligned,
+            // not yet shared with anyone.
+            unsafe {
+                (ring.ptr.add(i * PACKET_BYTES) as *mut u16)
+                    .write(crate::aql::PACKET_TYPE_INVALID);
+            }
+        }
         let eop = Mapping::new(4096)?;
         let ctx = Mapping::new(1 << 20)?;
         let mut q = AqlQueue {
