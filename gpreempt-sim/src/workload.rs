@@ -254,8 +254,7 @@ impl AqlQueue {
             // SAFETY: inside the ring mapping (i < RING_PACKETS slots of PACKET_BYTES), 2-aligned,
             // not yet shared with anyone.
             unsafe {
-                (ring.ptr.add(i * PACKET_BYTES) as *mut u16)
-                    .write(crate::aql::PACKET_TYPE_INVALID);
+                (ring.ptr.add(i * PACKET_BYTES) as *mut u16).write(crate::aql::PACKET_TYPE_INVALID);
             }
         }
         let eop = Mapping::new(4096)?;
