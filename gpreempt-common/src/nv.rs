@@ -157,6 +157,15 @@ pub mod disable_channels {
     pub const SIZE: usize = 536;
 }
 
+/// `NVA06C_CTRL_CMD_SET_TIMESLICE` on a TSG (class A06C): how long it may run before the
+/// scheduler switches to another runnable TSG of its runlist. NON_PRIVILEGED in RM; the call
+/// goes to GSP.
+pub const CTRL_TSG_SET_TIMESLICE: u32 = 0xa06c_0103;
+/// `NVA06C_CTRL_CMD_GET_TIMESLICE`: the same parameters, filled in.
+pub const CTRL_TSG_GET_TIMESLICE: u32 = 0xa06c_0104;
+/// `NVA06C_CTRL_TIMESLICE_PARAMS`: `{ NvU64 timesliceUs; }`.
+pub const TIMESLICE_PARAMS_SIZE: usize = 8;
+
 /// NV_STATUS values the tool explains.
 pub mod status {
     pub const OK: u32 = 0;

@@ -121,6 +121,10 @@ impl fmt::Display for NvStatusError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = if self.cmd == nv::CTRL_FIFO_DISABLE_CHANNELS {
             "FIFO_DISABLE_CHANNELS".to_string()
+        } else if self.cmd == nv::CTRL_TSG_SET_TIMESLICE {
+            "SET_TIMESLICE".to_string()
+        } else if self.cmd == nv::CTRL_TSG_GET_TIMESLICE {
+            "GET_TIMESLICE".to_string()
         } else {
             format!("RM control {:#x}", self.cmd)
         };
@@ -264,6 +268,42 @@ pub fn set_disabled(fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Dura
             });
         }
     }
+    Ok(t0.elapsed())
+}
+
+/// One RM control that must return NV_OK; a refusal is an [`NvStatusError`].
+fn rm_control_ok(
+    fd: BorrowedFd,
+    h_client: u32,
+    h_object: u32,
+    cmd: u32,
+    params: &mut [u8],
+) -> Result<()> {
+    match rm_control(fd, h_client, h_object, cmd, params)? {
+        nv::status::OK => Ok(()),
+        status => Err(NvStatusError { cmd, status }.into()),
+    }
+}
+
+/// The TSG's timeslice in microseconds (`NVA06C_CTRL_CMD_GET_TIMESLICE` on the target's own
+/// client, through `fd`, a duplicate of the target's nvidiactl fd).
+pub fn get_timeslice(fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64> {
+    let mut p = [0u8; nv::TIMESLICE_PARAMS_SIZE];
+    rm_control_ok(fd, h_client, h_tsg, nv::CTRL_TSG_GET_TIMESLICE, &mut p).with_context(|| {
+        format!("reading the timeslice of TSG {h_tsg:#x} (client {h_client:#x})")
+    })?;
+    Ok(nv::u64_at(&p, 0))
+}
+
+/// Sets the TSG's timeslice (`NVA06C_CTRL_CMD_SET_TIMESLICE`): the scheduler switches it out
+/// after `us` only when another TSG of its runlist is runnable, so a short one costs an offline
+/// TSG little while online work is idle. Returns the time the call took.
+pub fn set_timeslice(fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Result<Duration> {
+    let t0 = Instant::now();
+    let mut p = us.to_le_bytes();
+    rm_control_ok(fd, h_client, h_tsg, nv::CTRL_TSG_SET_TIMESLICE, &mut p).with_context(|| {
+        format!("setting the timeslice of TSG {h_tsg:#x} (client {h_client:#x}) to {us} us")
+    })?;
     Ok(t0.elapsed())
 }
 
