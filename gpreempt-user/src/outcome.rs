@@ -92,3 +92,38 @@ impl OpReport {
         format!("pid {}: {}", r.pid, parts.join("; "))
     }
 }
+
+/// A hardware timeslice the controller changed on one NVIDIA TSG (or put back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimesliceChange {
+    pub pid: u32,
+    /// The TSG (its queue id in the model).
+    pub tsg: u32,
+    pub from_us: u64,
+    pub to_us: u64,
+    /// The value it had before the controller first changed it.
+    pub original_us: u64,
+}
+
+/// What a vendor control did on its own (not asked by a decision), or needs the controller to
+/// know: the KFD control thread, the NVIDIA backend.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Notice {
+    /// A controlled process exited (its queues went with it).
+    TargetGone { pid: u32 },
+    /// Queues the thread suspended or resumed without a request: new queues of a process held
+    /// suspended as a whole, the watchdog, a fence.
+    Acted {
+        report: OpReport,
+        suspend: bool,
+        why: String,
+    },
+    /// After a per-queue ERROR the GPU is no longer preempted.
+    Fenced { gpu_id: u32, why: String },
+    /// A problem worth telling the operator about.
+    Problem { pid: u32, text: String },
+    /// NVIDIA: a TSG's hardware timeslice changed (set for an offline process, or put back).
+    Timeslice { change: TimesliceChange, why: String },
+    /// NVIDIA: the timeslice lever failed for this process; the policy pauses it instead.
+    LeverFailed { pid: u32, text: String },
+}

@@ -10,7 +10,7 @@
 //! Which backend acts on a process follows from its queues in the model ([`Process::vendor`]).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     future::Future,
     path::{Path, PathBuf},
     pin::Pin,
@@ -21,13 +21,14 @@ use anyhow::Result;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    kfd::control::{Control, ControlHandle, Limits, Notice},
+    outcome::Notice,
+    kfd::control::{Control, ControlHandle, Limits},
     model::{State, Vendor},
     nv::controller::{NvControl, NvOps, Rm},
     observe::procinfo,
     observe::watch::Watcher,
     outcome::OpReport,
-    policy::Class,
+    policy::{Class, NvPolicy, Policy},
     rundir,
 };
 
@@ -77,6 +78,14 @@ pub trait Backend {
     /// this host. Ok(Some(line)): what was checked.
     fn self_test<'a>(&'a mut self, _w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
         Box::pin(async { Ok(None) })
+    }
+
+    /// The policy (at start and after every reload): the parts a backend acts on by itself.
+    fn set_policy(&mut self, _policy: &Policy) {}
+
+    /// Hardware timeslices this backend changed: (pid, TSG, original us, current us).
+    fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
+        Vec::new()
     }
 
     /// Resumes everything and lets go (the controller is stopping).
@@ -309,7 +318,20 @@ pub struct NvBackend<O: NvOps = Rm> {
     /// Per target after a failed pause: (retry not before, next delay). A driver that refuses
     /// is not asked again at the policy's pace.
     backoff: BTreeMap<u32, (u64, u64)>,
+    /// The `[nvidia]` policy: the lever and the offline timeslice.
+    policy: NvPolicy,
+    /// Processes classed offline (their GR TSGs carry the short timeslice).
+    offline: BTreeSet<u32>,
+    /// Offline processes whose timeslice could not be set: the policy pauses them instead.
+    lever_failed: BTreeSet<u32>,
+    /// When the lever was last applied to TSGs created since (not at every tick).
+    lever_checked_ns: u64,
+    /// What was done outside a request, reported at the next upkeep.
+    pending: Vec<Notice>,
 }
+
+/// How often offline processes are checked for GR TSGs created since their class was set.
+const LEVER_RECHECK_NS: u64 = 100_000_000;
 
 /// First and longest wait after a failed pause.
 const BACKOFF_MIN_NS: u64 = 100_000_000;
@@ -320,11 +342,67 @@ impl NvBackend {
         // A hung controller is covered once the lease runs out; a live one resumes at
         // max_suspend itself.
         let lease = max_suspend.max(Duration::from_millis(500));
-        Ok(Self {
-            nv: NvControl::new(dir)?.with_lease(lease),
+        Ok(Self::with(
+            NvControl::new(dir)?.with_lease(lease),
+            max_suspend,
+        ))
+    }
+}
+
+impl<O: NvOps> NvBackend<O> {
+    fn with(nv: NvControl<O>, max_suspend: Duration) -> Self {
+        Self {
+            nv,
             max_suspend_ns: max_suspend.as_nanos() as u64,
             backoff: BTreeMap::new(),
-        })
+            policy: NvPolicy::default(),
+            offline: BTreeSet::new(),
+            lever_failed: BTreeSet::new(),
+            lever_checked_ns: 0,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Gives `pid`'s GR TSGs (those not yet changed) the offline timeslice, when the lever says
+    /// so. A failure makes the policy pause the process instead, once, with the reason.
+    fn apply_lever(&mut self, state: &State, pid: u32, why: &str) {
+        if !self.policy.lever.timeslice() || self.lever_failed.contains(&pid) {
+            return;
+        }
+        match self
+            .nv
+            .set_timeslices(state, pid, self.policy.offline_timeslice_us)
+        {
+            Ok(changes) => self.pending.extend(changes.into_iter().map(|change| {
+                Notice::Timeslice {
+                    change,
+                    why: why.to_string(),
+                }
+            })),
+            Err(e) => {
+                self.lever_failed.insert(pid);
+                self.pending.push(Notice::LeverFailed {
+                    pid,
+                    text: format!("{e:#}"),
+                });
+            }
+        }
+    }
+
+    /// Puts `pid`'s original timeslices back.
+    fn restore(&mut self, pid: u32, why: &str) {
+        match self.nv.restore_timeslices(pid) {
+            Ok(changes) => self.pending.extend(changes.into_iter().map(|change| {
+                Notice::Timeslice {
+                    change,
+                    why: why.to_string(),
+                }
+            })),
+            Err(e) => self.pending.push(Notice::Problem {
+                pid,
+                text: format!("restoring its timeslices: {e:#} (the guardian restores them if we die)"),
+            }),
+        }
     }
 }
 
@@ -344,6 +422,10 @@ impl<O: NvOps> Backend for NvBackend<O> {
                 // Duplicate its fds and give the guardian its way back now: a pause is then
                 // one RM call.
                 self.nv.prepare(state, pid)?;
+                self.offline.insert(pid);
+                self.apply_lever(state, pid, "classed offline");
+            } else if self.offline.remove(&pid) {
+                self.restore(pid, "no longer offline");
             }
             Ok(())
         })
@@ -408,12 +490,36 @@ impl<O: NvOps> Backend for NvBackend<O> {
     fn forget(&mut self, pid: u32) {
         self.nv.forget(pid);
         self.backoff.remove(&pid);
+        self.offline.remove(&pid);
+        self.lever_failed.remove(&pid);
+    }
+
+    fn set_policy(&mut self, policy: &Policy) {
+        let old = std::mem::replace(&mut self.policy, policy.nvidia);
+        if old.lever.timeslice() && !self.policy.lever.timeslice() {
+            for pid in self.offline.clone() {
+                self.restore(pid, "policy reloaded: lever pause");
+            }
+        }
+        // A new value (or lever) reaches every offline process at the next upkeep.
+        self.lever_checked_ns = 0;
+        self.lever_failed.clear();
+    }
+
+    fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
+        self.nv.timeslices()
     }
 
     fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice> {
         self.nv.prune(state);
         self.nv.beat(now_ns);
-        let mut out = Vec::new();
+        if now_ns.saturating_sub(self.lever_checked_ns) >= LEVER_RECHECK_NS {
+            self.lever_checked_ns = now_ns;
+            for pid in self.offline.clone() {
+                self.apply_lever(state, pid, "offline (new TSG or policy)");
+            }
+        }
+        let mut out = std::mem::take(&mut self.pending);
         for (pid, tsgs) in self.nv.overdue(now_ns, self.max_suspend_ns) {
             match self.nv.act(state, pid, &tsgs, false) {
                 Ok(report) => out.push(Notice::Acted {
@@ -457,6 +563,61 @@ pub fn refuse(vendor: Vendor, e: anyhow::Error) -> anyhow::Error {
 
 #[cfg(test)]
 mod tests {
+    /// Offline: the short timeslice at classification, notices for the audit; back to the
+    /// original on a class change; a refusing driver makes the policy pause instead.
+    #[test]
+    fn the_nvidia_backend_applies_and_restores_the_timeslice_lever() {
+        let s = host();
+        let mut fake = Fake::default();
+        {
+            let mut b = NvBackend::with(
+                NvControl::unguarded(&mut fake),
+                Duration::from_secs(1),
+            );
+            b.set_policy(&Policy::default());
+            block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+            let n = b.upkeep(&s, 1);
+            assert!(
+                matches!(&n[..], [Notice::Timeslice { change, .. }]
+                    if change.tsg == 0x20 && change.to_us == 200 && change.from_us == 2048),
+                "{n:?}"
+            );
+            assert_eq!(b.timeslices(), vec![(7, 0x20, 2048, 200)]);
+            block_on(b.classed(&s, 7, Class::Online)).unwrap();
+            let n = b.upkeep(&s, 2);
+            assert!(
+                matches!(&n[..], [Notice::Timeslice { change, .. }] if change.to_us == 2048),
+                "{n:?}"
+            );
+            assert!(b.timeslices().is_empty());
+        }
+        assert_eq!(fake.timeslices[&0x20], 2048);
+        // The pause lever changes no timeslice.
+        let mut fake = Fake::default();
+        let mut b = NvBackend::with(NvControl::unguarded(&mut fake), Duration::from_secs(1));
+        let mut p = Policy::default();
+        p.nvidia.lever = crate::policy::NvLever::Pause;
+        b.set_policy(&p);
+        block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+        assert!(b.upkeep(&s, 1).is_empty());
+        drop(b);
+        assert!(fake.ts_calls.is_empty());
+        // A refusing driver: the lever fails once, with the reason.
+        let mut fake = Fake {
+            ts_fail: true,
+            ..Default::default()
+        };
+        let mut b = NvBackend::with(NvControl::unguarded(&mut fake), Duration::from_secs(1));
+        b.set_policy(&Policy::default());
+        block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+        let n = b.upkeep(&s, LEVER_RECHECK_NS * 2);
+        assert!(
+            matches!(&n[..], [Notice::LeverFailed { pid: 7, text }] if text.contains("NV_ERR_NOT_SUPPORTED")),
+            "{n:?}"
+        );
+        assert!(b.upkeep(&s, LEVER_RECHECK_NS * 4).is_empty(), "not retried at every check");
+    }
+
     use super::*;
     use crate::nv::controller::tests::{host, Fake};
 
@@ -571,11 +732,10 @@ mod tests {
     fn nvidia_watchdog_resumes_what_stays_paused_past_max_suspend() {
         let s = host();
         let mut fake = Fake::default();
-        let mut b = NvBackend {
-            nv: NvControl::unguarded(&mut fake),
-            max_suspend_ns: 5_000_000,
-            backoff: BTreeMap::new(),
-        };
+        let mut b = NvBackend::with(
+            NvControl::unguarded(&mut fake),
+            Duration::from_nanos(5_000_000),
+        );
         let r = block_on(b.suspend(&s, 7, None, None)).unwrap();
         // None: every live TSG of the process (compute 0x20 and copy 0x30, which has no
         // channel seen: the TSG handle stands for it).
@@ -616,11 +776,10 @@ mod tests {
             fail: true,
             ..Fake::default()
         };
-        let mut b = NvBackend {
-            nv: NvControl::unguarded(&mut fake),
-            max_suspend_ns: 5_000_000,
-            backoff: BTreeMap::new(),
-        };
+        let mut b = NvBackend::with(
+            NvControl::unguarded(&mut fake),
+            Duration::from_nanos(5_000_000),
+        );
         let e = block_on(b.suspend(&s, 7, None, None)).unwrap_err();
         assert!(
             matches!(&e, ActError::Driver(t) if t.contains("NV_ERR_NOT_SUPPORTED")),

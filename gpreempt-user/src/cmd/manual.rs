@@ -9,12 +9,13 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
+    outcome::Notice,
     backend::Backends,
     controller::{
         daemon::{self, Request, Response, Status},
         requests::answer,
     },
-    kfd::control::{Limits, Notice},
+    kfd::control::Limits,
     model::State,
     observe::procinfo,
     outcome::QueueOutcome,
@@ -158,7 +159,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
                 }
                 Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
                 Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
-                Notice::TargetGone { .. } => {}
+                Notice::TargetGone { .. } | Notice::Timeslice { .. } | Notice::LeverFailed { .. } => {}
             },
             Some((req, reply)) = requests.recv() => {
                 let ans = answer(&mut backends, &state, req, || status(&held)).await;

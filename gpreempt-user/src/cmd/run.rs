@@ -21,7 +21,7 @@ use crate::{
         daemon::{self, Request, Response, Status},
         requests::answer,
     },
-    kfd::control::Notice,
+    outcome::Notice,
     kfd::Paths,
     model::Update,
     observe::watch::{Intervals, Watcher},
@@ -97,6 +97,12 @@ impl Ctx {
             refused: self.refused.clone(),
             decisions: self.recent.iter().cloned().collect(),
             events: w.event_counts(),
+            timeslices: self
+                .backends
+                .list
+                .iter()
+                .flat_map(|b| b.timeslices())
+                .collect(),
         }
     }
 
@@ -310,6 +316,36 @@ impl Ctx {
                     text: format!("pid {pid}: {text}"),
                 });
             }
+            Notice::Timeslice { change, why } => {
+                log::info!(
+                    "pid {}: TSG {:#x} timeslice {} -> {} us ({why})",
+                    change.pid,
+                    change.tsg,
+                    change.from_us,
+                    change.to_us
+                );
+                self.record(serde_json::json!({
+                    "ts_ns": monotonic_ns(),
+                    "pid": change.pid,
+                    "action": "timeslice",
+                    "tsg": change.tsg,
+                    "from_us": change.from_us,
+                    "to_us": change.to_us,
+                    "original_us": change.original_us,
+                    "reason": why,
+                    "by": "control",
+                }));
+                self.status_dirty = true;
+            }
+            Notice::LeverFailed { pid, text } => {
+                let text = format!("pid {pid}: timeslice lever failed, pausing instead: {text}");
+                log::warn!("{text}");
+                self.engine.pause_anyway(pid);
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text,
+                });
+            }
         }
     }
 
@@ -404,6 +440,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             ""
         }
     );
+    let mut backends = backends;
+    for b in &mut backends.list {
+        b.set_policy(&policy);
+    }
     let mut ctx = Ctx {
         me: std::process::id(),
         dry_run: args.dry_run,
@@ -428,6 +468,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 _ = hup.recv() => match Policy::load(&args.policy) {
                     Ok(p) => {
                         eprintln!("policy reloaded: {}", p.summary());
+                        for b in &mut ctx.backends.list {
+                            b.set_policy(&p);
+                        }
                         ctx.engine.set_policy(p);
                         ctx.status_dirty = true;
                     }

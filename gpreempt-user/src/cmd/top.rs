@@ -7,12 +7,13 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
+    outcome::Notice,
     backend::Backends,
     controller::{
         daemon::{self, Lock, Request, Response, Status},
         requests::answer,
     },
-    kfd::control::{Limits, Notice},
+    kfd::control::Limits,
     kfd::Paths,
     model::{State, Update},
     observe::watch::{Intervals, Watcher},
@@ -134,7 +135,10 @@ impl tui::Source for Top {
                 ts_ns: crate::clock::monotonic_ns(),
                 text: format!("GPU {gpu_id:#x}: {why}"),
             }),
-            Got::Notice(Notice::TargetGone { .. }) => {}
+            // top's own control is the KFD backend: it changes no timeslice.
+            Got::Notice(
+                Notice::TargetGone { .. } | Notice::Timeslice { .. } | Notice::LeverFailed { .. },
+            ) => {}
             Got::Request((req, reply)) => {
                 let resp = match req {
                     Request::Status => Response {

@@ -121,6 +121,9 @@ pub struct Status {
     /// process's events reach the model.
     #[serde(default)]
     pub events: BTreeMap<String, u64>,
+    /// NVIDIA TSG timeslices changed by the controller: (pid, TSG, original us, current us).
+    #[serde(default)]
+    pub timeslices: Vec<(u32, u32, u64, u64)>,
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {

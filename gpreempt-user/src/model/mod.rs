@@ -146,6 +146,7 @@ impl State {
                     p.class = class;
                 }
             }
+            Update::Timeslices(list) => self.timeslices(&list),
             Update::Warning { ts_ns, text } => {
                 self.touch(ts_ns);
                 self.log(ts_ns, LogKind::Error, 0, None, text);

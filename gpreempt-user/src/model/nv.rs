@@ -17,6 +17,20 @@ pub(super) struct NvClient {
 }
 
 impl State {
+    /// What the controller says it changed: exactly the listed TSGs carry a changed timeslice.
+    pub(super) fn timeslices(&mut self, list: &[(u32, u32, u64, u64)]) {
+        for p in self.procs.values_mut() {
+            for q in p.queues.values_mut() {
+                if let Some(t) = q.nv.as_mut() {
+                    t.timeslice_us = list
+                        .iter()
+                        .find(|&&(pid, tsg, _, _)| pid == p.pid && tsg == q.queue_id)
+                        .map(|&(_, _, original, current)| (original, current));
+                }
+            }
+        }
+    }
+
     /// NVIDIA RM escapes: clients, devices, subdevices, TSGs (as queues) and their channels.
     pub(super) fn nv(&mut self, n: &NvEvent) {
         use gpreempt_common::nv::{self as abi, class};
@@ -66,6 +80,7 @@ impl State {
                             h_subdevice: c.subdevice,
                             engine_type: engine,
                             channels: Vec::new(),
+                            timeslice_us: None,
                         };
                         let kind = if engine == abi::ENGINE_TYPE_GRAPHICS {
                             QueueKind::NvCompute

@@ -210,6 +210,9 @@ pub struct NvTsg {
     pub engine_type: u32,
     /// Its GPFIFO channels (handles), in allocation order.
     pub channels: Vec<u32>,
+    /// Its hardware timeslice as a controller changed it: (original us, current us). None: not
+    /// changed by a controller (the driver's own value).
+    pub timeslice_us: Option<(u64, u64)>,
 }
 
 impl Queue {
@@ -440,6 +443,9 @@ pub enum Update {
         pid: u32,
         class: Option<String>,
     },
+    /// The NVIDIA TSG timeslices the running controller changed, all of them: (pid, TSG,
+    /// original us, current us). TSGs not listed carry the driver's own value again.
+    Timeslices(Vec<(u32, u32, u64, u64)>),
     /// Time passes: destroyed queues and exited processes are dropped after [`LINGER_NS`](super::LINGER_NS).
     Tick {
         now_ns: u64,

@@ -19,16 +19,18 @@ use crate::{
     clock::monotonic_ns,
     model::State,
     nv::{
-        guardian::{GuardianHandle, HoldEntry},
-        rm::{dup_fd, set_disabled, Channels},
+        guardian::{GuardianHandle, HoldEntry, TsgTimeslice},
+        rm::{dup_fd, get_timeslice, set_disabled, set_timeslice, Channels},
     },
-    outcome::{OpReport, QueueOutcome, QueueResult},
+    outcome::{OpReport, QueueOutcome, QueueResult, TimesliceChange},
 };
 
 /// What pausing needs from the system; the real one is [`Rm`], tests use a fake.
 pub trait NvOps {
     fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd>;
     fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration>;
+    fn get_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64>;
+    fn set_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()>;
 }
 
 /// The driver itself.
@@ -40,6 +42,12 @@ impl NvOps for Rm {
     }
     fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
         set_disabled(fd, ch, disable)
+    }
+    fn get_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64> {
+        get_timeslice(fd, h_client, h_tsg)
+    }
+    fn set_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
+        set_timeslice(fd, h_client, h_tsg, us).map(|_| ())
     }
 }
 
@@ -59,6 +67,11 @@ struct ClientState {
     paused: BTreeMap<u32, u64>,
     /// Channels the guardian holds a way back for.
     guarded: BTreeSet<u32>,
+    /// Its GR (graphics/compute) TSGs: the ones whose timeslice is the lever.
+    gr: BTreeSet<u32>,
+    /// TSGs whose timeslice we changed: (original, what we set). The guardian journals the
+    /// original before the first change.
+    timeslices: BTreeMap<u32, (u64, u64)>,
 }
 
 /// Paused and pausable TSGs per process.
@@ -119,6 +132,7 @@ impl<O: NvOps> NvControl<O> {
             anyhow::bail!("pid {pid} is not known");
         };
         let mut found: BTreeMap<ClientKey, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
+        let mut gr: BTreeMap<ClientKey, BTreeSet<u32>> = BTreeMap::new();
         for q in p.live_queues() {
             let Some(t) = &q.nv else { continue };
             let Some(h_subdevice) = t.h_subdevice else {
@@ -135,6 +149,9 @@ impl<O: NvOps> NvControl<O> {
                 t.channels.clone()
             };
             found.entry(key).or_default().insert(q.queue_id, ch);
+            if t.engine_type == gpreempt_common::nv::ENGINE_TYPE_GRAPHICS {
+                gr.entry(key).or_default().insert(q.queue_id);
+            }
         }
         for (key, tsgs) in found {
             let channels: BTreeSet<u32> = tsgs.values().flatten().copied().collect();
@@ -151,6 +168,8 @@ impl<O: NvOps> NvControl<O> {
                     tsgs: BTreeMap::new(),
                     paused: BTreeMap::new(),
                     guarded: BTreeSet::new(),
+                    gr: BTreeSet::new(),
+                    timeslices: BTreeMap::new(),
                 });
             }
             if !new.is_empty() && self.use_guardian {
@@ -168,11 +187,13 @@ impl<O: NvOps> NvControl<O> {
                     h_client: key.h_client,
                     h_subdevice: key.h_subdevice,
                     channels: new.clone(),
+                    timeslices: Vec::new(),
                 })?;
             }
             if let Some(c) = self.targets.get_mut(&pid).and_then(|k| k.get_mut(&key)) {
                 c.guarded.extend(new);
                 c.tsgs = tsgs; // TSGs come and go; what is paused stays recorded
+                c.gr = gr.remove(&key).unwrap_or_default();
             }
         }
         Ok(())
@@ -260,6 +281,147 @@ impl<O: NvOps> NvControl<O> {
         })
     }
 
+    /// Gives `pid`'s GR TSGs the timeslice `us`, those it creates later too (call it again).
+    /// Before a TSG's first change its original value is read and handed to the guardian, which
+    /// puts it back if this process dies. Returns what changed; TSGs already at `us` are left.
+    pub fn set_timeslices(
+        &mut self,
+        state: &State,
+        pid: u32,
+        us: u64,
+    ) -> Result<Vec<TimesliceChange>> {
+        self.learn(state, pid)?;
+        let Self {
+            ops,
+            guardian,
+            use_guardian,
+            targets,
+            ..
+        } = self;
+        let Some(clients) = targets.get_mut(&pid) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (key, c) in clients.iter_mut() {
+            let todo: Vec<u32> = c
+                .gr
+                .iter()
+                .copied()
+                .filter(|t| c.timeslices.get(t).is_none_or(|&(_, now)| now != us))
+                .collect();
+            if todo.is_empty() {
+                continue;
+            }
+            // Originals first, journaled by the guardian, before anything changes.
+            let mut fresh = Vec::new();
+            for &t in &todo {
+                if !c.timeslices.contains_key(&t) {
+                    let original = ops.get_timeslice(c.dup.as_fd(), key.h_client, t)?;
+                    fresh.push(TsgTimeslice {
+                        h_tsg: t,
+                        original_us: original,
+                    });
+                }
+            }
+            if !fresh.is_empty() && *use_guardian {
+                let Some(g) = guardian.as_mut() else {
+                    anyhow::bail!("pid {pid}: no guardian to hold the original timeslices");
+                };
+                g.hold(&HoldEntry {
+                    pid,
+                    fd: key.fd,
+                    h_client: key.h_client,
+                    h_subdevice: key.h_subdevice,
+                    channels: Vec::new(),
+                    timeslices: fresh.clone(),
+                })?;
+            }
+            for f in fresh {
+                c.timeslices.insert(f.h_tsg, (f.original_us, f.original_us));
+            }
+            for t in todo {
+                let (original, from) = c.timeslices[&t];
+                ops.set_timeslice(c.dup.as_fd(), key.h_client, t, us)?;
+                c.timeslices.insert(t, (original, us));
+                out.push(TimesliceChange {
+                    pid,
+                    tsg: t,
+                    from_us: from,
+                    to_us: us,
+                    original_us: original,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts back the original timeslices of `pid`'s TSGs (class change, reload, exit).
+    pub fn restore_timeslices(&mut self, pid: u32) -> Result<Vec<TimesliceChange>> {
+        let Some(clients) = self.targets.get_mut(&pid) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let mut first_err = None;
+        for (key, c) in clients.iter_mut() {
+            for (t, (original, now)) in std::mem::take(&mut c.timeslices) {
+                if now == original {
+                    continue;
+                }
+                match self
+                    .ops
+                    .set_timeslice(c.dup.as_fd(), key.h_client, t, original)
+                {
+                    Ok(()) => out.push(TimesliceChange {
+                        pid,
+                        tsg: t,
+                        from_us: now,
+                        to_us: original,
+                        original_us: original,
+                    }),
+                    Err(e) => {
+                        // Kept: a later restore (or the guardian) tries again.
+                        c.timeslices.insert(t, (original, now));
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// The timeslice of one of `pid`'s TSGs as the driver reads it now.
+    pub fn read_timeslice(&mut self, pid: u32, tsg: u32) -> Result<u64> {
+        let Some((key, c)) = self
+            .targets
+            .get(&pid)
+            .and_then(|cs| cs.iter().find(|(_, c)| c.tsgs.contains_key(&tsg)))
+        else {
+            anyhow::bail!("pid {pid}: TSG {tsg:#x} is not known");
+        };
+        self.ops.get_timeslice(c.dup.as_fd(), key.h_client, tsg)
+    }
+
+    /// Every TSG timeslice changed now: (pid, tsg, original, current).
+    pub fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
+        let mut v: Vec<(u32, u32, u64, u64)> = self
+            .targets
+            .iter()
+            .flat_map(|(&pid, cs)| {
+                cs.values().flat_map(move |c| {
+                    c.timeslices
+                        .iter()
+                        .filter(|(_, (o, n))| o != n)
+                        .map(move |(&t, &(o, n))| (pid, t, o, n))
+                })
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The target exited: drop its fd duplicates and the guardian's hold.
     pub fn forget(&mut self, pid: u32) {
         if let Some(clients) = self.targets.remove(&pid) {
@@ -291,6 +453,9 @@ impl<O: NvOps> NvControl<O> {
         let mut out = Vec::new();
         let pids: Vec<u32> = self.targets.keys().copied().collect();
         for pid in pids {
+            if let Err(e) = self.restore_timeslices(pid) {
+                log::warn!("pid {pid}: restoring timeslices at exit: {e:#} (the guardian retries)");
+            }
             let paused: Vec<u32> = self.targets[&pid]
                 .values()
                 .flat_map(|c| c.paused.keys().copied())
@@ -379,6 +544,11 @@ pub(crate) mod tests {
     pub(crate) struct Fake {
         pub(crate) calls: Vec<(Vec<u32>, bool)>,
         pub(crate) fail: bool,
+        /// TSG -> timeslice (us) as the driver holds it (2048 when never set).
+        pub(crate) timeslices: BTreeMap<u32, u64>,
+        /// SET_TIMESLICE calls (tsg, us).
+        pub(crate) ts_calls: Vec<(u32, u64)>,
+        pub(crate) ts_fail: bool,
     }
 
     impl NvOps for &mut Fake {
@@ -392,6 +562,81 @@ pub(crate) mod tests {
             self.calls.push((ch.channels.clone(), disable));
             Ok(Duration::from_micros(900))
         }
+        fn get_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32) -> Result<u64> {
+            Ok(*self.timeslices.get(&h_tsg).unwrap_or(&2048))
+        }
+        fn set_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32, us: u64) -> Result<()> {
+            if self.ts_fail {
+                anyhow::bail!("SET_TIMESLICE failed: NV_ERR_NOT_SUPPORTED (0x56)");
+            }
+            self.ts_calls.push((h_tsg, us));
+            self.timeslices.insert(h_tsg, us);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
+        let mut s = host();
+        let mut fake = Fake::default();
+        fake.timeslices.insert(0x20, 1024);
+        let mut c = NvControl::unguarded(&mut fake);
+        let ch = c.set_timeslices(&s, 7, 200).unwrap();
+        // Only the compute (GR) TSG; the copy TSG 0x30 keeps its own.
+        assert_eq!(
+            ch,
+            vec![TimesliceChange {
+                pid: 7,
+                tsg: 0x20,
+                from_us: 1024,
+                to_us: 200,
+                original_us: 1024
+            }]
+        );
+        assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
+        assert_eq!(c.read_timeslice(7, 0x20).unwrap(), 200);
+        // Again: nothing to do. A GR TSG created later gets it too, from its own original.
+        assert!(c.set_timeslices(&s, 7, 200).unwrap().is_empty());
+        alloc(&mut s, 0x10, 0x40, class::KEPLER_CHANNEL_GROUP_A, 1);
+        let ch = c.set_timeslices(&s, 7, 200).unwrap();
+        assert_eq!((ch.len(), ch[0].tsg, ch[0].from_us), (1, 0x40, 2048));
+        // A new value (policy reload) keeps the first original.
+        let ch = c.set_timeslices(&s, 7, 100).unwrap();
+        assert!(ch.iter().all(|c| c.to_us == 100), "{ch:?}");
+        assert_eq!(ch[0].original_us, 1024);
+        // Class change / exit of the controller: the originals come back.
+        let back = c.restore_timeslices(7).unwrap();
+        assert_eq!(back.len(), 2, "{back:?}");
+        assert!(c.timeslices().is_empty());
+        drop(c);
+        assert_eq!(fake.timeslices[&0x20], 1024);
+        assert_eq!(fake.timeslices[&0x40], 2048);
+        assert!(!fake.ts_calls.iter().any(|&(t, _)| t == 0x30), "{:?}", fake.ts_calls);
+    }
+
+    #[test]
+    fn shutdown_restores_changed_timeslices() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        c.set_timeslices(&s, 7, 200).unwrap();
+        c.act(&s, 7, &[0x20], true).unwrap();
+        c.shutdown();
+        assert_eq!(fake.timeslices[&0x20], 2048, "original back");
+        assert_eq!(fake.calls.last(), Some(&(vec![0x21, 0x22], false)), "resumed");
+    }
+
+    #[test]
+    fn a_refused_set_timeslice_is_an_error_and_changes_nothing() {
+        let s = host();
+        let mut fake = Fake {
+            ts_fail: true,
+            ..Default::default()
+        };
+        let mut c = NvControl::unguarded(&mut fake);
+        let e = c.set_timeslices(&s, 7, 200).unwrap_err();
+        assert!(format!("{e:#}").contains("NV_ERR_NOT_SUPPORTED"), "{e:#}");
+        assert!(c.timeslices().is_empty());
     }
 
     fn alloc(s: &mut State, parent: u32, new: u32, h_class: u32, engine: u32) {
@@ -417,11 +662,8 @@ pub(crate) mod tests {
         s
     }
 
-    /// The policy sees NVIDIA processes like KFD ones: an online launch hint suspends the offline
-    /// process's compute TSG.
-    #[test]
-    fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
-        use crate::policy::{Action, Engine, Policy};
+    /// Two NVIDIA processes: pid 7 runs online.py, pid 8 offline.py (a compute TSG 0x20 each).
+    fn online_and_offline() -> State {
         let mut s = State::new();
         for pid in [7, 8] {
             alloc_for(&mut s, pid, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
@@ -440,6 +682,15 @@ pub(crate) mod tests {
                 },
             });
         }
+        s
+    }
+
+    /// The pause lever: the policy sees NVIDIA processes like KFD ones, an online launch hint
+    /// suspends the offline process's compute TSG.
+    #[test]
+    fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
+        use crate::policy::{Action, Engine, Policy};
+        let mut s = online_and_offline();
         let policy = Policy::parse(
             include_str!("../../../scripts/gpu/policy.toml"),
             "policy.toml",
@@ -456,6 +707,44 @@ pub(crate) mod tests {
             (ds[0].action, ds[0].pid, ds[0].queues.clone()),
             (Action::Suspend, 8, vec![0x20])
         );
+    }
+
+    /// The timeslice lever (the default) never pauses; `both` pauses only once online work has
+    /// stayed busy for `pause_after`.
+    #[test]
+    fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
+        use crate::policy::{Action, Engine, Policy};
+        let rules = "[[rule]]\nclass = \"online\"\ncmdline = 'online'\n\
+                     [[rule]]\nclass = \"offline\"\ncmdline = 'offline'\n";
+        let ms = 1_000_000;
+        for (nvidia, pause_at) in [
+            ("", None),
+            ("[nvidia]\nlever = \"timeslice\"\n", None),
+            (
+                "[nvidia]\nlever = \"both\"\npause_after = \"5ms\"\n",
+                Some(5 * ms),
+            ),
+            ("[nvidia]\nlever = \"pause\"\n", Some(0)),
+        ] {
+            let text = format!("[policy]\nmin_interval = \"1ms\"\n{nvidia}{rules}");
+            let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap());
+            let mut s = online_and_offline();
+            e.classify(&s);
+            let start = 5_000 * ms;
+            let mut first = None;
+            for step in 0..10u64 {
+                let now = start + step * ms;
+                // Online launches every tick: one long episode.
+                s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now - 100_000);
+                let ds = e.decide(&s, now);
+                if let Some(d) = ds.iter().find(|d| d.action == Action::Suspend) {
+                    assert_eq!(d.pid, 8);
+                    first.get_or_insert(now - start);
+                    e.confirm(d, &d.queues);
+                }
+            }
+            assert_eq!(first, pause_at, "{nvidia:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 
 use crate::{
     doctor::{nvidia, Root, Verdict},
+    model::State,
     nv::{
         controller::{NvControl, NvOps},
         selftest::{verify, Target},
@@ -105,18 +106,51 @@ pub async fn self_test<O: NvOps>(nv: &mut NvControl<O>, w: &mut Watcher) -> Resu
         &mut || act(false),
         WINDOW,
     );
-    nv.into_inner().forget(pid);
+    let nv = nv.into_inner();
+    // The timeslice lever on the same process: set, read back, put back. A driver that refuses
+    // it is not a reason to refuse `run` (the policy then pauses instead): it is said.
+    let lever = match timeslice_check(nv, state, pid) {
+        Ok(line) => line,
+        Err(e) => format!("timeslice lever NOT available ({e:#}): offline work will be paused"),
+    };
+    nv.forget(pid);
     drop(target);
     let v = verdict.context("pausing our own CUDA process")?;
     Ok(format!(
         "NVIDIA self-test: paused our own CUDA process (pid {pid}, {} TSG(s), {channels} \
          channel(s)) in {:.2} ms and resumed it in {:.2} ms; iterations: {} before, {} while \
-         paused, {} after",
+         paused, {} after; {lever}",
         tsgs.len(),
         v.pause.as_secs_f64() * 1e3,
         v.resume.as_secs_f64() * 1e3,
         v.before,
         v.while_paused,
         v.after
+    ))
+}
+
+/// The self-test's timeslice step, through the controller's own path.
+fn timeslice_check<O: NvOps>(nv: &mut NvControl<O>, state: &State, pid: u32) -> Result<String> {
+    const PROBE_US: u64 = 200;
+    let changes = nv.set_timeslices(state, pid, PROBE_US)?;
+    let Some(c) = changes.first().cloned() else {
+        bail!("our process has no compute TSG to set a timeslice on");
+    };
+    let read = nv.read_timeslice(pid, c.tsg)?;
+    let restored = nv.restore_timeslices(pid);
+    let back = nv.read_timeslice(pid, c.tsg)?;
+    restored?;
+    ensure!(
+        read == PROBE_US,
+        "SET_TIMESLICE {PROBE_US} us read back as {read} us"
+    );
+    ensure!(
+        back == c.original_us,
+        "the original timeslice {} us read back as {back} us after the restore",
+        c.original_us
+    );
+    Ok(format!(
+        "timeslice {} -> {PROBE_US} -> {back} us (read back each time)",
+        c.original_us
     ))
 }

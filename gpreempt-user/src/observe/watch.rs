@@ -238,6 +238,8 @@ impl Watcher {
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.state.controller = None;
+            // No controller: nothing it changed is in force (a dead one's guardian put it back).
+            self.state.apply(Update::Timeslices(Vec::new()));
             // The controller is gone: the kernel resumed whatever it held.
             if let Some(old) = self.controller.take() {
                 let ts_ns = monotonic_ns();
@@ -304,6 +306,7 @@ impl Watcher {
         for u in updates {
             self.state.apply(u);
         }
+        self.state.apply(Update::Timeslices(s.timeslices.clone()));
         self.state.controller = Some(format!(
             "controller: {} pid {}{}, {} held{}",
             s.mode,

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{fmt_ms, fmt_ns, off_ns, Action, Class, Decision, Policy, Strategy};
+use super::{fmt_ms, fmt_ns, off_ns, Action, Class, Decision, NvLever, Policy, Strategy};
 use crate::model::{Activity, Process, QueueState, SampleStatus, State};
 
 /// A process's class, cached per (pid, start time) and policy generation.
@@ -83,6 +83,8 @@ struct GpuMem {
     last_busy_ns: Option<u64>,
     /// Online demand is going on: from its first busy tick until `resume_after` of idleness.
     episode: bool,
+    /// When the current episode began.
+    episode_start_ns: Option<u64>,
     last_suspend_ns: Option<u64>,
     /// Starvation guard: no suspend before this.
     no_suspend_until: u64,
@@ -105,6 +107,8 @@ pub struct Engine {
     launches: HashMap<(u32, u32), Launches>,
     held: BTreeMap<(u32, u32), Held>,
     gpus: BTreeMap<u32, GpuMem>,
+    /// NVIDIA processes whose timeslice lever failed: paused like `lever = "pause"`.
+    pause_anyway: std::collections::BTreeSet<u32>,
 }
 
 impl Engine {
@@ -117,6 +121,7 @@ impl Engine {
             launches: HashMap::new(),
             held: BTreeMap::new(),
             gpus: BTreeMap::new(),
+            pause_anyway: Default::default(),
         }
     }
 
@@ -360,7 +365,7 @@ impl Engine {
                     .classes
                     .get(&p.pid)
                     .is_some_and(|e| e.class == Class::Offline);
-            if offline {
+            if offline && self.nvidia_may_pause(p, now) {
                 self.suspend_process(p, now, out);
             }
         }
@@ -368,6 +373,29 @@ impl Engine {
             if let Some(g) = self.gpus.get_mut(&d.gpu_id) {
                 g.last_suspend_ns = Some(now);
             }
+        }
+    }
+
+    /// NVIDIA processes yield by the policy's lever: never paused with `timeslice` (the
+    /// hardware timeslice does it), paused with `both` only once an online episode on one of
+    /// their GPUs has outlasted `pause_after`. Everything else may be suspended.
+    fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
+        if p.vendor() != Some(crate::model::Vendor::Nvidia) {
+            return true;
+        }
+        let nv = &self.policy.nvidia;
+        if self.pause_anyway.contains(&p.pid) {
+            return true;
+        }
+        match nv.lever {
+            NvLever::Pause => true,
+            NvLever::Timeslice => false,
+            NvLever::Both => p.live_queues().any(|q| {
+                self.gpus
+                    .get(&q.gpu_id)
+                    .and_then(|g| g.episode_start_ns)
+                    .is_some_and(|s| now.saturating_sub(s) >= nv.pause_after_ns)
+            }),
         }
     }
 
@@ -406,6 +434,11 @@ impl Engine {
         }
     }
 
+    /// The timeslice lever failed for `pid`: it is paused instead, whatever the lever says.
+    pub fn pause_anyway(&mut self, pid: u32) {
+        self.pause_anyway.insert(pid);
+    }
+
     /// What the controller did for a decision: `done` are the queue ids whose state changed.
     pub fn confirm(&mut self, d: &Decision, done: &[u32]) {
         match d.action {
@@ -442,7 +475,10 @@ impl Engine {
     /// Something else resumed these queues (all of `pid`'s when `queues` is None): forget them.
     pub fn forget(&mut self, pid: u32, queues: Option<&[u32]>) {
         match queues {
-            None => self.held.retain(|&(p, _), _| p != pid),
+            None => {
+                self.held.retain(|&(p, _), _| p != pid);
+                self.pause_anyway.remove(&pid);
+            }
             Some(ids) => {
                 for q in ids {
                     self.held.remove(&(pid, *q));
@@ -521,6 +557,11 @@ impl GpuMem {
         let idle_ns = self.last_busy_ns.map(|t| now.saturating_sub(t));
         let recent = idle_ns.is_some_and(|i| i < p.resume_after_ns);
         self.episode = busy || (self.episode && recent);
+        self.episode_start_ns = if self.episode {
+            Some(self.episode_start_ns.unwrap_or(now))
+        } else {
+            None
+        };
         idle_ns
     }
 

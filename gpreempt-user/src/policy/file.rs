@@ -10,7 +10,8 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::{
-    fmt_ns, off_ns, Class, Glob, Policy, Rule, Strategy, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
+    fmt_ns, off_ns, Class, Glob, NvLever, NvPolicy, Policy, Rule, Strategy, DEFAULT_PERIOD_NS,
+    DEFAULT_SHARE,
 };
 
 /// Everything wrong with a policy file, one problem per line, each `source:LINE: ...`.
@@ -150,6 +151,7 @@ impl Parser<'_> {
         };
         let mut policy_table: Option<(&DeTable, usize)> = None;
         let mut timeslice: Option<(&DeTable, usize)> = None;
+        let mut nvidia: Option<&DeTable> = None;
         let mut rules: Option<&Val> = None;
         for (k, v) in doc.get_ref().iter() {
             match k.get_ref().as_ref() {
@@ -157,10 +159,14 @@ impl Parser<'_> {
                 "timeslice" => {
                     timeslice = self.table(v, "[timeslice]").map(|t| (t, v.span().start))
                 }
+                "nvidia" => nvidia = self.table(v, "[nvidia]"),
                 "rule" => rules = Some(v),
                 other => self.err(
                     k.span().start,
-                    format!("unknown key {other:?} (expected [policy], [timeslice] or [[rule]])"),
+                    format!(
+                        "unknown key {other:?} (expected [policy], [timeslice], [nvidia] or \
+                         [[rule]])"
+                    ),
                 ),
             }
         }
@@ -262,6 +268,9 @@ impl Parser<'_> {
                 }
             }
         }
+        if let Some(t) = nvidia {
+            self.nvidia(t, &mut policy.nvidia);
+        }
         if let Some(v) = rules {
             self.rules(v, &mut policy.rules);
         }
@@ -318,6 +327,57 @@ impl Parser<'_> {
             };
         }
         Some(policy)
+    }
+
+    /// `[nvidia]`: lever, offline_timeslice, pause_after.
+    fn nvidia(&mut self, t: &DeTable, nv: &mut NvPolicy) {
+        for (k, v) in t.iter() {
+            let key = k.get_ref().as_ref();
+            let span = v.span().start;
+            match key {
+                "lever" => match self.string(v, key) {
+                    Some("timeslice") => nv.lever = NvLever::Timeslice,
+                    Some("pause") => nv.lever = NvLever::Pause,
+                    Some("both") => nv.lever = NvLever::Both,
+                    Some(other) => self.err(
+                        span,
+                        format!(
+                            "lever: unknown lever {other:?} (use \"timeslice\", \"pause\" or \
+                             \"both\")"
+                        ),
+                    ),
+                    None => {}
+                },
+                "offline_timeslice" => {
+                    if let Some(ns) = self.duration(v, key) {
+                        let us = ns / 1_000;
+                        if us == 0 || us > 1_000_000 {
+                            self.err(
+                                span,
+                                format!(
+                                    "offline_timeslice: {} is out of range (1us to 1s)",
+                                    fmt_ns(ns)
+                                ),
+                            );
+                        } else {
+                            nv.offline_timeslice_us = us;
+                        }
+                    }
+                }
+                "pause_after" => {
+                    if let Some(ns) = self.duration(v, key) {
+                        nv.pause_after_ns = ns;
+                    }
+                }
+                other => self.err(
+                    k.span().start,
+                    format!(
+                        "[nvidia]: unknown key {other:?} (expected lever, offline_timeslice or \
+                         pause_after)"
+                    ),
+                ),
+            }
+        }
     }
 
     fn table<'a, 'i>(&mut self, v: &'a Val<'i>, what: &str) -> Option<&'a DeTable<'i>> {

@@ -318,7 +318,8 @@ fn unknown_keys_are_errors_with_lines() {
     );
     assert_eq!(
         one_err("\n[polcy]\n"),
-        "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice] or [[rule]])"
+        "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice], [nvidia] or \
+         [[rule]])"
     );
     assert_eq!(
         one_err(
@@ -1344,4 +1345,41 @@ fn launch_hints_are_ignored_when_the_policy_says_so_or_when_stale() {
     w.st.procs.get_mut(&ON).unwrap().last_launch_ns = Some(MS);
     w.sample(ON, 0, 0, 0, 0);
     assert!(w.tick(30.0).is_empty(), "stale hint");
+}
+
+#[test]
+fn the_nvidia_table_sets_the_lever() {
+    use crate::policy::{NvLever, NvPolicy};
+    // Default: the timeslice lever at 200 us.
+    let p = Policy::parse("", "p.toml").unwrap();
+    assert_eq!(p.nvidia, NvPolicy::default());
+    assert_eq!(p.nvidia.lever, NvLever::Timeslice);
+    assert_eq!(p.nvidia.offline_timeslice_us, 200);
+    let p = Policy::parse(
+        "[nvidia]\nlever = \"both\"\noffline_timeslice = \"1ms\"\npause_after = \"8ms\"\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        p.nvidia,
+        NvPolicy {
+            lever: NvLever::Both,
+            offline_timeslice_us: 1000,
+            pause_after_ns: 8_000_000
+        }
+    );
+    assert!(p.summary().contains("NVIDIA lever both (1000 us, pause after 8ms)"), "{}", p.summary());
+    assert_eq!(
+        one_err("[nvidia]\nlever = \"sleep\"\n"),
+        "policy.toml:2: lever: unknown lever \"sleep\" (use \"timeslice\", \"pause\" or \"both\")"
+    );
+    assert_eq!(
+        one_err("[nvidia]\noffline_timeslice = \"2s\"\n"),
+        "policy.toml:2: offline_timeslice: 2s is out of range (1us to 1s)"
+    );
+    assert_eq!(
+        one_err("[nvidia]\ntimeslice = \"2ms\"\n"),
+        "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, offline_timeslice or \
+         pause_after)"
+    );
 }

@@ -35,6 +35,7 @@ use nix::sys::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+use crate::outcome::Notice;
 use crate::outcome::OpReport;
 
 mod holds;
@@ -140,23 +141,6 @@ impl fmt::Display for TargetError {
 
 impl std::error::Error for TargetError {}
 
-/// What the control thread reports on its own.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Notice {
-    /// A controlled process exited (its queues went with it).
-    TargetGone { pid: u32 },
-    /// Queues the thread suspended or resumed without a request: new queues of a process held
-    /// suspended as a whole, the watchdog, a fence.
-    Acted {
-        report: OpReport,
-        suspend: bool,
-        why: String,
-    },
-    /// After a per-queue ERROR the GPU is no longer preempted.
-    Fenced { gpu_id: u32, why: String },
-    /// A problem worth telling the operator about.
-    Problem { pid: u32, text: String },
-}
 
 enum Req {
     Attach(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),

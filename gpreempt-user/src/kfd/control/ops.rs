@@ -23,11 +23,11 @@ use super::{
     errno_of,
     holds::{self, Book},
     thread::{Target, Thread},
-    Notice, SnapQueue, TargetError, SUBSCRIBED,
+    SnapQueue, TargetError, SUBSCRIBED,
 };
 use crate::{
     clock::monotonic_ns,
-    outcome::{OpReport, QueueOutcome, QueueResult},
+    outcome::{Notice, OpReport, QueueOutcome, QueueResult},
 };
 
 pub(super) fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {

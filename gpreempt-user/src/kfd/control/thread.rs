@@ -26,8 +26,9 @@ use tokio::sync::mpsc as tmpsc;
 use super::{
     errno_of,
     holds::{self, Book, Fences},
-    Limits, Notice, Req, SUBSCRIBED,
+    Limits, Req, SUBSCRIBED,
 };
+use crate::outcome::Notice;
 use crate::clock::monotonic_ns;
 
 pub(super) struct Target {

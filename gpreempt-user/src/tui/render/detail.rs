@@ -114,6 +114,15 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
             ("rm client", format!("{:#x} (fd {})", t.h_client, t.fd)),
             ("subdevice", hex(t.h_subdevice.map(u64::from))),
             ("engine", format!("{:#x}", t.engine_type)),
+            (
+                "timeslice",
+                match t.timeslice_us {
+                    Some((original, now)) => {
+                        format!("{now} us (controller; was {original} us)")
+                    }
+                    None => "driver's".into(),
+                },
+            ),
         ]);
         let list: Vec<String> = t.channels.iter().map(|c| format!("{c:#x}")).collect();
         wide.push(("channels", format!("{}: {}", list.len(), list.join(" "))));
