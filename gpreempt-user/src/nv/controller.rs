@@ -168,6 +168,7 @@ impl<O: NvOps> NvControl<O> {
                     h_client: key.h_client,
                     h_subdevice: key.h_subdevice,
                     channels: new.clone(),
+                    timeslices: Vec::new(),
                 })?;
             }
             if let Some(c) = self.targets.get_mut(&pid).and_then(|k| k.get_mut(&key)) {
