@@ -172,7 +172,9 @@ pub mod status {
     pub const INSUFFICIENT_PERMISSIONS: u32 = 0x1B;
     pub const INVALID_CHANNEL: u32 = 0x21;
     pub const INVALID_CLIENT: u32 = 0x23;
+    pub const INVALID_OBJECT_HANDLE: u32 = 0x33;
     pub const NOT_SUPPORTED: u32 = 0x56;
+    pub const OBJECT_NOT_FOUND: u32 = 0x57;
 
     pub fn name(s: u32) -> &'static str {
         match s {
@@ -180,7 +182,9 @@ pub mod status {
             INSUFFICIENT_PERMISSIONS => "NV_ERR_INSUFFICIENT_PERMISSIONS",
             INVALID_CHANNEL => "NV_ERR_INVALID_CHANNEL",
             INVALID_CLIENT => "NV_ERR_INVALID_CLIENT",
+            INVALID_OBJECT_HANDLE => "NV_ERR_INVALID_OBJECT_HANDLE",
             NOT_SUPPORTED => "NV_ERR_NOT_SUPPORTED",
+            OBJECT_NOT_FOUND => "NV_ERR_OBJECT_NOT_FOUND",
             _ => "NV_ERR_(other)",
         }
     }

@@ -1,5 +1,6 @@
-//! What the guardian holds: the system seam ([`Targets`]), resuming an entry's channels, and the
-//! [`Guardian`] state (holds, releases, reaping exited targets, shutdown).
+//! What the guardian holds: the system seam ([`Targets`]), resuming an entry's channels and
+//! restoring its timeslices ([`undo`]), and the [`Guardian`] state (holds, releases, reaping
+//! exited targets, shutdown).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -9,7 +10,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::{
     journal::{recover_entry, recover_with, Journal},
-    one_line, say, HoldEntry, Request,
+    one_line, say, HoldEntry, Request, TsgTimeslice,
 };
 use crate::nv::rm::{self as control, Channels};
 
@@ -21,6 +22,9 @@ pub trait Targets {
     fn dup(&mut self, pid: u32, fd: i32) -> Result<Self::Dup>;
     /// Resumes `e`'s channels through `dup`.
     fn enable(&mut self, dup: &Self::Dup, e: &HoldEntry) -> Result<()>;
+    /// Sets the timeslice of TSG `h_tsg` (of client `h_client`) to `us` through `dup`
+    /// ([`control::set_timeslice`]).
+    fn set_timeslice(&mut self, dup: &Self::Dup, h_client: u32, h_tsg: u32, us: u64) -> Result<()>;
     /// Whether the target behind `dup` has exited.
     fn exited(&mut self, dup: &Self::Dup) -> bool;
 }
@@ -46,6 +50,10 @@ impl Targets for Rm {
 
     fn enable(&mut self, dup: &TargetFd, e: &HoldEntry) -> Result<()> {
         enable_entry(dup.fd.as_fd(), e)
+    }
+
+    fn set_timeslice(&mut self, dup: &TargetFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
+        control::set_timeslice(dup.fd.as_fd(), h_client, h_tsg, us).map(drop)
     }
 
     fn exited(&mut self, dup: &TargetFd) -> bool {
@@ -89,6 +97,49 @@ pub fn enable_entry(fd: BorrowedFd, e: &HoldEntry) -> Result<()> {
         Ok(())
     } else {
         Err(first.context(format!("channel(s) {failed:#x?} not resumed")))
+    }
+}
+
+fn status_is(e: &anyhow::Error, statuses: &[u32]) -> bool {
+    control::nv_status(e).is_some_and(|s| statuses.contains(&s))
+}
+
+/// Undoes what the controller may have done to `e`'s target, through `dup`: resumes its
+/// channels (none: nothing to resume) and puts back each TSG's original timeslice, one TSG at a
+/// time (a failure does not stop the others; a TSG the target freed is not one). A client that
+/// is gone (INVALID_CLIENT) is returned as such at once: nothing of it is left to undo.
+pub fn undo<T: Targets>(t: &mut T, dup: &T::Dup, e: &HoldEntry) -> Result<()> {
+    let mut first = None;
+    if !e.channels.is_empty() {
+        match t.enable(dup, e) {
+            Ok(()) => {}
+            Err(err) if status_is(&err, &[nv::status::INVALID_CLIENT]) => return Err(err),
+            Err(err) => first = Some(err),
+        }
+    }
+    let mut failed = Vec::new();
+    for ts in &e.timeslices {
+        match t.set_timeslice(dup, e.h_client, ts.h_tsg, ts.original_us) {
+            Ok(()) => {}
+            Err(err) if status_is(&err, &[nv::status::INVALID_CLIENT]) => return Err(err),
+            Err(err)
+                if status_is(
+                    &err,
+                    &[
+                        nv::status::INVALID_OBJECT_HANDLE,
+                        nv::status::OBJECT_NOT_FOUND,
+                    ],
+                ) => {}
+            Err(err) => {
+                failed.push(ts.h_tsg);
+                first.get_or_insert(err);
+            }
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(err) if failed.is_empty() => Err(err),
+        Some(err) => Err(err.context(format!("timeslice(s) of TSG(s) {failed:#x?} not restored"))),
     }
 }
 
@@ -148,26 +199,54 @@ impl<T: Targets> Guardian<T> {
     fn hold(&mut self, mut e: HoldEntry) -> Result<()> {
         let mut seen = std::collections::BTreeSet::new();
         e.channels.retain(|c| seen.insert(*c));
+        let mut seen = std::collections::BTreeSet::new();
+        e.timeslices.retain(|t| seen.insert(t.h_tsg));
         let dup = self.targets.dup(e.pid, e.fd)?;
         let at = self.held.iter().position(|(h, _)| h.key() == e.key());
-        let old: &[u32] = at.map_or(&[], |i| &self.held[i].0.channels);
+        let (old, old_ts) = at.map_or((&[][..], &[][..]), |i| {
+            (&self.held[i].0.channels[..], &self.held[i].0.timeslices[..])
+        });
         let new: Vec<u32> = e
             .channels
             .iter()
             .copied()
             .filter(|c| !old.contains(c))
             .collect();
+        // The first original recorded for a TSG wins: a later one may already be lowered.
+        let new_ts: Vec<TsgTimeslice> = e
+            .timeslices
+            .iter()
+            .copied()
+            .filter(|t| !old_ts.iter().any(|o| o.h_tsg == t.h_tsg))
+            .collect();
         let merged = HoldEntry {
             channels: old.iter().copied().chain(new.iter().copied()).collect(),
+            timeslices: old_ts.iter().chain(&new_ts).copied().collect(),
             ..e.clone()
         };
         if !new.is_empty() {
             // They are running (the controller pauses after our `ok`): resuming them is a no-op
             // that proves our duplicate reaches them.
-            let probe = HoldEntry { channels: new, ..e };
+            let probe = HoldEntry {
+                channels: new,
+                timeslices: Vec::new(),
+                ..e
+            };
             self.targets
                 .enable(&dup, &probe)
                 .context("the guardian could not resume these channels itself")?;
+        }
+        for t in &new_ts {
+            // Their current timeslices (the controller changes them after our `ok`): setting
+            // them is a no-op that proves our duplicate reaches these TSGs.
+            self.targets
+                .set_timeslice(&dup, merged.h_client, t.h_tsg, t.original_us)
+                .with_context(|| {
+                    format!(
+                        "the guardian could not set the timeslice of TSG {:#x} itself",
+                        t.h_tsg
+                    )
+                })?;
         }
         self.journal.append(&merged)?;
         match at {
@@ -214,13 +293,10 @@ impl<T: Targets> Guardian<T> {
             if self.targets.exited(dup) {
                 continue; // the next reap drops it
             }
-            match self.targets.enable(dup, e) {
-                Ok(()) => say(&format!("{why}: resumed {}", e.describe())),
+            match undo(&mut self.targets, dup, e) {
+                Ok(()) => say(&format!("{why}: {}", e.undone())),
                 Err(err) => {
-                    say(&format!(
-                        "{why}: could not resume {}: {err:#}",
-                        e.describe()
-                    ));
+                    say(&format!("{why}: could not undo {}: {err:#}", e.describe()));
                     all = false;
                 }
             }
@@ -237,19 +313,19 @@ impl<T: Targets> Guardian<T> {
                 say(&format!("pid {} exited; nothing to resume", e.pid));
                 continue;
             }
-            match self.targets.enable(&dup, &e) {
-                Ok(()) => say(&format!("controller gone: resumed {}", e.describe())),
+            match undo(&mut self.targets, &dup, &e) {
+                Ok(()) => say(&format!("controller gone: {}", e.undone())),
                 Err(err) => {
-                    say(&format!("could not resume {}: {err:#}", e.describe()));
+                    say(&format!("could not undo {}: {err:#}", e.describe()));
                     failed.push(e);
                 }
             }
         }
         for e in std::mem::take(&mut self.stale) {
             match recover_entry(&mut self.targets, &e) {
-                Ok(_) => say(&format!("resumed (or gone) {}", e.describe())),
+                Ok(_) => say(&format!("{} (or it is gone)", e.undone())),
                 Err(err) => {
-                    say(&format!("still could not resume {}: {err:#}", e.describe()));
+                    say(&format!("still could not undo {}: {err:#}", e.describe()));
                     failed.push(e);
                 }
             }

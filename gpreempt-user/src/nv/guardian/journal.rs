@@ -16,7 +16,7 @@ use nix::{
 };
 
 use super::{
-    holds::{Rm, Targets},
+    holds::{undo, Rm, Targets},
     say, HoldEntry,
 };
 use crate::nv::rm::{self as control};
@@ -137,16 +137,16 @@ pub(super) enum Recovered {
     Gone,
 }
 
-/// Resumes a journal entry with a fresh duplicate. A target that exited, closed the fd, or whose
-/// fd no longer holds the client (a reused pid or fd) has nothing left paused that we could
-/// reach: `Gone`.
+/// Undoes a journal entry ([`undo`]: resumes its channels, restores its timeslices) with a fresh
+/// duplicate. A target that exited, closed the fd, or whose fd no longer holds the client (a
+/// reused pid or fd) has nothing left paused that we could reach: `Gone`.
 pub(super) fn recover_entry<T: Targets>(t: &mut T, e: &HoldEntry) -> Result<Recovered> {
     let dup = match t.dup(e.pid, e.fd) {
         Ok(d) => d,
         Err(err) if control::is_gone(&err) => return Ok(Recovered::Gone),
         Err(err) => return Err(err),
     };
-    match t.enable(&dup, e) {
+    match undo(t, &dup, e) {
         Ok(()) => Ok(Recovered::Resumed),
         Err(err) if control::nv_status(&err) == Some(nv::status::INVALID_CLIENT) => {
             Ok(Recovered::Gone)
@@ -172,10 +172,7 @@ pub(super) fn recover_with<T: Targets>(j: &Journal, t: &mut T) -> Vec<(HoldEntry
     for e in entries {
         let r = match recover_entry(t, &e) {
             Ok(Recovered::Resumed) => {
-                say(&format!(
-                    "left by a dead guardian, resumed {}",
-                    e.describe()
-                ));
+                say(&format!("left by a dead guardian, {}", e.undone()));
                 Ok(())
             }
             Ok(Recovered::Gone) => {
@@ -187,7 +184,7 @@ pub(super) fn recover_with<T: Targets>(j: &Journal, t: &mut T) -> Vec<(HoldEntry
             }
             Err(err) => {
                 say(&format!(
-                    "left by a dead guardian: could not resume {}: {err:#}",
+                    "left by a dead guardian: could not undo {}: {err:#}",
                     e.describe()
                 ));
                 failed.push(e.clone());

@@ -11,6 +11,13 @@
 //!   through it (they are running: this proves it can undo the pause), journals the entry
 //!   (fsync) and replies `ok`. Only then may the controller pause. A repeated hold of the same
 //!   (pid, client, subdevice) adds channels.
+//! - A hold may also carry `"timeslices":[{"h_tsg":T,"original_us":U},..]` (absent: none; a hold
+//!   may have channels, timeslices or both) before the controller lowers those TSGs' timeslices
+//!   (`NVA06C_CTRL_CMD_SET_TIMESLICE`, which outlives the controller as a pause does). `U` is
+//!   the TSG's timeslice before the change: the guardian sets each new one once through its
+//!   duplicate (a no-op that proves it can undo the change), journals and replies `ok`. A
+//!   repeated hold merges by TSG and the first original recorded wins: a later hold's
+//!   "original" may be a value the controller already lowered.
 //! - `{"op":"release","pid":P,"h_client":C}` after the resume: the entries go (journal
 //!   rewritten) and so do the duplicates. A hold may also span many pause/resume cycles:
 //!   resuming channels that run is harmless.
@@ -20,6 +27,11 @@
 //!   or [`GuardianHandle::beat`]) at least every N ms; after a longer silence the guardian resumes
 //!   everything held, once until the next line, but keeps the holds and the journal: a
 //!   controller that wakes up carries on with them (and may pause again).
+//!
+//! Resuming an entry (on lease expiry above; on EOF, SIGTERM and from a leftover journal below)
+//! also puts back the original timeslice of each of its TSGs ([`undo`]), one TSG at a time (a
+//! failure does not stop the others, and keeps the entry journaled; a TSG the target freed has
+//! nothing left to restore). A release restores nothing: the controller did before releasing.
 //!
 //! On EOF of stdin (the controller exited or was killed, any way) or SIGTERM, it resumes every
 //! held entry through its own duplicates, says so on stderr, empties the journal and exits (0 if
@@ -49,7 +61,7 @@ mod journal;
 mod serve;
 
 pub use handle::GuardianHandle;
-pub use holds::{enable_entry, Guardian, Rm, TargetFd, Targets};
+pub use holds::{enable_entry, undo, Guardian, Rm, TargetFd, Targets};
 pub use journal::{recover, Journal};
 use serve::Input;
 pub use serve::{serve, Event, Source};
@@ -65,8 +77,9 @@ pub struct Args {
     pub lease_ms: u64,
 }
 
-/// Channels of one client of one target that the controller is about to pause: where to find
-/// the target's nvidiactl file (`pid`, `fd`) and what to resume through it.
+/// Channels of one client of one target that the controller is about to pause, and TSGs of it
+/// whose timeslice it is about to change: where to find the target's nvidiactl file (`pid`,
+/// `fd`) and what to resume and restore through it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldEntry {
     pub pid: u32,
@@ -74,6 +87,17 @@ pub struct HoldEntry {
     pub h_client: u32,
     pub h_subdevice: u32,
     pub channels: Vec<u32>,
+    /// TSGs (of `h_client`) and their timeslices before the controller changed them.
+    /// Absent from the JSON when empty: a channels-only hold reads as it always did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timeslices: Vec<TsgTimeslice>,
+}
+
+/// A TSG's timeslice before the controller changed it: what the guardian puts back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TsgTimeslice {
+    pub h_tsg: u32,
+    pub original_us: u64,
 }
 
 impl HoldEntry {
@@ -89,15 +113,48 @@ impl HoldEntry {
         }
     }
 
-    fn describe(&self) -> String {
+    fn whose(&self) -> String {
         format!(
-            "{} channel(s) of pid {} (fd {}, client {:#x}, subdevice {:#x})",
-            self.channels.len(),
-            self.pid,
-            self.fd,
-            self.h_client,
-            self.h_subdevice
+            "of pid {} (fd {}, client {:#x}, subdevice {:#x})",
+            self.pid, self.fd, self.h_client, self.h_subdevice
         )
+    }
+
+    /// The TSGs and their original timeslices, `0x.. (N us), ..`.
+    fn tsgs(&self) -> String {
+        let t: Vec<String> = self
+            .timeslices
+            .iter()
+            .map(|t| format!("{:#x} ({} us)", t.h_tsg, t.original_us))
+            .collect();
+        t.join(", ")
+    }
+
+    /// What is held, e.g. `2 channel(s) and the timeslice(s) of TSG(s) 0x.. (N us) of pid ..`.
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.channels.is_empty() || self.timeslices.is_empty() {
+            parts.push(format!("{} channel(s)", self.channels.len()));
+        }
+        if !self.timeslices.is_empty() {
+            parts.push(format!("the timeslice(s) of TSG(s) {}", self.tsgs()));
+        }
+        format!("{} {}", parts.join(" and "), self.whose())
+    }
+
+    /// What undoing it did, e.g. `resumed 2 channel(s) and restored the timeslice(s) of ..`.
+    fn undone(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.channels.is_empty() || self.timeslices.is_empty() {
+            parts.push(format!("resumed {} channel(s)", self.channels.len()));
+        }
+        if !self.timeslices.is_empty() {
+            parts.push(format!(
+                "restored the timeslice(s) of TSG(s) {}",
+                self.tsgs()
+            ));
+        }
+        format!("{} {}", parts.join(" and "), self.whose())
     }
 }
 

@@ -28,14 +28,33 @@ fn entry(pid: u32, h_client: u32, channels: &[u32]) -> HoldEntry {
         h_client,
         h_subdevice: 0x5c00_0003,
         channels: channels.to_vec(),
+        timeslices: Vec::new(),
     }
 }
 
-/// Records every enable; dups of pids in `bad` fail as "no ptrace rights", of `gone` as
-/// exited.
+/// `entry`, with TSGs' original timeslices (TSG, us).
+fn entry_ts(pid: u32, h_client: u32, channels: &[u32], ts: &[(u32, u64)]) -> HoldEntry {
+    HoldEntry {
+        timeslices: ts
+            .iter()
+            .map(|&(h_tsg, original_us)| TsgTimeslice { h_tsg, original_us })
+            .collect(),
+        ..entry(pid, h_client, channels)
+    }
+}
+
+/// A timeslice set: (pid, client, TSG, us).
+type Sliced = (u32, u32, u32, u64);
+
+/// Records every enable and every timeslice set; dups of pids in `bad` fail as "no ptrace
+/// rights", of `gone` as exited; timeslice sets of TSGs in `tsg_status` fail with that status.
 #[derive(Clone, Default)]
 struct Fake {
     enabled: Rc<RefCell<Vec<HoldEntry>>>,
+    /// Every successful timeslice set: (pid, client, TSG, us).
+    sliced: Rc<RefCell<Vec<Sliced>>>,
+    /// (TSG, NV_STATUS) its sets fail with.
+    tsg_status: Rc<RefCell<Vec<(u32, u32)>>>,
     bad: Vec<u32>,
     exited: Rc<RefCell<Vec<u32>>>,
 }
@@ -55,6 +74,17 @@ impl Targets for Fake {
     }
     fn enable(&mut self, _: &u32, e: &HoldEntry) -> Result<()> {
         self.enabled.borrow_mut().push(e.clone());
+        Ok(())
+    }
+    fn set_timeslice(&mut self, pid: &u32, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
+        if let Some(&(_, status)) = self.tsg_status.borrow().iter().find(|t| t.0 == h_tsg) {
+            return Err(control::NvStatusError {
+                cmd: gpreempt_common::nv::CTRL_TSG_SET_TIMESLICE,
+                status,
+            }
+            .into());
+        }
+        self.sliced.borrow_mut().push((*pid, h_client, h_tsg, us));
         Ok(())
     }
     fn exited(&mut self, pid: &u32) -> bool {
@@ -79,6 +109,20 @@ fn request_wire_format() {
     })
     .unwrap();
     assert_eq!(r, r#"{"op":"release","pid":7,"h_client":9}"#);
+    let e = entry_ts(7, 0xc1d0_0002, &[], &[(0x10, 2000)]);
+    let line = hold_line(&e);
+    assert_eq!(
+        line,
+        r#"{"op":"hold","pid":7,"fd":5,"h_client":3251634178,"h_subdevice":1543503875,"channels":[],"timeslices":[{"h_tsg":16,"original_us":2000}]}"#
+    );
+    assert!(matches!(serde_json::from_str(&line).unwrap(), Request::Hold(h) if h == e));
+    // A request from before timeslices: none.
+    let old = r#"{"op":"hold","pid":7,"fd":5,"h_client":1,"h_subdevice":2,"channels":[3]}"#;
+    let Request::Hold(h) = serde_json::from_str(old).unwrap() else {
+        panic!("not a hold");
+    };
+    assert_eq!(h.channels, vec![3]);
+    assert!(h.timeslices.is_empty());
 }
 
 #[test]
@@ -315,6 +359,7 @@ struct Seen {
     at: u64,
     wait: u64,
     enabled: usize,
+    sliced: usize,
     journal: Vec<HoldEntry>,
 }
 
@@ -324,6 +369,7 @@ impl Source for Script {
             at: (self.now - self.start).as_millis() as u64,
             wait: wait.as_millis() as u64,
             enabled: self.fake.enabled.borrow().len(),
+            sliced: self.fake.sliced.borrow().len(),
             journal: self.journal.read().unwrap(),
         });
         let Some(&(at, _)) = self.lines.front() else {
@@ -358,6 +404,15 @@ impl Run {
             .windows(2)
             .filter(|w| w[1].enabled > w[0].enabled)
             .map(|w| (w[1].at, w[1].enabled - w[0].enabled))
+            .collect()
+    }
+
+    /// (virtual ms, how many timeslice sets) for each event that set some.
+    fn slices(&self) -> Vec<(u64, usize)> {
+        self.reads
+            .windows(2)
+            .filter(|w| w[1].sliced > w[0].sliced)
+            .map(|w| (w[1].at, w[1].sliced - w[0].sliced))
             .collect()
     }
 }
@@ -589,5 +644,250 @@ while read l; do case "$l" in "") echo beat >> "$(dirname "$0")/beats";; *hold*)
     assert!(format!("{e:#}").contains("pipe is full"), "{e:#}");
     h.child.kill().unwrap();
     h.child.wait().unwrap();
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_hold_with_timeslices_sets_the_originals_once_and_eof_restores_them() {
+    let d = tmpdir("ts-eof");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    // A TSG named twice in one request: its first original wins.
+    let a = entry_ts(100, 0xa, &[1], &[(0x10, 2000), (0x11, 1000), (0x10, 5)]);
+    let held = entry_ts(100, 0xa, &[1], &[(0x10, 2000), (0x11, 1000)]);
+    assert_eq!(g.handle(&hold_line(&a)), "ok");
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![(100, 0xa, 0x10, 2000), (100, 0xa, 0x11, 1000)]
+    );
+    // The channel probe carries no timeslices.
+    assert_eq!(*fake.enabled.borrow(), vec![entry(100, 0xa, &[1])]);
+    assert_eq!(j.read().unwrap(), vec![held.clone()]);
+    assert_eq!(g.held().cloned().collect::<Vec<_>>(), vec![held.clone()]);
+    // EOF: the channels are resumed and both originals put back, once each.
+    let mut out = Vec::new();
+    assert!(serve(&b""[..], &mut out, &mut g, None));
+    assert!(out.is_empty());
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![
+            (100, 0xa, 0x10, 2000),
+            (100, 0xa, 0x11, 1000),
+            (100, 0xa, 0x10, 2000),
+            (100, 0xa, 0x11, 1000),
+        ]
+    );
+    assert_eq!(*fake.enabled.borrow(), vec![entry(100, 0xa, &[1]), held]);
+    assert!(j.read().unwrap().is_empty());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_repeated_hold_merges_timeslices_and_keeps_the_first_original() {
+    let d = tmpdir("ts-merge");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    // Timeslices only: nothing to resume.
+    assert_eq!(
+        g.handle(&hold_line(&entry_ts(100, 0xa, &[], &[(0x10, 2000)]))),
+        "ok"
+    );
+    // The controller lowered 0x10 meanwhile: a later hold's "original" for it is 500.
+    assert_eq!(
+        g.handle(&hold_line(&entry_ts(
+            100,
+            0xa,
+            &[7],
+            &[(0x10, 500), (0x11, 1000)]
+        ))),
+        "ok"
+    );
+    // Only the new TSG was set: 0x10 was never set to the lowered value.
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![(100, 0xa, 0x10, 2000), (100, 0xa, 0x11, 1000)]
+    );
+    assert_eq!(*fake.enabled.borrow(), vec![entry(100, 0xa, &[7])]);
+    let merged = entry_ts(100, 0xa, &[7], &[(0x10, 2000), (0x11, 1000)]);
+    assert_eq!(j.read().unwrap(), vec![merged.clone()]);
+    // Another client of the same pid is an entry of its own.
+    let other = entry_ts(100, 0xb, &[], &[(0x20, 3000)]);
+    assert_eq!(g.handle(&hold_line(&other)), "ok");
+    assert_eq!(j.read().unwrap(), vec![merged.clone(), other.clone()]);
+    fake.sliced.borrow_mut().clear();
+    fake.enabled.borrow_mut().clear();
+    assert!(g.shutdown());
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![
+            (100, 0xa, 0x10, 2000),
+            (100, 0xa, 0x11, 1000),
+            (100, 0xb, 0x20, 3000)
+        ]
+    );
+    // An entry without channels resumes nothing.
+    assert_eq!(*fake.enabled.borrow(), vec![merged]);
+    assert!(j.read().unwrap().is_empty());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_hold_whose_timeslice_cannot_be_set_is_refused_and_not_journaled() {
+    let d = tmpdir("ts-holdfail");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    fake.tsg_status.borrow_mut().push((0x11, 0x1f));
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    let reply = g.handle(&hold_line(&entry_ts(
+        100,
+        0xa,
+        &[],
+        &[(0x10, 2000), (0x11, 1000)],
+    )));
+    assert!(
+        reply.starts_with("err the guardian could not set the timeslice of TSG 0x11 itself"),
+        "{reply}"
+    );
+    assert!(j.read().unwrap().is_empty());
+    assert_eq!(g.held().count(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn release_drops_timeslices_without_restoring_them() {
+    let d = tmpdir("ts-release");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    let a = entry_ts(100, 0xa, &[1], &[(0x10, 2000)]);
+    let b = entry_ts(200, 0xb, &[], &[(0x20, 3000)]);
+    assert_eq!(g.handle(&hold_line(&a)), "ok");
+    assert_eq!(g.handle(&hold_line(&b)), "ok");
+    assert_eq!(
+        g.handle(r#"{"op":"release","pid":100,"h_client":10}"#),
+        "ok"
+    );
+    // The controller restored a's itself: nothing set on release.
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![(100, 0xa, 0x10, 2000), (200, 0xb, 0x20, 3000)]
+    );
+    assert_eq!(j.read().unwrap(), vec![b.clone()]);
+    assert_eq!(
+        g.handle(r#"{"op":"release","pid":200,"h_client":11}"#),
+        "ok"
+    );
+    assert!(j.read().unwrap().is_empty());
+    fake.sliced.borrow_mut().clear();
+    fake.enabled.borrow_mut().clear();
+    assert!(g.shutdown());
+    assert!(fake.sliced.borrow().is_empty());
+    assert!(fake.enabled.borrow().is_empty());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn lease_expiry_restores_timeslices_and_keeps_them() {
+    let a = entry_ts(100, 0xa, &[1], &[(0x10, 2000), (0x11, 1000)]);
+    let r = run_script(
+        "ts-lease",
+        Some(1500),
+        &[(0, hold_line(&a)), (5000, String::new())],
+    );
+    // Set once at the hold, restored at the expiry (1500), again at EOF (5000).
+    assert_eq!(r.slices(), vec![(0, 2), (1500, 2)]);
+    assert_eq!(r.enables(), vec![(0, 1), (1500, 1)]);
+    assert!(r.reads[1..].iter().all(|x| x.journal == vec![a.clone()]));
+    let once = [(100, 0xa, 0x10, 2000), (100, 0xa, 0x11, 1000)];
+    assert_eq!(*r.fake.sliced.borrow(), once.repeat(3));
+    assert_eq!(*r.fake.enabled.borrow().last().unwrap(), a);
+    assert!(r.journal.read().unwrap().is_empty());
+    std::fs::remove_dir_all(&r.dir).unwrap();
+}
+
+#[test]
+fn sigterm_restores_timeslices_and_resumes() {
+    let d = tmpdir("ts-sigterm");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    let a = entry_ts(100, 0xa, &[1], &[(0x10, 2000)]);
+    assert_eq!(g.handle(&hold_line(&a)), "ok");
+    // SIGTERM, blocked in this test's thread only, pending for it alone: signalfd reads it.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.thread_block().unwrap();
+    let sigterm = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).unwrap();
+    // raise() signals the calling thread.
+    nix::sys::signal::raise(Signal::SIGTERM).unwrap();
+    // The controller's pipe stays open: only the signal ends the loop.
+    let (rd, _wr) = nix::unistd::pipe().unwrap();
+    let mut out = Vec::new();
+    assert!(serve(Input::new(sigterm, rd), &mut out, &mut g, None));
+    assert!(out.is_empty());
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![(100, 0xa, 0x10, 2000), (100, 0xa, 0x10, 2000)]
+    );
+    assert_eq!(*fake.enabled.borrow(), vec![entry(100, 0xa, &[1]), a]);
+    assert!(j.read().unwrap().is_empty());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_new_guardian_restores_leftover_timeslices() {
+    let d = tmpdir("ts-leftover");
+    let j = Journal::new(&d.join("nv-journal"));
+    // A line from before timeslices still reads, as none.
+    std::fs::write(
+        j.path(),
+        "{\"pid\":100,\"fd\":5,\"h_client\":10,\"h_subdevice\":1543503875,\"channels\":[1]}\n",
+    )
+    .unwrap();
+    let old = entry(100, 0xa, &[1]);
+    assert_eq!(j.read().unwrap(), vec![old.clone()]);
+    let a = entry_ts(200, 0xb, &[2], &[(0x20, 3000)]);
+    let b = entry_ts(300, 0xc, &[], &[(0x30, 4000)]);
+    j.append(&a).unwrap();
+    j.append(&b).unwrap();
+    let fake = Fake::default();
+    let g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    assert_eq!(*fake.enabled.borrow(), vec![old, a]);
+    assert_eq!(
+        *fake.sliced.borrow(),
+        vec![(200, 0xb, 0x20, 3000), (300, 0xc, 0x30, 4000)]
+    );
+    assert!(j.read().unwrap().is_empty());
+    assert_eq!(g.held().count(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn restoring_is_best_effort_per_tsg() {
+    let d = tmpdir("ts-partial");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    let a = entry_ts(100, 0xa, &[1], &[(0x10, 2000), (0x11, 1000), (0x12, 500)]);
+    assert_eq!(g.handle(&hold_line(&a)), "ok");
+    fake.sliced.borrow_mut().clear();
+    // 0x10 refused; 0x11 freed by the target (nothing to restore: no failure); 0x12 restored.
+    fake.tsg_status.borrow_mut().extend([
+        (0x10, 0x1f),
+        (0x11, gpreempt_common::nv::status::OBJECT_NOT_FOUND),
+    ]);
+    assert!(!g.shutdown());
+    assert_eq!(*fake.sliced.borrow(), vec![(100, 0xa, 0x12, 500)]);
+    assert_eq!(fake.enabled.borrow().last().unwrap(), &a);
+    // What failed stays journaled, for a next guardian.
+    assert_eq!(j.read().unwrap(), vec![a.clone()]);
+    // A client that is gone has nothing left to undo: a next guardian drops the entry.
+    fake.tsg_status.borrow_mut()[0].1 = gpreempt_common::nv::status::INVALID_CLIENT;
+    let r = journal::recover_with(&j, &mut fake.clone());
+    assert_eq!(r.len(), 1);
+    assert!(r[0].1.is_ok());
+    assert!(j.read().unwrap().is_empty());
     std::fs::remove_dir_all(&d).unwrap();
 }
