@@ -123,7 +123,10 @@ pub enum Notice {
     /// A problem worth telling the operator about.
     Problem { pid: u32, text: String },
     /// NVIDIA: a TSG's hardware timeslice changed (set for an offline process, or put back).
-    Timeslice { change: TimesliceChange, why: String },
+    Timeslice {
+        change: TimesliceChange,
+        why: String,
+    },
     /// NVIDIA: the timeslice lever failed for this process; the policy pauses it instead.
     LeverFailed { pid: u32, text: String },
 }

@@ -105,7 +105,7 @@ fn launch_uprobes_fire_on_the_workloads_launch_symbols() {
     let script = format!(
         "\"$GP\" trace --launches --json --output {ev} --duration 20 2>{err} & \
          for i in $(seq 100); do grep -q tracing {err} 2>/dev/null && break; sleep 0.1; done; \
-         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 2 --report {rep}; \
+         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 4 --report {rep}; \
          kill -INT %1; wait",
         ev = events.display(),
         rep = rep.display(),

@@ -21,12 +21,12 @@ use anyhow::Result;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::{
-    outcome::Notice,
     kfd::control::{Control, ControlHandle, Limits},
     model::{State, Vendor},
     nv::controller::{NvControl, NvOps, Rm},
     observe::procinfo,
     observe::watch::Watcher,
+    outcome::Notice,
     outcome::OpReport,
     policy::{Class, NvPolicy, Policy},
     rundir,
@@ -373,12 +373,13 @@ impl<O: NvOps> NvBackend<O> {
             .nv
             .set_timeslices(state, pid, self.policy.offline_timeslice_us)
         {
-            Ok(changes) => self.pending.extend(changes.into_iter().map(|change| {
-                Notice::Timeslice {
-                    change,
-                    why: why.to_string(),
-                }
-            })),
+            Ok(changes) => {
+                self.pending
+                    .extend(changes.into_iter().map(|change| Notice::Timeslice {
+                        change,
+                        why: why.to_string(),
+                    }))
+            }
             Err(e) => {
                 self.lever_failed.insert(pid);
                 self.pending.push(Notice::LeverFailed {
@@ -392,15 +393,18 @@ impl<O: NvOps> NvBackend<O> {
     /// Puts `pid`'s original timeslices back.
     fn restore(&mut self, pid: u32, why: &str) {
         match self.nv.restore_timeslices(pid) {
-            Ok(changes) => self.pending.extend(changes.into_iter().map(|change| {
-                Notice::Timeslice {
-                    change,
-                    why: why.to_string(),
-                }
-            })),
+            Ok(changes) => {
+                self.pending
+                    .extend(changes.into_iter().map(|change| Notice::Timeslice {
+                        change,
+                        why: why.to_string(),
+                    }))
+            }
             Err(e) => self.pending.push(Notice::Problem {
                 pid,
-                text: format!("restoring its timeslices: {e:#} (the guardian restores them if we die)"),
+                text: format!(
+                    "restoring its timeslices: {e:#} (the guardian restores them if we die)"
+                ),
             }),
         }
     }
@@ -570,10 +574,7 @@ mod tests {
         let s = host();
         let mut fake = Fake::default();
         {
-            let mut b = NvBackend::with(
-                NvControl::unguarded(&mut fake),
-                Duration::from_secs(1),
-            );
+            let mut b = NvBackend::with(NvControl::unguarded(&mut fake), Duration::from_secs(1));
             b.set_policy(&Policy::default());
             block_on(b.classed(&s, 7, Class::Offline)).unwrap();
             let n = b.upkeep(&s, 1);
@@ -615,7 +616,10 @@ mod tests {
             matches!(&n[..], [Notice::LeverFailed { pid: 7, text }] if text.contains("NV_ERR_NOT_SUPPORTED")),
             "{n:?}"
         );
-        assert!(b.upkeep(&s, LEVER_RECHECK_NS * 4).is_empty(), "not retried at every check");
+        assert!(
+            b.upkeep(&s, LEVER_RECHECK_NS * 4).is_empty(),
+            "not retried at every check"
+        );
     }
 
     use super::*;

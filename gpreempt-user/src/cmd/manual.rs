@@ -9,7 +9,6 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    outcome::Notice,
     backend::Backends,
     controller::{
         daemon::{self, Request, Response, Status},
@@ -18,6 +17,7 @@ use crate::{
     kfd::control::Limits,
     model::State,
     observe::procinfo,
+    outcome::Notice,
     outcome::QueueOutcome,
     policy::Class,
 };

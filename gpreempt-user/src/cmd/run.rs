@@ -21,10 +21,10 @@ use crate::{
         daemon::{self, Request, Response, Status},
         requests::answer,
     },
-    outcome::Notice,
     kfd::Paths,
     model::Update,
     observe::watch::{Intervals, Watcher},
+    outcome::Notice,
     outcome::{OpReport, QueueOutcome},
     policy::{Action, Class, Decision, Engine, Policy},
 };

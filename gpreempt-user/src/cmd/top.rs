@@ -7,7 +7,6 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
-    outcome::Notice,
     backend::Backends,
     controller::{
         daemon::{self, Lock, Request, Response, Status},
@@ -17,6 +16,7 @@ use crate::{
     kfd::Paths,
     model::{State, Update},
     observe::watch::{Intervals, Watcher},
+    outcome::Notice,
     tui::{self, app::Command},
 };
 

@@ -303,12 +303,11 @@ impl<O: NvOps> NvControl<O> {
         };
         let mut out = Vec::new();
         for (key, c) in clients.iter_mut() {
-            let todo: Vec<u32> = c
-                .gr
-                .iter()
-                .copied()
-                .filter(|t| c.timeslices.get(t).is_none_or(|&(_, now)| now != us))
-                .collect();
+            let todo: Vec<u32> =
+                c.gr.iter()
+                    .copied()
+                    .filter(|t| c.timeslices.get(t).is_none_or(|&(_, now)| now != us))
+                    .collect();
             if todo.is_empty() {
                 continue;
             }
@@ -611,7 +610,11 @@ pub(crate) mod tests {
         drop(c);
         assert_eq!(fake.timeslices[&0x20], 1024);
         assert_eq!(fake.timeslices[&0x40], 2048);
-        assert!(!fake.ts_calls.iter().any(|&(t, _)| t == 0x30), "{:?}", fake.ts_calls);
+        assert!(
+            !fake.ts_calls.iter().any(|&(t, _)| t == 0x30),
+            "{:?}",
+            fake.ts_calls
+        );
     }
 
     #[test]
@@ -623,7 +626,11 @@ pub(crate) mod tests {
         c.act(&s, 7, &[0x20], true).unwrap();
         c.shutdown();
         assert_eq!(fake.timeslices[&0x20], 2048, "original back");
-        assert_eq!(fake.calls.last(), Some(&(vec![0x21, 0x22], false)), "resumed");
+        assert_eq!(
+            fake.calls.last(),
+            Some(&(vec![0x21, 0x22], false)),
+            "resumed"
+        );
     }
 
     #[test]

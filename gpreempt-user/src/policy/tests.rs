@@ -1368,7 +1368,12 @@ fn the_nvidia_table_sets_the_lever() {
             pause_after_ns: 8_000_000
         }
     );
-    assert!(p.summary().contains("NVIDIA lever both (1000 us, pause after 8ms)"), "{}", p.summary());
+    assert!(
+        p.summary()
+            .contains("NVIDIA lever both (1000 us, pause after 8ms)"),
+        "{}",
+        p.summary()
+    );
     assert_eq!(
         one_err("[nvidia]\nlever = \"sleep\"\n"),
         "policy.toml:2: lever: unknown lever \"sleep\" (use \"timeslice\", \"pause\" or \"both\")"

@@ -141,7 +141,6 @@ impl fmt::Display for TargetError {
 
 impl std::error::Error for TargetError {}
 
-
 enum Req {
     Attach(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
     Detach(u32, oneshot::Sender<Result<(), TargetError>>),

@@ -28,8 +28,8 @@ use super::{
     holds::{self, Book, Fences},
     Limits, Req, SUBSCRIBED,
 };
-use crate::outcome::Notice;
 use crate::clock::monotonic_ns;
+use crate::outcome::Notice;
 
 pub(super) struct Target {
     pub(super) pid: u32,
