@@ -1,6 +1,7 @@
-//! The KFD's own files: sysfs (`/sys/class/kfd/kfd`: topology and per-process queues) and debugfs
-//! (`/sys/kernel/debug/kfd`: `hqds` and `mqds` dumps), parsed in the kernel's formats
-//! (docs/kfd.md).
+//! AMD (amdkfd): the KFD's own files, sysfs (`/sys/class/kfd/kfd`: topology and per-process
+//! queues) and debugfs (`/sys/kernel/debug/kfd`: `hqds` and `mqds` dumps) parsed in the kernel's
+//! formats ([`sysfs`], [`debugfs`]; docs/kfd.md), the AQL dispatch-id [`sampler`], and the
+//! [`control`] thread that suspends and resumes queues.
 
 pub mod control;
 pub mod debugfs;

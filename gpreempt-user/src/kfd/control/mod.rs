@@ -1,4 +1,4 @@
-//! The only module that acts on the kernel: ptrace and KFD DBG_TRAP.
+//! KFD control (the AMD backend's way to act): ptrace and DBG_TRAP.
 //!
 //! The kernel accepts DBG_TRAP calls (other than DISABLE) only from the target's ptrace-parent
 //! *thread*, so one dedicated OS thread owns every ptrace and DBG_TRAP call. Async code talks to

@@ -16,8 +16,9 @@ use nix::{
 };
 
 use super::{
-    holds::{undo, Rm, Targets},
-    say, HoldEntry,
+    say,
+    targets::{undo, Rm, Targets},
+    HoldEntry,
 };
 use crate::nv::rm::{self as control};
 

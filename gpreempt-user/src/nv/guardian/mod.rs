@@ -59,12 +59,14 @@ mod handle;
 mod holds;
 mod journal;
 mod serve;
+mod targets;
 
 pub use handle::GuardianHandle;
-pub use holds::{enable_entry, undo, Guardian, Rm, TargetFd, Targets};
+pub use holds::Guardian;
 pub use journal::{recover, Journal};
 use serve::Input;
 pub use serve::{serve, Event, Source};
+pub use targets::{enable_entry, undo, Rm, TargetFd, Targets};
 
 /// `gpreempt-ebpf nv-guardian` (hidden; started by the controller).
 #[derive(clap::Args, Debug)]

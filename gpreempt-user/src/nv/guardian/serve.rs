@@ -13,10 +13,7 @@ use nix::{
     sys::signalfd::SignalFd,
 };
 
-use super::{
-    holds::{Guardian, Targets},
-    say,
-};
+use super::{holds::Guardian, say, targets::Targets};
 
 /// How long the guardian waits for a line when no lease is due sooner: exited targets are reaped
 /// at least this often.
