@@ -358,10 +358,7 @@ fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
             }
         }
         if let Some(st) = fg.try_wait()? {
-            for mut b in bg {
-                let _ = b.kill();
-                let _ = b.wait();
-            }
+            stop_gently(&mut bg, Duration::from_secs(3));
             return Ok(st.code().unwrap_or_else(|| {
                 128 + std::os::unix::process::ExitStatusExt::signal(&st).unwrap_or(0)
             }));
@@ -373,5 +370,28 @@ fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
             unsafe { libc::kill(fg.id() as i32, libc::SIGTERM) };
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Background children get SIGTERM and a moment to end cleanly (a controller resumes what it
+/// holds and removes its run files, a workload writes its report); SIGKILL for the rest.
+fn stop_gently(bg: &mut [Child], grace: Duration) {
+    for b in bg.iter() {
+        // SAFETY: signalling our own child (not yet reaped, so its pid is still ours).
+        unsafe { libc::kill(b.id() as i32, libc::SIGTERM) };
+    }
+    let end = Instant::now() + grace;
+    for b in bg.iter_mut() {
+        loop {
+            if !matches!(b.try_wait(), Ok(None)) {
+                break;
+            }
+            if Instant::now() >= end {
+                let _ = b.kill();
+                let _ = b.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -295,3 +295,62 @@ fn without_a_kfd_or_root_the_errors_say_what_to_do() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
 }
+
+/// The demo (`sim` with no command: workloads, `run` and `top`) as a newcomer runs it: `q` ends
+/// it, the controller is stopped cleanly (SIGTERM, not killed) and leaves its run directory
+/// empty, and no sim process or directory remains.
+#[test]
+fn quitting_the_demo_leaves_an_empty_run_directory() {
+    let _one = serial();
+    tests::require_root();
+    let t = TempDir::new("demo");
+    let d = t.0.display();
+    let gp = tests::bin("gpreempt-ebpf");
+    let sock = t.path("tmux.sock");
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .arg("-S")
+            .arg(&sock)
+            .args(args)
+            .env("TERM", "xterm-256color")
+            .output()
+            .expect("tmux")
+    };
+    let cmd = format!(
+        "GPREEMPT_RUN_DIR={d}/run {} sim 2>{d}/sim.err; echo DEMO_EXIT=$? > {d}/rc; sleep 30",
+        gp.display()
+    );
+    assert!(tmux(&["new-session", "-d", "-x", "150", "-y", "40", &cmd])
+        .status
+        .success());
+    // The controller holds the offline queue at some point: the demo is running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut screen = String::new();
+    while std::time::Instant::now() < deadline && !screen.contains("suspended by pid") {
+        std::thread::sleep(Duration::from_millis(200));
+        screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p"]).stdout).into_owned();
+    }
+    assert!(screen.contains("resnet50_b1024"), "{screen}");
+    assert!(screen.contains("suspended by pid"), "{screen}");
+    tmux(&["send-keys", "q"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline && !t.path("rc").exists() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tmux(&["kill-server"]);
+    let rc = std::fs::read_to_string(t.path("rc")).unwrap_or_default();
+    assert_eq!(
+        rc.trim(),
+        "DEMO_EXIT=0",
+        "{}",
+        std::fs::read_to_string(t.path("sim.err")).unwrap_or_default()
+    );
+    let left: Vec<String> = std::fs::read_dir(t.path("run"))
+        .map(|r| {
+            r.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in the run directory: {left:?}");
+    assert_nothing_left();
+}
