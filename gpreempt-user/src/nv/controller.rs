@@ -447,7 +447,9 @@ impl<O: NvOps> NvControl<O> {
         }
     }
 
-    /// Resumes everything paused, releases every hold and stops the guardian.
+    /// Resumes everything paused, puts every timeslice back, releases the holds and stops the
+    /// guardian. A target whose undo failed keeps its hold: the guardian, told to stop, undoes
+    /// what it still holds.
     pub fn shutdown(&mut self) -> Vec<OpReport> {
         let mut out = Vec::new();
         let pids: Vec<u32> = self.targets.keys().copied().collect();
@@ -467,7 +469,12 @@ impl<O: NvOps> NvControl<O> {
                     }
                 }
             }
-            self.forget(pid);
+            let undone = self.targets[&pid]
+                .values()
+                .all(|c| c.paused.is_empty() && c.timeslices.values().all(|(o, n)| o == n));
+            if undone {
+                self.forget(pid);
+            }
         }
         if let Some(g) = self.guardian.take() {
             if let Err(e) = g.shutdown(Duration::from_secs(5)) {
@@ -631,6 +638,23 @@ pub(crate) mod tests {
             Some(&(vec![0x21, 0x22], false)),
             "resumed"
         );
+    }
+
+    /// A put-back that fails at exit leaves the target held, so the guardian (told to stop)
+    /// undoes it instead of being told to let it go.
+    #[test]
+    fn a_failed_restore_at_shutdown_keeps_the_hold_for_the_guardian() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        c.set_timeslices(&s, 7, 200).unwrap();
+        c.ops.ts_fail = true;
+        c.shutdown();
+        assert_eq!(c.timeslices(), vec![(7, 0x20, 2048, 200)], "still held");
+        c.ops.ts_fail = false;
+        c.shutdown();
+        assert!(c.timeslices().is_empty());
+        assert!(c.paused().is_empty());
     }
 
     #[test]
