@@ -48,10 +48,9 @@ impl OpReport {
 
     /// One line per outcome for a person: what happened to which queues.
     pub fn describe(&self, suspend: bool) -> String {
-        let r = self;
         let verb = if suspend { "suspended" } else { "resumed" };
         let list = |o: QueueOutcome| {
-            r.queues
+            self.queues
                 .iter()
                 .filter(|q| q.outcome == o)
                 .map(|q| q.queue_id.to_string())
@@ -84,12 +83,12 @@ impl OpReport {
             ));
         }
         if parts.is_empty() {
-            parts.push(match r.ret {
+            parts.push(match self.ret {
                 Some(n) => format!("{verb} all queues (kernel count {n})"),
                 None => "no queues".into(),
             });
         }
-        format!("pid {}: {}", r.pid, parts.join("; "))
+        format!("pid {}: {}", self.pid, parts.join("; "))
     }
 }
 

@@ -74,7 +74,7 @@ fn queues_arg(q: &[u32]) -> Option<Vec<u32>> {
 }
 
 pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
-    let dir = daemon::run_dir();
+    let dir = crate::rundir::run_dir();
     let req = Request::Suspend {
         pid: a.pid,
         queues: queues_arg(&a.queue),
@@ -186,7 +186,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
 }
 
 pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
-    let dir = daemon::run_dir();
+    let dir = crate::rundir::run_dir();
     let req = Request::Resume {
         pid: a.pid,
         queues: queues_arg(&a.queue),

@@ -375,7 +375,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
     let policy = Policy::load(&args.policy)?;
-    let dir = daemon::run_dir();
+    let dir = crate::rundir::run_dir();
     let _lock = daemon::Lock::acquire(&dir)?;
     let backends = if args.dry_run {
         Backends {

@@ -77,7 +77,7 @@ impl Top {
     }
 
     async fn send(&mut self, req: Request) -> Result<Response> {
-        let dir = daemon::run_dir();
+        let dir = crate::rundir::run_dir();
         if self.local.is_none() {
             if let Some(r) = daemon::ask(&dir, &req).await? {
                 return Ok(r);

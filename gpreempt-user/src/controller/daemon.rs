@@ -21,7 +21,6 @@ use tokio::{
 };
 
 use crate::outcome::OpReport;
-pub use crate::rundir::run_dir;
 
 /// An exclusive flock on `<dir>/controller.lock`, holding our pid. Released when dropped or
 /// when the process dies in any way (the kernel drops flocks with the last fd).

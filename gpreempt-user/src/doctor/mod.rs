@@ -259,11 +259,7 @@ pub fn to_json(checks: &[Check]) -> Result<String> {
 
 /// `gpreempt-ebpf doctor`: exit 0 without a failing check, 1 with one.
 pub fn main(kfd_device: &Path, json: bool) -> Result<ExitCode> {
-    let checks = run_checks(
-        &Root::default(),
-        kfd_device,
-        &crate::controller::daemon::run_dir(),
-    );
+    let checks = run_checks(&Root::default(), kfd_device, &crate::rundir::run_dir());
     let text = if json {
         to_json(&checks)? + "\n"
     } else {

@@ -105,7 +105,7 @@ pub async fn main(args: &Args) -> Result<ExitCode> {
         "nv-pause-test: pid {pid}: {} TSG(s), {channels} channel(s)",
         tsgs.len()
     );
-    let dir = crate::controller::daemon::run_dir();
+    let dir = crate::rundir::run_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // The controller's own path: fd duplicates, the guardian's hold, then the pauses.
     let mut nv = NvControl::new(&dir)?;

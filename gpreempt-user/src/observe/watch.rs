@@ -234,14 +234,16 @@ impl Watcher {
     /// The running controller's classes and held queues (its suspend arrays cannot be read
     /// back reliably from its events: they are gone by the time we look).
     pub fn controller_now(&mut self) {
-        let status = crate::controller::daemon::read_status(&crate::controller::daemon::run_dir())
+        let status = crate::controller::daemon::read_status(&crate::rundir::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.state.controller = None;
-            // No controller: nothing it changed is in force (a dead one's guardian put it back).
-            self.state.apply(Update::Timeslices(Vec::new()));
-            // The controller is gone: the kernel resumed whatever it held.
+            // The controller is gone: the kernel resumed whatever it held, and nothing it changed
+            // is in force (its guardian put the timeslices back).
             if let Some(old) = self.controller.take() {
+                if !old.timeslices.is_empty() {
+                    self.state.apply(Update::Timeslices(Vec::new()));
+                }
                 let ts_ns = monotonic_ns();
                 for &(pid, q, _) in &old.held {
                     self.state.apply(Update::Resumed {
@@ -306,7 +308,11 @@ impl Watcher {
         for u in updates {
             self.state.apply(u);
         }
-        self.state.apply(Update::Timeslices(s.timeslices.clone()));
+        // Only on a change: applying walks every queue.
+        let before = self.controller.as_ref().map(|c| &c.timeslices);
+        if before.unwrap_or(&Vec::new()) != &s.timeslices {
+            self.state.apply(Update::Timeslices(s.timeslices.clone()));
+        }
         self.state.controller = Some(format!(
             "controller: {} pid {}{}, {} held{}",
             s.mode,
