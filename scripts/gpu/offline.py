@@ -8,8 +8,10 @@ Usage: offline.py SECS OUT.json [--model resnet50|resnet50_train|gpt_train] [--b
 Random weights and data, built from code. After the warm-up it prints "ready" (stdout), then
 runs for SECS or until SIGINT/SIGTERM, and writes the JSON either way. `ends` lists the
 iterations' end times (epoch s), so a caller can take the throughput inside a window.
+--gate FILE: work only while FILE exists, idle (context kept, nothing launched) otherwise, so a
+caller can switch the offline load on and off without reloading the model.
 """
-import argparse, json, signal, sys, time
+import argparse, json, os, signal, sys, time
 import torch
 
 ap = argparse.ArgumentParser()
@@ -18,6 +20,7 @@ ap.add_argument("out")
 ap.add_argument("--model", default="resnet50", choices=["resnet50", "resnet50_train", "gpt_train"])
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--gate", default=None)
 a = ap.parse_args()
 
 stop = False
@@ -82,6 +85,9 @@ torch.cuda.synchronize()
 print("ready", flush=True)
 ends, t0 = [], time.time()
 while not stop and time.time() - t0 < a.secs:
+    if a.gate and not os.path.exists(a.gate):
+        time.sleep(0.002)
+        continue
     step()
     torch.cuda.synchronize()
     ends.append(time.time())

@@ -500,6 +500,7 @@ impl<O: NvOps> Backend for NvBackend<O> {
 
     fn set_policy(&mut self, policy: &Policy) {
         let old = std::mem::replace(&mut self.policy, policy.nvidia);
+        self.nv.set_schedule_only(policy.nvidia.pause_schedule_only);
         if old.lever.timeslice() && !self.policy.lever.timeslice() {
             for pid in self.offline.clone() {
                 self.restore(pid, "policy reloaded: lever pause");

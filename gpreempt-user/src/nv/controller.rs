@@ -20,7 +20,7 @@ use crate::{
     model::State,
     nv::{
         guardian::{GuardianHandle, HoldEntry, TsgTimeslice},
-        rm::{dup_fd, get_timeslice, set_disabled, set_timeslice, Channels},
+        rm::{dup_fd, get_timeslice, set_disabled_mode, set_timeslice, Channels},
     },
     outcome::{OpReport, QueueOutcome, QueueResult, TimesliceChange},
 };
@@ -28,7 +28,14 @@ use crate::{
 /// What pausing needs from the system; the real one is [`Rm`], tests use a fake.
 pub trait NvOps {
     fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd>;
-    fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration>;
+    /// `schedule_only`: a disable leaves running work to finish (bOnlyDisableScheduling).
+    fn set(
+        &mut self,
+        fd: BorrowedFd,
+        ch: &Channels,
+        disable: bool,
+        schedule_only: bool,
+    ) -> Result<Duration>;
     fn get_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64>;
     fn set_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()>;
 }
@@ -40,8 +47,14 @@ impl NvOps for Rm {
     fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
         dup_fd(pid, fd)
     }
-    fn set(&mut self, fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
-        set_disabled(fd, ch, disable)
+    fn set(
+        &mut self,
+        fd: BorrowedFd,
+        ch: &Channels,
+        disable: bool,
+        schedule_only: bool,
+    ) -> Result<Duration> {
+        set_disabled_mode(fd, ch, disable, schedule_only)
     }
     fn get_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64> {
         get_timeslice(fd, h_client, h_tsg)
@@ -86,6 +99,8 @@ pub struct NvControl<O: NvOps = Rm> {
     lease: Option<Duration>,
     last_beat_ns: u64,
     targets: HashMap<u32, BTreeMap<ClientKey, ClientState>>,
+    /// Pauses only take channels off the runlist (`[nvidia] pause = "schedule"`).
+    schedule_only: bool,
 }
 
 impl NvControl<Rm> {
@@ -100,6 +115,7 @@ impl NvControl<Rm> {
             lease: None,
             last_beat_ns: 0,
             targets: HashMap::new(),
+            schedule_only: false,
         })
     }
 }
@@ -117,7 +133,13 @@ impl<O: NvOps> NvControl<O> {
             lease: None,
             last_beat_ns: 0,
             targets: HashMap::new(),
+            schedule_only: false,
         }
+    }
+
+    /// `[nvidia] pause`: whether a pause leaves work already running to finish.
+    pub fn set_schedule_only(&mut self, on: bool) {
+        self.schedule_only = on;
     }
 
     /// Learns `pid`'s clients from the model (dups their fds, registers them with the guardian)
@@ -234,7 +256,10 @@ impl<O: NvOps> NvControl<O> {
                     .flat_map(|t| c.tsgs[t].iter().copied())
                     .collect(),
             };
-            let outcome = match self.ops.set(c.dup.as_fd(), &ch, disable) {
+            let outcome = match self
+                .ops
+                .set(c.dup.as_fd(), &ch, disable, self.schedule_only)
+            {
                 Ok(_) => {
                     let now = monotonic_ns();
                     for t in &mine {
@@ -555,13 +580,22 @@ pub(crate) mod tests {
         /// SET_TIMESLICE calls (tsg, us).
         pub(crate) ts_calls: Vec<(u32, u64)>,
         pub(crate) ts_fail: bool,
+        /// The schedule-only flag of each FIFO_DISABLE_CHANNELS call.
+        pub(crate) schedule_only: Vec<bool>,
     }
 
     impl NvOps for &mut Fake {
         fn dup(&mut self, _pid: u32, _fd: i32) -> Result<OwnedFd> {
             Ok(std::fs::File::open("/dev/null")?.into())
         }
-        fn set(&mut self, _fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
+        fn set(
+            &mut self,
+            _fd: BorrowedFd,
+            ch: &Channels,
+            disable: bool,
+            schedule_only: bool,
+        ) -> Result<Duration> {
+            self.schedule_only.push(schedule_only);
             if self.fail {
                 anyhow::bail!("NV_ERR_NOT_SUPPORTED");
             }
@@ -796,6 +830,19 @@ pub(crate) mod tests {
             fake.calls,
             vec![(vec![0x21, 0x22], true), (vec![0x21, 0x22], false)]
         );
+        assert_eq!(fake.schedule_only, vec![false, false]);
+    }
+
+    #[test]
+    fn a_schedule_only_policy_reaches_the_rm_call() {
+        let s = host();
+        let mut fake = Fake::default();
+        let mut c = NvControl::unguarded(&mut fake);
+        c.set_schedule_only(true);
+        c.act(&s, 7, &[0x20], true).unwrap();
+        c.act(&s, 7, &[0x20], false).unwrap();
+        drop(c);
+        assert_eq!(fake.schedule_only, vec![true, true]);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct Args {
     /// Kill ourselves (SIGKILL) in the first pause: the guardian must resume the target.
     #[arg(long)]
     pub die_while_paused: bool,
+    /// Odd cycles pause with bOnlyDisableScheduling (running work finishes), even ones preempt:
+    /// both pause modes timed on the same target.
+    #[arg(long)]
+    pub alternate_schedule_only: bool,
     /// Seconds to wait for the target.
     #[arg(long, default_value_t = 60.0)]
     pub wait: f64,
@@ -119,6 +123,8 @@ pub async fn main(args: &Args) -> Result<ExitCode> {
     let secs = Duration::from_secs_f64;
     for cycle in 0..args.cycles {
         tokio::time::sleep(secs(args.run)).await;
+        let schedule_only = args.alternate_schedule_only && cycle % 2 == 1;
+        nv.set_schedule_only(schedule_only);
         let paused = nv.act(&w.state, pid, &tsgs, true)?;
         let disable_ms = took(&paused)?;
         if args.die_while_paused {
@@ -132,7 +138,7 @@ pub async fn main(args: &Args) -> Result<ExitCode> {
         let (t_pause, t_resume) = (paused.issued_ns, resumed.issued_ns);
         println!(
             "{{\"cycle\":{cycle},\"pid\":{pid},\"paused_at_ns\":{t_pause},\"resumed_at_ns\":{t_resume},\
-             \"disable_ms\":{disable_ms:.3},\"enable_ms\":{enable_ms:.3},\"wall_clock_pause_s\":{:.3}}}",
+             \"schedule_only\":{schedule_only},\"disable_ms\":{disable_ms:.3},\"enable_ms\":{enable_ms:.3},\"wall_clock_pause_s\":{:.3}}}",
             (t_resume - t_pause) as f64 / 1e9
         );
     }

@@ -197,14 +197,21 @@ pub struct Channels {
 }
 
 /// FIFO_DISABLE_CHANNELS parameters for `channels`, one 536-byte block per call (64 pairs
-/// each). Only the documented fields are set: bOnlyDisableScheduling = 0 (a running kernel is
-/// preempted too), bRewindGpPut = 0, pRunlistPreemptEvent = 0 (required).
-pub fn disable_params(h_client: u32, channels: &[u32], disable: bool) -> Vec<[u8; dc::SIZE]> {
+/// each). Only the documented fields are set: bOnlyDisableScheduling = `schedule_only` (0: a
+/// running kernel is preempted too; 1: it finishes, only what follows waits), bRewindGpPut = 0,
+/// pRunlistPreemptEvent = 0 (required: only kernel callers may pass an event).
+pub fn disable_params(
+    h_client: u32,
+    channels: &[u32],
+    disable: bool,
+    schedule_only: bool,
+) -> Vec<[u8; dc::SIZE]> {
     channels
         .chunks(dc::MAX_CHANNELS)
         .map(|chunk| {
             let mut p = [0u8; dc::SIZE];
             p[dc::B_DISABLE] = disable as u8;
+            p[dc::B_ONLY_DISABLE_SCHEDULING] = (disable && schedule_only) as u8;
             p[dc::NUM_CHANNELS..dc::NUM_CHANNELS + 4]
                 .copy_from_slice(&(chunk.len() as u32).to_le_bytes());
             for (i, &h) in chunk.iter().enumerate() {
@@ -223,11 +230,21 @@ pub fn disable_params(h_client: u32, channels: &[u32], disable: bool) -> Vec<[u8
 /// [`NvStatusError`] (in the anyhow chain). When a later batch of a disable fails, the batches
 /// already disabled are enabled again (best effort), so a failed pause leaves nothing paused.
 pub fn set_disabled(fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Duration> {
+    set_disabled_mode(fd, ch, disable, false)
+}
+
+/// [`set_disabled`], with `schedule_only` (bOnlyDisableScheduling) for a disable.
+pub fn set_disabled_mode(
+    fd: BorrowedFd,
+    ch: &Channels,
+    disable: bool,
+    schedule_only: bool,
+) -> Result<Duration> {
     if ch.channels.is_empty() {
         return Ok(Duration::ZERO);
     }
     let t0 = Instant::now();
-    let blocks = disable_params(ch.h_client, &ch.channels, disable);
+    let blocks = disable_params(ch.h_client, &ch.channels, disable, schedule_only);
     for (i, mut p) in blocks.into_iter().enumerate() {
         let r = rm_control(
             fd,
@@ -247,7 +264,7 @@ pub fn set_disabled(fd: BorrowedFd, ch: &Channels, disable: bool) -> Result<Dura
         if let Err(e) = r {
             if disable && i > 0 {
                 let done = &ch.channels[..i * dc::MAX_CHANNELS];
-                for mut p in disable_params(ch.h_client, done, false) {
+                for mut p in disable_params(ch.h_client, done, false, false) {
                     let _ = rm_control(
                         fd,
                         ch.h_client,
@@ -322,7 +339,7 @@ mod tests {
 
     #[test]
     fn params_for_two_channels_are_byte_exact() {
-        let blocks = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], true);
+        let blocks = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], true, false);
         assert_eq!(blocks.len(), 1);
         let mut want = [0u8; 536];
         want[0] = 1;
@@ -332,15 +349,22 @@ mod tests {
         want[280..284].copy_from_slice(&0x5c00_0010u32.to_le_bytes());
         want[284..288].copy_from_slice(&0x5c00_0020u32.to_le_bytes());
         assert_eq!(blocks[0], want);
-        let enable = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], false);
+        let enable = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], false, false);
         want[0] = 0;
         assert_eq!(enable[0], want);
+        // Schedule-only pauses set bOnlyDisableScheduling; an enable never does.
+        let sched = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], true, true);
+        want[0] = 1;
+        want[8] = 1;
+        assert_eq!(sched[0], want);
+        let enable = disable_params(0xc1d0_0001, &[0x5c00_0010, 0x5c00_0020], false, true);
+        assert_eq!((enable[0][0], enable[0][8]), (0, 0));
     }
 
     #[test]
     fn params_for_65_channels_split_64_and_1() {
         let chans: Vec<u32> = (0..65).map(|i| 0x1000 + i).collect();
-        let blocks = disable_params(7, &chans, true);
+        let blocks = disable_params(7, &chans, true, false);
         assert_eq!(blocks.len(), 2);
         let first = &blocks[0];
         assert_eq!((first[0], nv::u32_at(first, 4)), (1, 64));
@@ -354,7 +378,7 @@ mod tests {
         want[24..28].copy_from_slice(&7u32.to_le_bytes());
         want[280..284].copy_from_slice(&(0x1000u32 + 64).to_le_bytes());
         assert_eq!(blocks[1], want);
-        assert!(disable_params(7, &[], true).is_empty());
+        assert!(disable_params(7, &[], true, false).is_empty());
     }
 
     #[test]

@@ -329,7 +329,7 @@ impl Parser<'_> {
         Some(policy)
     }
 
-    /// `[nvidia]`: lever, offline_timeslice, pause_after.
+    /// `[nvidia]`: lever, offline_timeslice, pause_after, pause.
     fn nvidia(&mut self, t: &DeTable, nv: &mut NvPolicy) {
         for (k, v) in t.iter() {
             let key = k.get_ref().as_ref();
@@ -369,11 +369,20 @@ impl Parser<'_> {
                         nv.pause_after_ns = ns;
                     }
                 }
+                "pause" => match self.string(v, key) {
+                    Some("preempt") => nv.pause_schedule_only = false,
+                    Some("schedule") => nv.pause_schedule_only = true,
+                    Some(other) => self.err(
+                        span,
+                        format!("pause: unknown mode {other:?} (use \"preempt\" or \"schedule\")"),
+                    ),
+                    None => {}
+                },
                 other => self.err(
                     k.span().start,
                     format!(
-                        "[nvidia]: unknown key {other:?} (expected lever, offline_timeslice or \
-                         pause_after)"
+                        "[nvidia]: unknown key {other:?} (expected lever, offline_timeslice, \
+                         pause_after or pause)"
                     ),
                 ),
             }

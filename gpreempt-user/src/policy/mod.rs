@@ -101,6 +101,10 @@ pub struct NvPolicy {
     pub offline_timeslice_us: u64,
     /// With `Both`: how long an online episode lasts before offline is paused as well.
     pub pause_after_ns: u64,
+    /// `pause = "schedule"`: a pause only takes the channels off the runlist
+    /// (`bOnlyDisableScheduling`); work already running finishes its timeslice. The default,
+    /// `"preempt"`, preempts it as well.
+    pub pause_schedule_only: bool,
 }
 
 /// 200 us: on an H100 it brought the seeds' online p99 from 9.5 to 5.2 ms with offline at
@@ -114,6 +118,7 @@ impl Default for NvPolicy {
             lever: NvLever::Timeslice,
             offline_timeslice_us: DEFAULT_OFFLINE_TIMESLICE_US,
             pause_after_ns: DEFAULT_PAUSE_AFTER_NS,
+            pause_schedule_only: false,
         }
     }
 }
@@ -211,7 +216,7 @@ impl Policy {
         format!(
             "{}: {strategy}, window {}, resume_after {}, max_suspend {}, min_run {}, \
              min_interval {}, gpus {gpus}, {} rule(s), default {}, launch hints {}, \
-             NVIDIA lever {}{}",
+             NVIDIA lever {}{}{}",
             self.source,
             fmt_ns(self.window_ns),
             fmt_ns(self.resume_after_ns),
@@ -230,6 +235,11 @@ impl Policy {
                     self.nvidia.offline_timeslice_us,
                     fmt_ns(self.nvidia.pause_after_ns)
                 ),
+            },
+            if self.nvidia.pause_schedule_only && self.nvidia.lever != NvLever::Timeslice {
+                ", schedule-only pauses"
+            } else {
+                ""
             }
         )
     }

@@ -1356,7 +1356,8 @@ fn the_nvidia_table_sets_the_lever() {
     assert_eq!(p.nvidia.lever, NvLever::Timeslice);
     assert_eq!(p.nvidia.offline_timeslice_us, 200);
     let p = Policy::parse(
-        "[nvidia]\nlever = \"both\"\noffline_timeslice = \"1ms\"\npause_after = \"8ms\"\n",
+        "[nvidia]\nlever = \"both\"\noffline_timeslice = \"1ms\"\npause_after = \"8ms\"\n\
+         pause = \"schedule\"\n",
         "p.toml",
     )
     .unwrap();
@@ -1365,8 +1366,14 @@ fn the_nvidia_table_sets_the_lever() {
         NvPolicy {
             lever: NvLever::Both,
             offline_timeslice_us: 1000,
-            pause_after_ns: 8_000_000
+            pause_after_ns: 8_000_000,
+            pause_schedule_only: true,
         }
+    );
+    assert!(!NvPolicy::default().pause_schedule_only);
+    assert_eq!(
+        one_err("[nvidia]\npause = \"stop\"\n"),
+        "policy.toml:2: pause: unknown mode \"stop\" (use \"preempt\" or \"schedule\")"
     );
     assert!(
         p.summary()
@@ -1384,7 +1391,7 @@ fn the_nvidia_table_sets_the_lever() {
     );
     assert_eq!(
         one_err("[nvidia]\ntimeslice = \"2ms\"\n"),
-        "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, offline_timeslice or \
-         pause_after)"
+        "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, \
+         offline_timeslice, pause_after or pause)"
     );
 }
