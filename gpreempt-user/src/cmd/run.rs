@@ -103,6 +103,7 @@ impl Ctx {
                 .iter()
                 .flat_map(|b| b.timeslices())
                 .collect(),
+            adaptive: self.engine.adaptive_views(),
         }
     }
 
@@ -194,6 +195,16 @@ impl Ctx {
         let decisions = self.engine.decide(&w.state, now);
         for d in decisions {
             self.act(w, d).await;
+        }
+        for (gpu_id, note) in self.engine.take_notes() {
+            log::info!("GPU {gpu_id:#x}: adaptive: {note}");
+            self.record(serde_json::json!({
+                "ts_ns": now,
+                "gpu_id": gpu_id,
+                "action": "adapt",
+                "reason": note,
+                "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
+            }));
         }
     }
 

@@ -123,6 +123,9 @@ pub struct Status {
     /// NVIDIA TSG timeslices changed by the controller: (pid, TSG, original us, current us).
     #[serde(default)]
     pub timeslices: Vec<(u32, u32, u64, u64)>,
+    /// Per GPU under the adaptive strategy: the online goal and what the tuner measured.
+    #[serde(default)]
+    pub adaptive: Vec<crate::policy::AdaptiveView>,
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {

@@ -7,7 +7,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{fmt_ms, fmt_ns, off_ns, Action, Class, Decision, NvLever, Policy, Strategy};
+use super::adaptive::{Tuner, View};
+use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, NvLever, Policy, Strategy};
 use crate::model::{Activity, Process, QueueState, SampleStatus, State};
 
 /// A process's class, cached per (pid, start time) and policy generation.
@@ -90,8 +91,15 @@ struct GpuMem {
     no_suspend_until: u64,
     /// Timeslice: start of the current cycle.
     slice_start_ns: Option<u64>,
+    /// Adaptive: the GPU's tuner.
+    tuner: Option<Tuner>,
     // Per tick:
     busy: Option<Evidence>,
+    /// Strict evidence of online work (first, last): a hint newer than the sample, a backlog,
+    /// a write pointer that moved in the latest sample. What the adaptive tuner measures.
+    work: Option<(u64, u64)>,
+    /// An offline queue here has work (a backlog or a busy sample).
+    offline_active: bool,
     holding: u32,
     oldest_ns: u64,
     release: Option<Release>,
@@ -140,8 +148,32 @@ impl Engine {
             g.fenced = None;
             if cycle_changed {
                 g.slice_start_ns = None;
+                // A new goal (or strategy): the adaptive tuner calibrates afresh.
+                g.tuner = None;
             }
         }
+    }
+
+    /// The adaptive tuners' conclusions since the last call, per GPU (for the log and audit).
+    pub fn take_notes(&mut self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for (&id, g) in self.gpus.iter_mut() {
+            if let Some(t) = &mut g.tuner {
+                out.extend(t.take_notes().into_iter().map(|n| (id, n)));
+            }
+        }
+        out
+    }
+
+    /// Per GPU under the adaptive strategy: its goal and what it measured.
+    pub fn adaptive_views(&self) -> Vec<View> {
+        let Strategy::Adaptive { budget } = self.policy.strategy else {
+            return Vec::new();
+        };
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.tuner.as_ref().map(|t| t.view(id, budget)))
+            .collect()
     }
 
     /// The cached class of `pid` and the rule that gave it, if it was classified.
@@ -246,6 +278,10 @@ impl Engine {
             visited += 1;
             let (class, start_time) = (e.class, e.start_time);
             any_offline |= class == Class::Offline;
+            if class == Class::Offline {
+                self.note_offline_activity(p);
+                continue;
+            }
             if class != Class::Online {
                 continue;
             }
@@ -255,6 +291,10 @@ impl Engine {
                 }
                 visited_launches += 1;
                 let changed_ns = self.track_launches((p.pid, q.queue_id), start_time, &q.activity);
+                if let Some(t) = strict_work(&self.policy, p, &q.activity, changed_ns, now) {
+                    let g = self.gpus.entry(q.gpu_id).or_default();
+                    g.work = Some(g.work.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
+                }
                 let Some((what, at_ns)) =
                     online_evidence(&self.policy, p, &q.activity, changed_ns, now)
                 else {
@@ -277,6 +317,18 @@ impl Engine {
             self.launches.retain(|_, l| l.stamp == tick);
         }
         any_offline
+    }
+
+    /// Marks the GPUs where an offline process's compute queues have work.
+    fn note_offline_activity(&mut self, p: &Process) {
+        for q in p.queues.values() {
+            let a = &q.activity;
+            let has_work = a.status == SampleStatus::Valid
+                && (a.backlog.is_some_and(|n| n > 0) || a.busy == Some(true));
+            if q.alive() && q.kind.is_compute() && has_work {
+                self.gpus.entry(q.gpu_id).or_default().offline_active = true;
+            }
+        }
     }
 
     /// Follows an online queue's write pointer from sample to sample; returns the sample time
@@ -425,7 +477,10 @@ impl Engine {
                         queues: Vec::new(),
                         grace: self.policy.grace,
                         reason: suspend_reason(&self.policy, g, now),
-                        trigger_ns: g.busy.map(|e| e.at_ns),
+                        trigger_ns: match &g.tuner {
+                            Some(t) => t.trigger_ns(),
+                            None => g.busy.map(|e| e.at_ns),
+                        },
                     });
                     out.len() - 1
                 }
@@ -519,6 +574,8 @@ impl GpuMem {
     /// Clears what each tick computes afresh.
     fn new_tick(&mut self) {
         self.busy = None;
+        self.work = None;
+        self.offline_active = false;
         self.holding = 0;
         self.oldest_ns = u64::MAX;
         self.release = None;
@@ -535,12 +592,38 @@ impl GpuMem {
             self.slice_start_ns = None;
             return;
         }
+        if let Strategy::Adaptive { budget } = p.strategy {
+            self.plan_adaptive(p, budget, now);
+            return;
+        }
         let idle_ns = self.track_episode(p, now);
         if self.starvation_guard(p, now) {
             return;
         }
         let want = self.strategy_wants_suspend(p, now);
         if !self.episode && self.holding > 0 {
+            self.release = Some(Release::Idle { idle_ns });
+        }
+        self.suspend = want && self.rate_allows_suspend(p, now);
+    }
+
+    /// The adaptive plan: the tuner sees the tick and says whether offline should be held; an
+    /// episode is the tuner's burst (strict evidence, `resume_after` of idleness ends it).
+    fn plan_adaptive(&mut self, p: &Policy, budget: Budget, now: u64) {
+        let (work, held, active) = (self.work, self.holding > 0, self.offline_active);
+        let t = self.tuner.get_or_insert_with(Tuner::default);
+        t.tick(p, budget, now, work, held, active);
+        let (in_burst, start, want) = (t.in_burst(), t.burst_start_ns(), t.wants_suspend(now));
+        if let Some((_, last)) = work {
+            self.last_busy_ns = Some(last);
+        }
+        self.episode = in_burst;
+        self.episode_start_ns = start;
+        if self.starvation_guard(p, now) {
+            return;
+        }
+        if !in_burst && self.holding > 0 {
+            let idle_ns = self.last_busy_ns.map(|t| now.saturating_sub(t));
             self.release = Some(Release::Idle { idle_ns });
         }
         self.suspend = want && self.rate_allows_suspend(p, now);
@@ -581,7 +664,7 @@ impl GpuMem {
     /// in the on part what is held is released (`Share`).
     fn strategy_wants_suspend(&mut self, p: &Policy, now: u64) -> bool {
         match p.strategy {
-            Strategy::Priority => self.episode,
+            Strategy::Priority | Strategy::Adaptive { .. } => self.episode,
             Strategy::Timeslice { period_ns, share } => {
                 if !self.episode {
                     self.slice_start_ns = None;
@@ -636,6 +719,24 @@ fn process_release(policy: &Policy, class: Class, gpu_id: u32, g: &GpuMem) -> Op
     } else {
         None
     }
+}
+
+/// Strict evidence of online work on one queue, and when: a launch hint newer than the last
+/// sample, a backlog in a readable sample, or a write pointer that moved in the latest sample.
+/// Unlike [`online_evidence`] nothing lasts a `window`, so a burst ends when the work does.
+/// A hint counts for `window` at most: without samples (NVIDIA) nothing else ends it.
+fn strict_work(
+    policy: &Policy,
+    p: &Process,
+    a: &Activity,
+    changed_ns: Option<u64>,
+    now: u64,
+) -> Option<u64> {
+    let hint = p.last_launch_ns.filter(|&t| {
+        policy.launch_hints && t > a.sample_ns && now.saturating_sub(t) < policy.window_ns
+    });
+    let backlog = a.status == SampleStatus::Valid && a.backlog.is_some_and(|n| n > 0);
+    hint.or_else(|| (backlog || changed_ns == Some(a.sample_ns)).then_some(a.sample_ns))
 }
 
 /// Online evidence on one queue of an online process, and when it was observed: a launch hint
@@ -763,8 +864,9 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
             None => "online busy".into(),
         },
     };
-    match p.strategy {
-        Strategy::Priority => why,
-        Strategy::Timeslice { .. } => format!("timeslice: online share; {why}"),
+    match (p.strategy, &g.tuner) {
+        (Strategy::Adaptive { budget }, Some(t)) => format!("{}; {why}", t.reason(budget)),
+        (Strategy::Timeslice { .. }, _) => format!("timeslice: online share; {why}"),
+        _ => why,
     }
 }

@@ -10,8 +10,8 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::{
-    fmt_ns, off_ns, Class, Glob, NvLever, NvPolicy, Policy, Rule, Strategy, DEFAULT_PERIOD_NS,
-    DEFAULT_SHARE,
+    fmt_ns, off_ns, Budget, Class, Glob, NvLever, NvPolicy, Policy, Rule, Strategy,
+    DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
 };
 
 /// Everything wrong with a policy file, one problem per line, each `source:LINE: ...`.
@@ -151,6 +151,7 @@ impl Parser<'_> {
         };
         let mut policy_table: Option<(&DeTable, usize)> = None;
         let mut timeslice: Option<(&DeTable, usize)> = None;
+        let mut adaptive: Option<(&DeTable, usize)> = None;
         let mut nvidia: Option<&DeTable> = None;
         let mut rules: Option<&Val> = None;
         for (k, v) in doc.get_ref().iter() {
@@ -159,13 +160,14 @@ impl Parser<'_> {
                 "timeslice" => {
                     timeslice = self.table(v, "[timeslice]").map(|t| (t, v.span().start))
                 }
+                "adaptive" => adaptive = self.table(v, "[adaptive]").map(|t| (t, v.span().start)),
                 "nvidia" => nvidia = self.table(v, "[nvidia]"),
                 "rule" => rules = Some(v),
                 other => self.err(
                     k.span().start,
                     format!(
-                        "unknown key {other:?} (expected [policy], [timeslice], [nvidia] or \
-                         [[rule]])"
+                        "unknown key {other:?} (expected [policy], [timeslice], [adaptive], \
+                         [nvidia] or [[rule]])"
                     ),
                 ),
             }
@@ -173,6 +175,7 @@ impl Parser<'_> {
         // Where relation errors about defaulted keys point.
         let policy_at = policy_table.map_or(0, |(_, at)| at);
         let mut strategy_timeslice = false;
+        let mut strategy_adaptive = false;
         let mut at = Ats::default();
         if let Some((t, _)) = policy_table {
             for (k, v) in t.iter() {
@@ -180,13 +183,18 @@ impl Parser<'_> {
                 let span = v.span().start;
                 match key {
                     "strategy" => match self.string(v, key) {
-                        Some("priority") => strategy_timeslice = false,
-                        Some("timeslice") => strategy_timeslice = true,
+                        Some("priority") => {
+                            (strategy_timeslice, strategy_adaptive) = (false, false)
+                        }
+                        Some("timeslice") => {
+                            (strategy_timeslice, strategy_adaptive) = (true, false)
+                        }
+                        Some("adaptive") => (strategy_timeslice, strategy_adaptive) = (false, true),
                         Some(other) => self.err(
                             span,
                             format!(
                                 "strategy: unknown strategy {other:?} \
-                                 (use \"priority\" or \"timeslice\")"
+                                 (use \"priority\", \"timeslice\" or \"adaptive\")"
                             ),
                         ),
                         None => {}
@@ -268,6 +276,23 @@ impl Parser<'_> {
                 }
             }
         }
+        if let Some((t, header)) = adaptive {
+            if !strategy_adaptive {
+                self.err(
+                    header,
+                    "[adaptive] is used only with strategy = \"adaptive\" \
+                     (set it in [policy], or remove this table)"
+                        .into(),
+                );
+            }
+            if let Some(budget) = self.adaptive(t, header) {
+                policy.strategy = Strategy::Adaptive { budget };
+            }
+        } else if strategy_adaptive {
+            policy.strategy = Strategy::Adaptive {
+                budget: Budget::Ratio(DEFAULT_BUDGET_RATIO),
+            };
+        }
         if let Some(t) = nvidia {
             self.nvidia(t, &mut policy.nvidia);
         }
@@ -327,6 +352,59 @@ impl Parser<'_> {
             };
         }
         Some(policy)
+    }
+
+    /// `[adaptive]`: the online goal, `online_p99_budget` (a ratio) or `online_latency`.
+    fn adaptive(&mut self, t: &DeTable, header: usize) -> Option<Budget> {
+        let mut budget = None;
+        for (k, v) in t.iter() {
+            let key = k.get_ref().as_ref();
+            let span = v.span().start;
+            let b = match key {
+                "online_p99_budget" => match self.float(v, key) {
+                    Some(r) if (1.0..=100.0).contains(&r) => Some(Budget::Ratio(r)),
+                    Some(r) => {
+                        self.err(
+                            span,
+                            format!(
+                                "online_p99_budget: {r} is out of range (a ratio to the \
+                                 undisturbed service time, 1.0 to 100)"
+                            ),
+                        );
+                        None
+                    }
+                    None => None,
+                },
+                "online_latency" => match self.duration(v, key) {
+                    Some(0) => {
+                        self.err(span, "online_latency: must be more than 0".into());
+                        None
+                    }
+                    Some(ns) => Some(Budget::Absolute(ns)),
+                    None => None,
+                },
+                other => {
+                    self.err(
+                        k.span().start,
+                        format!(
+                            "[adaptive]: unknown key {other:?} (expected online_p99_budget or \
+                             online_latency)"
+                        ),
+                    );
+                    None
+                }
+            };
+            if let Some(b) = b {
+                if budget.is_some() {
+                    self.err(
+                        header,
+                        "[adaptive]: give online_p99_budget or online_latency, not both".into(),
+                    );
+                }
+                budget = Some(b);
+            }
+        }
+        Some(budget.unwrap_or(Budget::Ratio(DEFAULT_BUDGET_RATIO)))
     }
 
     /// `[nvidia]`: lever, offline_timeslice, pause_after, pause.

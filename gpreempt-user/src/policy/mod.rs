@@ -6,6 +6,7 @@
 //! `file` parses the TOML text (with `glob` patterns) into a [`Policy`], `classify` puts a
 //! process in a [`Class`] by its rules, and `engine` turns the host model into [`Decision`]s.
 
+mod adaptive;
 mod classify;
 mod engine;
 mod file;
@@ -16,6 +17,7 @@ use std::fmt;
 use regex::Regex;
 use serde::Serialize;
 
+pub use adaptive::View as AdaptiveView;
 pub use engine::Engine;
 pub use file::{parse_duration, PolicyError};
 pub use glob::Glob;
@@ -65,6 +67,29 @@ pub enum Strategy {
     Priority,
     /// While online is busy, offline runs `share` of every `period` and is suspended the rest.
     Timeslice { period_ns: u64, share: f64 },
+    /// The least intervention that keeps online service times within `budget`, measured
+    /// (policy/adaptive.rs).
+    Adaptive { budget: Budget },
+}
+
+/// The adaptive strategy's online goal (`[adaptive]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Budget {
+    /// `online_p99_budget`: a ratio to the online work's own undisturbed service time.
+    Ratio(f64),
+    /// `online_latency`: an absolute service time (ns).
+    Absolute(u64),
+}
+
+pub const DEFAULT_BUDGET_RATIO: f64 = 1.1;
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ratio(r) => write!(f, "{r:.2}x undisturbed"),
+            Self::Absolute(ns) => write!(f, "{}", fmt_ns(*ns)),
+        }
+    }
 }
 
 /// How an NVIDIA offline process yields to online work (`[nvidia] lever`).
@@ -204,6 +229,7 @@ impl Policy {
             Strategy::Timeslice { period_ns, share } => {
                 format!("timeslice period {} share {share}", fmt_ns(period_ns))
             }
+            Strategy::Adaptive { budget } => format!("adaptive (budget {budget})"),
         };
         let gpus = match &self.gpus {
             None => "all".to_owned(),

@@ -318,8 +318,8 @@ fn unknown_keys_are_errors_with_lines() {
     );
     assert_eq!(
         one_err("\n[polcy]\n"),
-        "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice], [nvidia] or \
-         [[rule]])"
+        "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice], [adaptive], \
+         [nvidia] or [[rule]])"
     );
     assert_eq!(
         one_err(
@@ -422,7 +422,8 @@ fn relations_are_checked() {
     );
     assert_eq!(
         one_err("[policy]\nstrategy = \"fifo\"\n"),
-        "policy.toml:2: strategy: unknown strategy \"fifo\" (use \"priority\" or \"timeslice\")"
+        "policy.toml:2: strategy: unknown strategy \"fifo\" (use \"priority\", \"timeslice\" or \
+         \"adaptive\")"
     );
     assert_eq!(
         one_err("[policy]\ngpus = []\n"),
@@ -1393,5 +1394,284 @@ fn the_nvidia_table_sets_the_lever() {
         one_err("[nvidia]\ntimeslice = \"2ms\"\n"),
         "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, \
          offline_timeslice, pause_after or pause)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adaptive strategy, against a small GPU model: online requests of `work_ms` every
+// `period_ms`; while offline runs unheld (and has work) online progresses `1/f` as fast.
+
+fn adaptive_policy(strategy: &str, extra: &str) -> String {
+    format!(
+        "[policy]\nstrategy = \"{strategy}\"\nwindow = \"10ms\"\nresume_after = \"2ms\"\n\
+         max_suspend = \"1s\"\nmin_run = \"50ms\"\nmin_interval = \"1ms\"\n{extra}\n\
+         [[rule]]\nclass = \"online\"\ncomm = \"on*\"\n[[rule]]\nclass = \"offline\"\n\
+         comm = \"off*\"\n"
+    )
+}
+
+struct Gpu {
+    w: World,
+    /// 0.25 ms ticks.
+    t: u64,
+    write: u64,
+    off_write: u64,
+    suspends: usize,
+    held_ticks: u64,
+    ticks: u64,
+    /// Request latencies (ms), in order.
+    lat: Vec<f64>,
+}
+
+const TICK_NS: u64 = 250_000;
+
+impl Gpu {
+    fn new(policy: &str) -> Self {
+        let mut w = World::new(policy);
+        w.add(ON, "online-svc", &[(0, GA)]);
+        w.add(OFF, "offline-train", &[(1, GA)]);
+        w.sample(ON, 0, 0, 0, 0);
+        w.sample(OFF, 1, 0, 0, 0);
+        Self {
+            w,
+            t: 0,
+            write: 0,
+            off_write: 0,
+            suspends: 0,
+            held_ticks: 0,
+            ticks: 0,
+            lat: Vec::new(),
+        }
+    }
+
+    fn held(&self) -> bool {
+        !self.w.held().is_empty()
+    }
+
+    /// One tick: samples of both queues (offline always has work), then the engine.
+    fn step(&mut self, online_backlog: bool) {
+        self.t += TICK_NS;
+        let now = self.t;
+        if online_backlog {
+            self.write += 1;
+        }
+        self.w.sample(ON, 0, self.write, online_backlog as u64, now);
+        if !online_backlog {
+            self.w.q(ON, 0).activity.busy = Some(false);
+        }
+        self.off_write += 1;
+        self.w.sample(OFF, 1, self.off_write, 1, now);
+        let ds = self.w.tick(now as f64 / 1e6);
+        self.suspends += ds.iter().filter(|d| d.action == Action::Suspend).count();
+        self.ticks += 1;
+        self.held_ticks += self.held() as u64;
+    }
+
+    /// `n` requests; `f(i)`: the slowdown while offline runs unheld during request `i`.
+    fn run(&mut self, n: usize, work_ms: f64, period_ms: f64, f: impl Fn(usize) -> f64) {
+        let period = (period_ms * 1e6) as u64 / TICK_NS;
+        for i in 0..n {
+            let slow = f(i);
+            let mut left = work_ms * 1e6;
+            let mut ticks = 0;
+            while left > 0.0 {
+                self.step(true);
+                ticks += 1;
+                left -= TICK_NS as f64 / if self.held() { 1.0 } else { slow };
+            }
+            self.lat.push(ticks as f64 * TICK_NS as f64 / 1e6);
+            for _ in ticks..period.max(ticks + 1) {
+                self.step(false);
+            }
+        }
+    }
+
+    fn p90(&self, last: usize) -> f64 {
+        let mut v = self.lat[self.lat.len().saturating_sub(last)..].to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() * 9 / 10]
+    }
+
+    fn view(&self) -> AdaptiveView {
+        self.w
+            .e
+            .adaptive_views()
+            .into_iter()
+            .next()
+            .expect("a tuner")
+    }
+}
+
+#[test]
+fn adaptive_leaves_offline_alone_without_interference() {
+    let mut g = Gpu::new(&adaptive_policy("adaptive", ""));
+    g.run(640, 4.0, 50.0, |_| 1.0);
+    // Calibration (8 clean samples) and one exploration per 64 bursts, nothing more.
+    assert!(g.suspends <= 8 + 640 / 64 + 1, "{} suspends", g.suspends);
+    let v = g.view();
+    assert_eq!(v.defer_ns, None, "{v:?}");
+    assert!(v.offline_kept > 0.98, "{v:?}");
+    let notes = g.w.e.take_notes();
+    assert!(
+        notes
+            .iter()
+            .any(|(gpu, n)| *gpu == GA && n.contains("no suspends")),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn adaptive_meets_the_budget_and_holds_offline_less_than_priority() {
+    let budget = "[adaptive]\nonline_p99_budget = 1.5\n";
+    let mut a = Gpu::new(&adaptive_policy("adaptive", budget));
+    a.run(800, 4.0, 50.0, |_| 3.0);
+    let mut p = Gpu::new(&adaptive_policy("priority", ""));
+    p.run(800, 4.0, 50.0, |_| 3.0);
+    let mut none = Gpu::new(&adaptive_policy("priority", "").replace("offline", "ignore"));
+    none.run(800, 4.0, 50.0, |_| 3.0);
+    let v = a.view();
+    let target = v.target_ns.expect("calibrated") as f64 / 1e6;
+    assert!(v.defer_ns.is_some_and(|d| d > 0), "{v:?}");
+    // The budget is met (with one tick of slack for the request's own end) ...
+    assert!(
+        a.p90(400) <= target + 0.25,
+        "p90 {} vs target {target}",
+        a.p90(400)
+    );
+    assert!(a.p90(400) < none.p90(400), "better than no control");
+    // ... with offline held less than by the priority strategy.
+    let kept = |g: &Gpu| 1.0 - g.held_ticks as f64 / g.ticks as f64;
+    assert!(
+        kept(&a) > kept(&p),
+        "adaptive {} vs priority {}",
+        kept(&a),
+        kept(&p)
+    );
+    assert!(
+        (v.offline_kept - kept(&a)).abs() < 0.02,
+        "{v:?} vs {}",
+        kept(&a)
+    );
+}
+
+#[test]
+fn adaptive_escalates_when_interference_appears() {
+    let mut g = Gpu::new(&adaptive_policy("adaptive", ""));
+    g.run(200, 4.0, 50.0, |_| 1.0);
+    assert_eq!(g.view().defer_ns, None);
+    g.w.e.take_notes();
+    g.run(400, 4.0, 50.0, |_| 4.0);
+    let v = g.view();
+    assert!(v.defer_ns.is_some(), "{v:?}");
+    let notes = g.w.e.take_notes();
+    assert!(notes.iter().any(|(_, n)| n.contains("missed")), "{notes:?}");
+    // Once escalated the budget (1.10x) is met again.
+    let target = v.target_ns.expect("calibrated") as f64 / 1e6;
+    assert!(
+        g.p90(100) <= target + 0.25,
+        "p90 {} vs {target}",
+        g.p90(100)
+    );
+}
+
+#[test]
+fn adaptive_with_noisy_requests_is_never_worse_than_no_control() {
+    // Request sizes 2-8 ms and slowdowns 1.5-3.5x from a fixed sequence.
+    let mut x = 12345u64;
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as f64 / (1u64 << 31) as f64
+    };
+    let seq: Vec<(f64, f64)> = (0..600)
+        .map(|_| (2.0 + 6.0 * next(), 1.5 + 2.0 * next()))
+        .collect();
+    let run = |policy: &str| {
+        let mut g = Gpu::new(policy);
+        for &(work, slow) in &seq {
+            g.run(1, work, 40.0, |_| slow);
+        }
+        g
+    };
+    let a = run(&adaptive_policy("adaptive", ""));
+    let none = run(&adaptive_policy("priority", "").replace("offline", "ignore"));
+    assert!(
+        a.p90(300) < none.p90(300),
+        "{} vs {}",
+        a.p90(300),
+        none.p90(300)
+    );
+    assert!(a.view().bursts as usize >= 600, "{:?}", a.view());
+}
+
+#[test]
+fn adaptive_with_an_online_process_that_never_idles_keeps_offline_going() {
+    let mut g = Gpu::new(&adaptive_policy("adaptive", ""));
+    // 5 s of continuous online work.
+    for _ in 0..20_000 {
+        g.step(true);
+    }
+    let v = g.view();
+    assert_eq!(v.bursts, 1, "{v:?}");
+    assert_eq!(v.clean_p90_ns, None, "a never-ending burst is not a sample");
+    // Held (calibration wants a clean sample) and released by the starvation guard: at most
+    // one suspend per max_suspend + min_run.
+    assert!(
+        g.suspends >= 2 && g.suspends <= 5,
+        "{} suspends",
+        g.suspends
+    );
+    // Offline ran at least min_run (200 ticks) after each of the releases.
+    let free = g.ticks - g.held_ticks;
+    assert!(
+        free >= 200 * (g.suspends as u64 - 1),
+        "{free} free ticks, {} suspends",
+        g.suspends
+    );
+}
+
+#[test]
+fn the_adaptive_table() {
+    let p = Policy::parse("[policy]\nstrategy = \"adaptive\"\n", "p.toml").unwrap();
+    assert_eq!(
+        p.strategy,
+        Strategy::Adaptive {
+            budget: Budget::Ratio(1.1)
+        }
+    );
+    assert!(p.summary().contains("adaptive (budget 1.10x undisturbed)"));
+    let p = Policy::parse(
+        "[policy]\nstrategy = \"adaptive\"\n[adaptive]\nonline_latency = \"6ms\"\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        p.strategy,
+        Strategy::Adaptive {
+            budget: Budget::Absolute(6 * MS)
+        }
+    );
+    assert_eq!(
+        one_err("[adaptive]\nonline_p99_budget = 1.2\n"),
+        "policy.toml:1: [adaptive] is used only with strategy = \"adaptive\" (set it in [policy], \
+         or remove this table)"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"adaptive\"\n[adaptive]\nonline_p99_budget = 0.5\n"),
+        "policy.toml:4: online_p99_budget: 0.5 is out of range (a ratio to the undisturbed \
+         service time, 1.0 to 100)"
+    );
+    assert_eq!(
+        one_err(
+            "[policy]\nstrategy = \"adaptive\"\n[adaptive]\nonline_p99_budget = 1.2\n\
+             online_latency = \"5ms\"\n"
+        ),
+        "policy.toml:3: [adaptive]: give online_p99_budget or online_latency, not both"
+    );
+    assert_eq!(
+        one_err("[policy]\nstrategy = \"adaptive\"\n[adaptive]\nbudget = 2\n"),
+        "policy.toml:4: [adaptive]: unknown key \"budget\" (expected online_p99_budget or \
+         online_latency)"
     );
 }
