@@ -207,7 +207,7 @@ impl Tuner {
                 let explore = match self.phase {
                     Phase::CalibrateClean => true,
                     Phase::CalibrateFree => false,
-                    Phase::Tuned => self.bursts % EXPLORE_EVERY == 0,
+                    Phase::Tuned => self.bursts.is_multiple_of(EXPLORE_EVERY),
                 };
                 self.burst = Some(Burst {
                     start_ns: start,
