@@ -41,6 +41,10 @@ pub struct State {
     /// Which event sources are live (`probe::summarize`), for `top`.
     #[serde(skip)]
     pub sources: Option<String>,
+    /// Per GPU under the controller's adaptive strategy: its goal and measurements, one line
+    /// for `top`'s GPU line.
+    #[serde(skip)]
+    pub adaptive: BTreeMap<u32, String>,
     /// NVIDIA RM objects per (pid, hClient): handle -> (class, parent), and the client's fd.
     #[serde(skip)]
     nv_objects: HashMap<(u32, u32), nv::NvClient>,

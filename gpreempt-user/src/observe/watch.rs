@@ -238,6 +238,7 @@ impl Watcher {
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.state.controller = None;
+            self.state.adaptive.clear();
             // The controller is gone: the kernel resumed whatever it held, and nothing it changed
             // is in force (its guardian put the timeslices back).
             if let Some(old) = self.controller.take() {
@@ -313,6 +314,11 @@ impl Watcher {
         if before.unwrap_or(&Vec::new()) != &s.timeslices {
             self.state.apply(Update::Timeslices(s.timeslices.clone()));
         }
+        self.state.adaptive = s
+            .adaptive
+            .iter()
+            .map(|v| (v.gpu_id, v.to_string()))
+            .collect();
         self.state.controller = Some(format!(
             "controller: {} pid {}{}, {} held{}",
             s.mode,

@@ -124,6 +124,29 @@ pub struct View {
     pub bursts: u64,
 }
 
+/// One line for `top`: "goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed
+/// 3.91ms, defer 0.49ms, offline kept 93%".
+impl std::fmt::Display for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: Option<u64>| v.map_or("-".to_owned(), fmt_ms);
+        let action = match (self.phase, self.defer_ns) {
+            (Phase::Tuned, None) => "no suspends".to_owned(),
+            (Phase::Tuned, Some(0)) => "suspend at once".to_owned(),
+            (Phase::Tuned, Some(d)) => format!("defer {}", fmt_ms(d)),
+            _ => "calibrating".to_owned(),
+        };
+        write!(
+            f,
+            "goal {} ({}): service p90 {}, undisturbed {}, {action}, offline kept {:.0}%",
+            ms(self.target_ns),
+            self.budget,
+            ms(self.achieved_p90_ns),
+            ms(self.clean_p90_ns),
+            self.offline_kept * 100.0
+        )
+    }
+}
+
 /// The tuner of one GPU.
 pub struct Tuner {
     phase: Phase,

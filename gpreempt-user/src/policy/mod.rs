@@ -17,7 +17,7 @@ use std::fmt;
 use regex::Regex;
 use serde::Serialize;
 
-pub use adaptive::View as AdaptiveView;
+pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use engine::Engine;
 pub use file::{parse_duration, PolicyError};
 pub use glob::Glob;

@@ -69,7 +69,7 @@ pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
     m
 }
 
-fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts) -> Line<'static> {
+fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts, adaptive: Option<&String>) -> Line<'static> {
     let id = g.node.gpu_id;
     let GpuCounts {
         live,
@@ -96,6 +96,9 @@ fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts) -> Line<'static> {
     if g.stopped {
         spans.push(Span::styled("  STOPPED", Style::new().fg(Color::Red)));
     }
+    if let Some(a) = adaptive {
+        spans.push(Span::raw(format!("  adaptive: {a}")));
+    }
     Line::from(spans)
 }
 
@@ -116,7 +119,11 @@ pub(super) fn draw_gpus(
         let shown = if n > room { room.saturating_sub(1) } else { n };
         let mut v: Vec<Line> = state.gpus[..shown]
             .iter()
-            .map(|g| gpu_line(g, counts.get(&g.node.gpu_id).copied().unwrap_or_default()))
+            .map(|g| {
+                let id = g.node.gpu_id;
+                let c = counts.get(&id).copied().unwrap_or_default();
+                gpu_line(g, c, state.adaptive.get(&id))
+            })
             .collect();
         if shown < n {
             v.push(Line::styled(

@@ -530,3 +530,31 @@ fn the_row_window_is_the_tables_own() {
         }
     }
 }
+
+#[test]
+fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
+    let mut st = known_state();
+    let view = crate::policy::AdaptiveView {
+        gpu_id: GPU_A,
+        phase: crate::policy::AdaptivePhase::Tuned,
+        target_ns: Some(4_300_000),
+        budget: "1.10x undisturbed".into(),
+        clean_p90_ns: Some(3_910_000),
+        free_p90_ns: Some(9_000_000),
+        achieved_p90_ns: Some(4_120_000),
+        defer_ns: Some(490_000),
+        offline_kept: 0.93,
+        bursts: 640,
+    };
+    st.adaptive.insert(GPU_A, view.to_string());
+    let b = render(&App::new("100ms"), &st, 220, 30);
+    let l = line(&b, find(&b, "adaptive: goal"));
+    assert!(
+        l.contains(&format!("GPU {GPU_A}"))
+            && l.contains(
+                "adaptive: goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed \
+                 3.91ms, defer 0.49ms, offline kept 93%"
+            ),
+        "{l}"
+    );
+}
