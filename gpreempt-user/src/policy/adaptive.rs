@@ -8,7 +8,7 @@
 //! *clean* (offline not running, or held from its start on purpose: calibration and
 //! exploration; the undisturbed service time),
 //! *free* (offline ran and was never held: the disturbed one), or neither. The interference is
-//! free p90 / clean p90; the target is `budget x clean p90` (or an absolute latency).
+//! free p50 / clean p50; the target is `budget x clean p90` (or an absolute latency).
 //!
 //! The lever is how long into a burst offline may go on before it is suspended (the *defer*),
 //! a ladder from 0 (at once, like `priority`) through fractions of the clean p90 to "never".
@@ -16,8 +16,11 @@
 //! until the free ones are), then a model picks the starting rung: a burst that runs disturbed
 //! at `f` times the undisturbed speed for `t` and then undisturbed ends at `U + t (1 - 1/f)`, so
 //! the longest defer meeting target `T` is `(T - U) f / (f - 1)`. Feedback then moves the rung:
-//! every [`ADJUST`] bursts, the p90 of those bursts against the target: over it, two rungs
-//! earlier (and that rung is not tried again for a while, doubling); within it, one rung later.
+//! every [`ADJUST`] bursts, the p90 of those bursts against the target: over it (with their
+//! median shifted too, [`SHIFT`]: a p90 of a few dozen bursts scatters by as much as a 10%
+//! budget), two rungs earlier, and that rung is not tried again for a while (doubling); else
+//! one rung later. No suspends at all when the free p90 is within the target or the free
+//! median is not [`SHIFT`] above the clean one: suspensions would buy nothing.
 //! Every [`EXPLORE_EVERY`] bursts one is held from its start to keep the clean figure fresh.
 //!
 //! Deterministic: a function of the ticks it is given (no clock, no randomness), so tests drive
@@ -37,9 +40,13 @@ fn fmt_ms(ns: u64) -> String {
 /// Samples kept per kind of burst.
 const RING: usize = 64;
 /// Clean and free bursts wanted before the model picks a rung.
-const CALIBRATE: usize = 8;
+pub(crate) const CALIBRATE: usize = 12;
 /// Bursts per feedback step.
-pub const ADJUST: u32 = 16;
+pub const ADJUST: u32 = 24;
+/// A median this much above the clean one is interference; below it, noise. The p90 of a
+/// feedback step's bursts scatters by 10-15% in the emulator, as much as a 1.1 budget: a miss
+/// needs the median shifted too.
+const SHIFT: f64 = 1.05;
 /// One burst in this many is held from its start (a clean sample) once calibrated.
 pub const EXPLORE_EVERY: u64 = 64;
 /// A burst longer than this is not a request (an online process that never idles): it is not
@@ -91,17 +98,20 @@ impl Ring {
         self.0.len()
     }
     fn p90(&self) -> Option<u64> {
-        p90(self.0.iter().copied())
+        pct(self.0.iter().copied(), 90)
+    }
+    fn p50(&self) -> Option<u64> {
+        pct(self.0.iter().copied(), 50)
     }
 }
 
-fn p90(v: impl Iterator<Item = u64>) -> Option<u64> {
+fn pct(v: impl Iterator<Item = u64>, p: usize) -> Option<u64> {
     let mut v: Vec<u64> = v.collect();
     if v.is_empty() {
         return None;
     }
     v.sort_unstable();
-    Some(v[(v.len() * 9 / 10).min(v.len() - 1)])
+    Some(v[(v.len() * p / 100).min(v.len() - 1)])
 }
 
 /// What `top` and the status file show per GPU.
@@ -344,9 +354,13 @@ impl Tuner {
             return;
         };
         let d = self.free.p90();
+        // The slowdown from the medians (robust to a few outliers), the verdict from the tail.
+        let f = match (self.free.p50(), self.clean.p50()) {
+            (Some(a), Some(b)) if self.free.len() >= CALIBRATE / 2 => a as f64 / b.max(1) as f64,
+            _ => 1.0,
+        };
         let rung = match d {
-            Some(d) if d > t && d > u => {
-                let f = d as f64 / u.max(1) as f64;
+            Some(d) if d > t && f >= SHIFT => {
                 let tmax = t.saturating_sub(u) as f64 * f / (f - 1.0);
                 // The longest defer within tmax.
                 (0..NEVER)
@@ -361,24 +375,24 @@ impl Tuner {
             "calibrated: clean p90 {}, free p90 {}, interference {}, target {}: {}",
             fmt_ms(u),
             d.map_or("-".into(), fmt_ms),
-            d.map_or("-".into(), |d| format!(
-                "{:.2}x",
-                d as f64 / u.max(1) as f64
-            )),
+            format!("{f:.2}x"),
             fmt_ms(t),
             self.rung_text()
         ));
     }
 
     fn feedback(&mut self, budget: Budget) {
-        let achieved = p90(self.step.iter().copied());
+        let achieved = pct(self.step.iter().copied(), 90);
         self.achieved = achieved;
-        let (Some(a), Some(t)) = (achieved, self.target_ns(budget)) else {
+        let (Some(a), Some(t), Some(u50)) = (achieved, self.target_ns(budget), self.clean.p50())
+        else {
             self.step.clear();
             return;
         };
+        let median = pct(self.step.iter().copied(), 50).unwrap_or(0);
+        let missed = a > t && median as f64 > u50 as f64 * SHIFT;
         let old = self.rung;
-        if a > t {
+        if missed {
             // Missed: this rung cools down (longer each time), two rungs earlier.
             self.blocked_until[old] = self.bursts + self.cooldown[old];
             self.cooldown[old] = (self.cooldown[old] * 2).min(64 * COOLDOWN);
@@ -395,7 +409,7 @@ impl Tuner {
                 ADJUST,
                 fmt_ms(a),
                 fmt_ms(t),
-                if a > t { "missed" } else { "met" },
+                if missed { "missed" } else { "met" },
                 self.rung_text()
             ));
         }

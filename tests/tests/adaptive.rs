@@ -1,0 +1,129 @@
+//! The adaptive strategy end to end, as root, against the emulator (all figures emulated): it
+//! calibrates from what it measures, leaves offline work alone where that costs online nothing,
+//! and acts where it does.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{assert_nothing_left, serial, sim, TempDir};
+
+const ONLINE: &str = "--profile resnet18_b1 --rate 20 --priority 15";
+
+const POLICY: &str = r#"
+[policy]
+strategy = "adaptive"
+window = "10ms"
+resume_after = "3ms"
+max_suspend = "1s"
+min_run = "50ms"
+min_interval = "1ms"
+default = "ignore"
+[adaptive]
+online_p99_budget = 1.1
+[[rule]]
+class = "online"
+comm = "resnet18_b1"
+uid = 0
+[[rule]]
+class = "offline"
+cmdline = '--offline|seed_model_a'
+"#;
+
+fn audit(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `run` with the adaptive policy next to the online service and `offline` for `secs`; the
+/// audit records and the controller's stderr.
+fn run_pair(offline: &str, secs: u32) -> (Vec<Value>, String) {
+    let t = TempDir::new("adaptive");
+    std::fs::write(t.path("policy.toml"), POLICY).unwrap();
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP run --policy {d}/policy.toml --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+sleep 2
+$GP sim workload {ONLINE} --duration {secs} --report {d}/on.json 2>/dev/null & A=$!
+$GP sim workload {offline} --duration {secs} --report {d}/off.json 2>/dev/null & B=$!
+wait $A $B
+kill -INT $R; wait $R
+"#
+    );
+    sim(&script, Duration::from_secs(u64::from(secs) + 90));
+    let err = std::fs::read_to_string(t.path("run.err")).unwrap_or_default();
+    (audit(&t.path("audit.jsonl")), err)
+}
+
+fn notes(audit: &[Value]) -> Vec<String> {
+    audit
+        .iter()
+        .filter(|a| a["action"] == "adapt")
+        .filter_map(|a| a["reason"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn suspends(audit: &[Value]) -> Vec<&Value> {
+    audit.iter().filter(|a| a["action"] == "suspend").collect()
+}
+
+#[test]
+fn without_interference_the_adaptive_controller_leaves_offline_alone() {
+    let _one = serial();
+    // A light "offline" job: a small MLP twice a second, rarely on the GPU with the online one.
+    let (audit, err) = run_pair("--profile seed_model_a_mlp_b32 --rate 2 --priority 0", 20);
+    let notes = notes(&audit);
+    println!("emulated: {notes:#?}\n{} suspends", suspends(&audit).len());
+    assert!(err.contains("nothing is left suspended"), "{err}");
+    assert!(
+        notes.iter().any(|n| n.starts_with("calibrated:")),
+        "no calibration: {notes:?}\n{err}"
+    );
+    // 20 s at 20 requests/s: 12 calibration bursts, one in 64 explored, and never more than a
+    // feedback step's worth (24) beyond that.
+    let n = suspends(&audit).len();
+    assert!(n <= 12 + 400 / 64 + 24, "{n} suspends: {notes:?}");
+    assert!(
+        notes.iter().any(|n| n.contains("no suspends")),
+        "the tuner should settle on no suspends: {notes:?}"
+    );
+    assert_nothing_left();
+}
+
+#[test]
+fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
+    let _one = serial();
+    let (audit, err) = run_pair("--profile resnet50_b1024 --offline --priority 0", 20);
+    let notes = notes(&audit);
+    let s = suspends(&audit);
+    println!("emulated: {notes:#?}\n{} suspends", s.len());
+    assert!(err.contains("nothing is left suspended"), "{err}");
+    let cal = notes
+        .iter()
+        .find(|n| n.starts_with("calibrated:"))
+        .unwrap_or_else(|| panic!("no calibration: {notes:?}\n{err}"));
+    // "... interference 2.18x, target ...": offline running doubles the online service time.
+    let f: f64 = cal
+        .split("interference ")
+        .nth(1)
+        .and_then(|r| r.split('x').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no interference figure in {cal:?}"));
+    assert!(f > 1.2, "{cal}");
+    assert!(!cal.ends_with("no suspends"), "{cal}");
+    // It acts at most requests (400 in 20 s), every suspend with the tuner's reasoning.
+    assert!(s.len() > 100, "{} suspends: {notes:?}", s.len());
+    assert!(
+        s.iter().all(|a| a["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("adaptive: "))),
+        "{:?}",
+        s.first()
+    );
+    assert_nothing_left();
+}
