@@ -372,10 +372,9 @@ impl Tuner {
         };
         self.set_rung(rung);
         self.notes.push(format!(
-            "calibrated: clean p90 {}, free p90 {}, interference {}, target {}: {}",
+            "calibrated: clean p90 {}, free p90 {}, interference {f:.2}x, target {}: {}",
             fmt_ms(u),
             d.map_or("-".into(), fmt_ms),
-            format!("{f:.2}x"),
             fmt_ms(t),
             self.rung_text()
         ));
