@@ -153,6 +153,33 @@ control)
   echo "--- load (t it/s):"; awk '{print $1, $2}' "$OUT/load-ctl.txt" | tr '\n' ';' ; echo
   pgrep -af nv-guardian || echo "no guardian left"
   ;;
+timeslice-safety)
+  # Every way the controller can end leaves an offline process's timeslice as it found it.
+  # Three rounds, each: a controller with the timeslice lever (scripts/gpu/ts-safety.toml), then
+  # a fresh offline process (load.py; the observer only knows objects allocated after it
+  # started), its GR TSG set to 200 us, then the controller ends: 1 SIGINT (the controller
+  # restores), 2 kill -9 (the guardian restores), 3 SIGSTOP past the lease (the guardian
+  # restores), then SIGCONT and SIGINT. The guardian reads every restored value back.
+  mkdir -p /run/gpreempt-ebpf
+  for k in 1 2 3; do
+    "$GP" ${RUNV:--v} run --policy scripts/gpu/ts-safety.toml --audit "$OUT/ts$k-audit.jsonl" \
+        2>"$OUT/ts$k.err" & R=$!
+    for i in $(seq 300); do grep -q "gpreempt-ebpf run:" "$OUT/ts$k.err" 2>/dev/null && break; sleep 0.1; done
+    python3 /tmp/load.py 40 > "$OUT/load-ts$k.txt" 2>&1 & P=$!
+    for i in $(seq 300); do grep -q '"action":"timeslice"' "$OUT/ts$k-audit.jsonl" 2>/dev/null && break; sleep 0.1; done
+    echo "[$k] load pid $P: $(grep -o '"from_us":[0-9]*,"original_us":[0-9]*,"pid":[0-9]*,"reason":"[^"]*","to_us":[0-9]*' "$OUT/ts$k-audit.jsonl" | head -1)"
+    sleep 1
+    case $k in
+      1) kill -INT $R; wait $R; echo "[1] SIGINT: rc=$?" ;;
+      2) kill -9 $R; wait $R 2>/dev/null; echo "[2] kill -9"; sleep 1 ;;
+      3) kill -STOP $R; sleep 3; kill -CONT $R; sleep 1; kill -INT $R; wait $R
+         echo "[3] SIGSTOP 3 s, SIGCONT, SIGINT: rc=$?" ;;
+    esac
+    grep -E "timeslice .*->|guardian|silent|restor" "$OUT/ts$k.err" | grep -v "event source" | tail -3 | cut -c1-260
+    kill $P 2>/dev/null; wait $P 2>/dev/null
+  done
+  pgrep -af nv-guardian || echo "no guardian left"
+  ;;
 observe)
   # (a) the observer sees a PyTorch process's clients, TSGs and channels.
   "$GP" trace --json --output "$OUT/trace.json" --duration 25 2>"$OUT/trace.err" &

@@ -19,7 +19,7 @@ pub trait Targets {
     /// Resumes `e`'s channels through `dup`.
     fn enable(&mut self, dup: &Self::Dup, e: &HoldEntry) -> Result<()>;
     /// Sets the timeslice of TSG `h_tsg` (of client `h_client`) to `us` through `dup`
-    /// ([`control::set_timeslice`]).
+    /// ([`control::set_timeslice`]); the real one reads it back and fails on a mismatch.
     fn set_timeslice(&mut self, dup: &Self::Dup, h_client: u32, h_tsg: u32, us: u64) -> Result<()>;
     /// Whether the target behind `dup` has exited.
     fn exited(&mut self, dup: &Self::Dup) -> bool;
@@ -49,7 +49,13 @@ impl Targets for Rm {
     }
 
     fn set_timeslice(&mut self, dup: &TargetFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
-        control::set_timeslice(dup.fd.as_fd(), h_client, h_tsg, us).map(drop)
+        // A restore is the last word on a process we will not see again: read it back.
+        control::set_timeslice(dup.fd.as_fd(), h_client, h_tsg, us)?;
+        let got = control::get_timeslice(dup.fd.as_fd(), h_client, h_tsg)?;
+        if got != us {
+            anyhow::bail!("TSG {h_tsg:#x}: timeslice set to {us} us reads back {got} us");
+        }
+        Ok(())
     }
 
     fn exited(&mut self, dup: &TargetFd) -> bool {
