@@ -39,11 +39,13 @@ pub const fn arg_size(nr: u32) -> u32 {
 }
 
 /// Offset in `IoctlRecord::out` where the programs put the head of an RM_ALLOC's class-specific
-/// parameters (`*pAllocParms`, read at exit), after the re-read NVOS21/NVOS64 struct.
-pub const ALLOC_PARAMS_AT: usize = 48;
-/// Bytes of `*pAllocParms` copied (enough for the TSG's engineType at 12).
-pub const ALLOC_PARAMS_LEN: usize = 32;
-const _: () = assert!(ALLOC_PARAMS_AT + ALLOC_PARAMS_LEN <= crate::record::ARGS_MAX);
+/// parameters (`*pAllocParms`) or an RM_CONTROL's (`*params`), read at exit, after the re-read
+/// NVOS21/NVOS64/NVOS54 struct.
+pub const PARAMS_HEAD_AT: usize = 48;
+/// Bytes copied (enough for the TSG's engineType at 12, and for the controls the trace decodes):
+/// all of them for RM_ALLOC; for RM_CONTROL at most paramsSize (32, 8 or 4).
+pub const PARAMS_HEAD_LEN: usize = 32;
+const _: () = assert!(PARAMS_HEAD_AT + PARAMS_HEAD_LEN <= crate::record::ARGS_MAX);
 
 /// NVOS21 (RM_ALLOC, 32 bytes) and NVOS64 (48 bytes, libcuda 13) field offsets.
 pub mod alloc {
@@ -165,6 +167,9 @@ pub const CTRL_TSG_SET_TIMESLICE: u32 = 0xa06c_0103;
 pub const CTRL_TSG_GET_TIMESLICE: u32 = 0xa06c_0104;
 /// `NVA06C_CTRL_TIMESLICE_PARAMS`: `{ NvU64 timesliceUs; }`.
 pub const TIMESLICE_PARAMS_SIZE: usize = 8;
+/// `NVA06C_CTRL_CMD_SET_INTERLEAVE_LEVEL`: `{ NvU32 tsgInterleaveLevel; }` (0 LOW, 1 MEDIUM,
+/// 2 HIGH); needs CAP_SYS_NICE or an administrator.
+pub const CTRL_TSG_SET_INTERLEAVE_LEVEL: u32 = 0xa06c_0107;
 
 /// NV_STATUS values the tool explains.
 pub mod status {
@@ -234,7 +239,7 @@ mod tests {
             disable_channels::SIZE,
             disable_channels::H_CHANNEL_LIST + 4 * 64
         );
-        assert_eq!(ALLOC_PARAMS_AT as u32, alloc::NVOS64_SIZE);
+        assert_eq!(PARAMS_HEAD_AT as u32, alloc::NVOS64_SIZE);
         assert!(class::is_channel(class::HOPPER_CHANNEL_GPFIFO_A));
         assert!(!class::is_channel(class::KEPLER_CHANNEL_GROUP_A));
         assert!(class::is_client(0) && class::is_client(0x41));

@@ -165,21 +165,30 @@ fn exit(ctx: &TracePointContext) {
         if kfd::ioc_dir(inf.cmd) & kfd::IOC_READ != 0 {
             (*rec).out_len = read_user((*rec).out.as_mut_ptr(), inf.arg, inf.args_len as u64);
         }
-        // RM_ALLOC: the class-specific parameters live behind pAllocParms (often on the caller's
-        // stack, gone by the time user space could look): their head goes after the struct.
+        // RM_ALLOC and RM_CONTROL: the parameters live behind a pointer at 16 (often on the
+        // caller's stack, gone by the time user space could look): their head goes after the
+        // struct, read at exit (a control's outputs, e.g. GET_TIMESLICE's value, are in by then).
+        let nr = kfd::ioc_nr(inf.cmd);
         if kfd::ioc_type(inf.cmd) == nv::NV_IOCTL_MAGIC
-            && kfd::ioc_nr(inf.cmd) == nv::nr::RM_ALLOC
-            && inf.args_len >= 24
+            && (nr == nv::nr::RM_ALLOC || nr == nv::nr::RM_CONTROL)
+            && inf.args_len >= 28
         {
             let a = &inf.args;
             let p = u64::from_le_bytes([a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]]);
-            let got = read_user(
-                (*rec).out.as_mut_ptr().add(nv::ALLOC_PARAMS_AT),
-                p,
-                nv::ALLOC_PARAMS_LEN as u64,
-            );
-            if got > 0 {
-                (*rec).out_len = (nv::ALLOC_PARAMS_AT + nv::ALLOC_PARAMS_LEN) as u32;
+            // A control's buffer may be smaller than the head: never read past paramsSize.
+            let size = u32::from_le_bytes([a[24], a[25], a[26], a[27]]);
+            let len = if nr == nv::nr::RM_ALLOC || size >= nv::PARAMS_HEAD_LEN as u32 {
+                nv::PARAMS_HEAD_LEN
+            } else if size >= 8 {
+                8
+            } else if size >= 4 {
+                4
+            } else {
+                0
+            };
+            let dst = (*rec).out.as_mut_ptr().add(nv::PARAMS_HEAD_AT);
+            if len > 0 && read_user(dst, p, len as u64) > 0 {
+                (*rec).out_len = (nv::PARAMS_HEAD_AT + len) as u32;
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use gpreempt_common::kfd;
+use gpreempt_common::{kfd, nv};
 
 use crate::observe::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent};
 
@@ -289,6 +289,7 @@ pub fn nv_fields(n: &NvEvent) -> Vec<(&'static str, Val)> {
             flags,
             params_size,
             status,
+            params,
         } => {
             f.push(("hClient", Val::Hex((*h_client).into())));
             f.push(("hObject", Val::Hex((*h_object).into())));
@@ -296,8 +297,55 @@ pub fn nv_fields(n: &NvEvent) -> Vec<(&'static str, Val)> {
             f.push(("flags", Val::Hex((*flags).into())));
             f.push(("paramsSize", Val::U((*params_size).into())));
             f.push(("status", Val::Hex((*status).into())));
+            f.extend(control_params(*cmd, params));
         }
         NvCall::Short => {}
+    }
+    f
+}
+
+/// The parameters of the controls that are the controller's levers, decoded by name, so every
+/// timeslice change or restore and every pause, by anyone, shows its value.
+fn control_params(cmd: u32, p: &[u8]) -> Vec<(&'static str, Val)> {
+    use gpreempt_common::nv::disable_channels as dc;
+    let u32_at = |at: usize| p.get(at..at + 4).map(|b| nv::u32_at(b, 0));
+    let mut f = Vec::new();
+    match cmd {
+        nv::CTRL_TSG_SET_TIMESLICE | nv::CTRL_TSG_GET_TIMESLICE => {
+            f.push((
+                "control",
+                Val::S(
+                    if cmd == nv::CTRL_TSG_SET_TIMESLICE {
+                        "SET_TIMESLICE"
+                    } else {
+                        "GET_TIMESLICE"
+                    }
+                    .into(),
+                ),
+            ));
+            if let Some(b) = p.get(..nv::TIMESLICE_PARAMS_SIZE) {
+                f.push(("timesliceUs", Val::U(nv::u64_at(b, 0))));
+            }
+        }
+        nv::CTRL_TSG_SET_INTERLEAVE_LEVEL => {
+            f.push(("control", Val::S("SET_INTERLEAVE_LEVEL".into())));
+            if let Some(v) = u32_at(0) {
+                f.push(("tsgInterleaveLevel", Val::U(v.into())));
+            }
+        }
+        nv::CTRL_FIFO_DISABLE_CHANNELS => {
+            f.push(("control", Val::S("FIFO_DISABLE_CHANNELS".into())));
+            if let (Some(&d), Some(n), Some(&s)) = (
+                p.get(dc::B_DISABLE),
+                u32_at(dc::NUM_CHANNELS),
+                p.get(dc::B_ONLY_DISABLE_SCHEDULING),
+            ) {
+                f.push(("bDisable", Val::U(d.into())));
+                f.push(("numChannels", Val::U(n.into())));
+                f.push(("bOnlyDisableScheduling", Val::U(s.into())));
+            }
+        }
+        _ => {}
     }
     f
 }

@@ -227,13 +227,22 @@ fn trace_decodes_nvidia_rm_escapes_under_the_drivers_names() {
     let pid = poke.pid();
     let tracer = Tracer::start(&dir.path("out.jsonl"), &dev, &["--pid", &pid.to_string()]);
     poke.go();
-    tracer.wait_for("4 RM escapes", |e| ioctls(e, pid).len() >= 4);
+    tracer.wait_for("5 RM escapes", |e| ioctls(e, pid).len() >= 5);
     poke.finish();
     let (events, _) = tracer.stop();
     let io = ioctls(&events, pid);
     let names: Vec<&str> = io.iter().map(|e| e["event"].as_str().unwrap()).collect();
     // NV_ESC_CARD_INFO ('F', 0xC8) is not an RM escape: not reported.
-    assert_eq!(names, ["rm_alloc", "rm_alloc", "rm_control", "rm_free"]);
+    assert_eq!(
+        names,
+        [
+            "rm_alloc",
+            "rm_alloc",
+            "rm_control",
+            "rm_control",
+            "rm_free"
+        ]
+    );
     for e in &io {
         assert_eq!(e["vendor"], "nvidia");
         assert_eq!(e["ret"], ENOTTY);
@@ -242,7 +251,7 @@ fn trace_decodes_nvidia_rm_escapes_under_the_drivers_names() {
             "/dev/nvidiactl not confirmed: {e}"
         );
     }
-    let (tsg, chan, ctl, free) = (io[0], io[1], io[2], io[3]);
+    let (tsg, chan, ctl, ts, free) = (io[0], io[1], io[2], io[3], io[4]);
     assert_eq!(tsg["nvos"], 64);
     assert_eq!(tsg["hRoot"], 0xc1d0_0001u32);
     assert_eq!(tsg["hObjectParent"], 0x5c00_0002u32);
@@ -263,6 +272,20 @@ fn trace_decodes_nvidia_rm_escapes_under_the_drivers_names() {
     assert_eq!(ctl["hObject"], 0x5c00_0003u32);
     assert_eq!(ctl["cmd"], 0x2080_110bu32);
     assert_eq!(ctl["paramsSize"], 536);
+    // The levers' parameters, read from *params at exit.
+    assert_eq!(ctl["control"], "FIFO_DISABLE_CHANNELS", "{ctl}");
+    assert_eq!(
+        (
+            &ctl["bDisable"],
+            &ctl["numChannels"],
+            &ctl["bOnlyDisableScheduling"]
+        ),
+        (&Value::from(1), &Value::from(2), &Value::from(1)),
+        "{ctl}"
+    );
+    assert_eq!(ts["hObject"], 0x5c00_0010u32);
+    assert_eq!(ts["control"], "SET_TIMESLICE", "{ts}");
+    assert_eq!(ts["timesliceUs"], 200, "{ts}");
     assert_eq!(free["hObjectParent"], 0x5c00_0010u32);
     assert_eq!(free["hObjectOld"], 0x5c00_0011u32);
 }

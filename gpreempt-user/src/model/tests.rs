@@ -2165,7 +2165,7 @@ pub(crate) mod nvidia {
         h_class: u32,
         params_head: u32,
     ) -> Update {
-        let mut p = [0u8; abi::ALLOC_PARAMS_LEN];
+        let mut p = [0u8; abi::PARAMS_HEAD_LEN];
         let at = if h_class == class::KEPLER_CHANNEL_GROUP_A {
             abi::TSG_ENGINE_TYPE_AT
         } else {

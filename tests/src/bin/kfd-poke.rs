@@ -110,8 +110,11 @@ pub fn script_nv(fd: i32) {
     put64(&mut a21, nv::alloc::P_ALLOC_PARMS, chan.as_ptr() as u64);
     put(&mut a21, nv::alloc::NVOS21_PARAMS_SIZE, 32);
     ioctl(fd, nv::iowr(nv::nr::RM_ALLOC, 32), &mut a21);
-    // A control on the subdevice.
-    let params = [0u8; nv::disable_channels::SIZE];
+    // A control on the subdevice: pause 2 channels, schedule-only.
+    let mut params = [0u8; nv::disable_channels::SIZE];
+    params[nv::disable_channels::B_DISABLE] = 1;
+    put(&mut params, nv::disable_channels::NUM_CHANNELS, 2);
+    params[nv::disable_channels::B_ONLY_DISABLE_SCHEDULING] = 1;
     let mut c = [0u8; 32];
     put(&mut c, nv::control::H_CLIENT, 0xc1d0_0001);
     put(&mut c, nv::control::H_OBJECT, 0x5c00_0003);
@@ -122,6 +125,15 @@ pub fn script_nv(fd: i32) {
         nv::control::PARAMS_SIZE,
         nv::disable_channels::SIZE as u32,
     );
+    ioctl(fd, nv::iowr(nv::nr::RM_CONTROL, 32), &mut c);
+    // SET_TIMESLICE 200 us on the TSG (an 8-byte buffer: no more is read).
+    let ts = 200u64.to_le_bytes();
+    let mut c = [0u8; 32];
+    put(&mut c, nv::control::H_CLIENT, 0xc1d0_0001);
+    put(&mut c, nv::control::H_OBJECT, 0x5c00_0010);
+    put(&mut c, nv::control::CMD, nv::CTRL_TSG_SET_TIMESLICE);
+    put64(&mut c, nv::control::PARAMS, ts.as_ptr() as u64);
+    put(&mut c, nv::control::PARAMS_SIZE, ts.len() as u32);
     ioctl(fd, nv::iowr(nv::nr::RM_CONTROL, 32), &mut c);
     // The channel freed.
     let mut f = [0u8; 16];

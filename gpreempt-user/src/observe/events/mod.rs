@@ -64,7 +64,7 @@ pub enum NvCall {
         params_size: u32,
         status: u32,
         nvos64: bool,
-        alloc_params: Option<[u8; nv::ALLOC_PARAMS_LEN]>,
+        alloc_params: Option<[u8; nv::PARAMS_HEAD_LEN]>,
     },
     Free {
         h_root: u32,
@@ -72,12 +72,15 @@ pub enum NvCall {
         h_object_old: u32,
         status: u32,
     },
+    /// `params`: the head of `*params` read at exit (up to paramsSize bytes; empty if
+    /// unreadable): the values the trace decodes for the controls it knows.
     Control {
         h_client: u32,
         h_object: u32,
         cmd: u32,
         flags: u32,
         params_size: u32,
+        params: Vec<u8>,
         status: u32,
     },
     /// A struct too short to decode.
@@ -141,11 +144,11 @@ pub fn decode_nv(r: &IoctlRecord) -> NvEvent {
             } else {
                 (nv::alloc::NVOS21_PARAMS_SIZE, nv::alloc::NVOS21_STATUS)
             };
-            let end = nv::ALLOC_PARAMS_AT + nv::ALLOC_PARAMS_LEN;
+            let end = nv::PARAMS_HEAD_AT + nv::PARAMS_HEAD_LEN;
             // Inputs: read at exit whatever the outcome.
             let alloc_params = (out_len >= end).then(|| {
-                let mut p = [0u8; nv::ALLOC_PARAMS_LEN];
-                p.copy_from_slice(&r.out[nv::ALLOC_PARAMS_AT..end]);
+                let mut p = [0u8; nv::PARAMS_HEAD_LEN];
+                p.copy_from_slice(&r.out[nv::PARAMS_HEAD_AT..end]);
                 p
             });
             NvCall::Alloc {
@@ -172,6 +175,11 @@ pub fn decode_nv(r: &IoctlRecord) -> NvEvent {
             flags: u(nv::control::FLAGS),
             params_size: u(nv::control::PARAMS_SIZE),
             status: u(nv::control::STATUS),
+            params: r
+                .out
+                .get(nv::PARAMS_HEAD_AT..out_len.max(nv::PARAMS_HEAD_AT))
+                .unwrap_or_default()
+                .to_vec(),
         },
         _ => NvCall::Short,
     };
