@@ -133,10 +133,12 @@ fn defaults_for_every_optional_key() {
     assert_eq!(t.gpus, None);
 }
 
+/// The example policies, the matrix bench's (examples/matrix/) included.
 fn examples() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<PathBuf> = [root.clone(), root.join("matrix")]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
         .collect();
@@ -147,7 +149,7 @@ fn examples() -> Vec<PathBuf> {
 #[test]
 fn every_example_parses() {
     let files = examples();
-    assert!(files.len() >= 2, "{files:?}");
+    assert!(files.len() >= 4, "{files:?}");
     for f in files {
         if let Err(e) = Policy::load(&f) {
             panic!("{}: {e:#}", f.display());

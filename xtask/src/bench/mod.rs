@@ -23,6 +23,7 @@ use crate::{root, run as run_cmd};
 mod control;
 mod hints;
 mod launch;
+mod matrix;
 mod ring;
 mod top;
 mod tracer;
@@ -62,6 +63,19 @@ pub struct BenchArgs {
     /// Run only the launch-uprobe cost benchmark.
     #[arg(long)]
     pub launch_only: bool,
+    /// The emulated scenario matrix only: online x offline profiles, columns alone / offline
+    /// alone / co-located / each policy in examples/matrix/ (root).
+    #[arg(long)]
+    pub matrix: bool,
+    /// Matrix: rounds (each one emulator session).
+    #[arg(long, default_value_t = 3)]
+    pub matrix_rounds: u32,
+    /// Matrix: seconds per measurement.
+    #[arg(long, default_value_t = 8)]
+    pub matrix_seconds: u32,
+    /// Matrix: only the cells whose name (e.g. "resnet18_b1@20:resnet50_b1024") contains this.
+    #[arg(long)]
+    pub pairs: Option<String>,
 }
 
 /// `cargo build --release ARGS`.
@@ -132,6 +146,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.control_only {
         control(args.control_seconds)?;
         return hints(args.control_seconds);
+    }
+    if args.matrix {
+        return matrix::matrix(&matrix::Matrix {
+            seconds: args.matrix_seconds,
+            rounds: args.matrix_rounds,
+            only: args.pairs.clone(),
+        });
     }
     if args.launch_only {
         build_release(&["--bins"])?;
