@@ -29,13 +29,7 @@ POLICIES=${POLICIES:-timeslice pause both}
 RUNV=${RUNV--v}
 SETTLE=${SETTLE:-2}   # seconds between the offline job's "ready" and the online start
 SECONDS=0
-case "$PAIR" in
-  A) on=resnet18 rate=20 off=resnet50 ;;
-  B) on=encoder  rate=50 off=resnet50_train ;;
-  C) on=encoder  rate=50 off=gpt_train ;;
-  D) on=resnet18 rate=20 off=resnet50_train ;;
-  *) echo "unknown pair $PAIR (A|B|C|D)" >&2; exit 2 ;;
-esac
+. scripts/gpu/pairs.sh "$PAIR"
 ON_MODEL=${ON_MODEL:-$on}; RATE=${RATE:-$rate}; OFF_MODEL=${OFF_MODEL:-$off}
 REPORT="python3 scripts/gpu/matrix_report.py"
 

@@ -39,13 +39,7 @@ PHASE=${PHASE:-15}; SETTLE=${SETTLE:-3}; ROUNDS=${ROUNDS:-4}
 PHASES=${PHASES:-alone colo timeslice both_sched}
 PROBE_RATE=${PROBE_RATE:-50}; RUNV=${RUNV--v}
 TIMESLICE=${TIMESLICE:-200us}; PAUSE_AFTER=${PAUSE_AFTER:-5ms}
-case "$PAIR" in
-  A) on=resnet18 rate=20 off=resnet50 ;;
-  B) on=encoder  rate=50 off=resnet50_train ;;
-  C) on=encoder  rate=50 off=gpt_train ;;
-  D) on=resnet18 rate=20 off=resnet50_train ;;
-  *) echo "unknown pair $PAIR (A|B|C|D)" >&2; exit 2 ;;
-esac
+. scripts/gpu/pairs.sh "$PAIR"
 P="$OUT/$PAIR"
 rm -f "$P"-*
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
