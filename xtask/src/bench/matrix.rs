@@ -51,7 +51,8 @@ struct Fig {
 pub(super) fn matrix(m: &Matrix) -> Result<()> {
     build_release(&["--bins"])?;
     let gp = release_bin("gpreempt-ebpf");
-    let dir = std::env::temp_dir().join(format!("gpreempt-bench-matrix-{}", std::process::id()));
+    // Under target/: nothing else cleans it up while the matrix runs (minutes).
+    let dir = root().join(format!("target/bench-matrix-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut policies: Vec<PathBuf> = std::fs::read_dir(root().join("examples/matrix"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -114,7 +115,7 @@ pub(super) fn matrix(m: &Matrix) -> Result<()> {
                 // The controller first sees the pair for WARMUP_S (its start-up: the adaptive
                 // tuner calibrates per GPU, which outlives the processes), then the measurement.
                 let wu =
-                    |a: &str| format!("$GP sim workload {a} --duration {WARMUP_S} 2>/dev/null");
+                    |a: &str| format!("$GP sim workload {a} --duration {WARMUP_S} >/dev/null 2>&1");
                 let _ = writeln!(
                     sh,
                     "$GP run --policy {} --audit {d}/r{k}-{n}-{c}.audit 2>{d}/r{k}-{n}-{c}.err & R=$!\n\
