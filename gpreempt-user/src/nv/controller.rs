@@ -479,8 +479,21 @@ impl<O: NvOps> NvControl<O> {
         let mut out = Vec::new();
         let pids: Vec<u32> = self.targets.keys().copied().collect();
         for pid in pids {
-            if let Err(e) = self.restore_timeslices(pid) {
-                log::warn!("pid {pid}: restoring timeslices at exit: {e:#} (the guardian retries)");
+            match self.restore_timeslices(pid) {
+                // Said whatever the verbosity: the operator's proof that nothing stays changed.
+                Ok(changes) => {
+                    for c in changes {
+                        eprintln!(
+                            "pid {pid}: TSG {:#x} timeslice {} -> {} us (controller exit)",
+                            c.tsg, c.from_us, c.to_us
+                        );
+                    }
+                }
+                Err(e) => {
+                    log::warn!(
+                        "pid {pid}: restoring timeslices at exit: {e:#} (the guardian retries)"
+                    )
+                }
             }
             let paused: Vec<u32> = self.targets[&pid]
                 .values()
