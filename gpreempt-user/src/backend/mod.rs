@@ -3,39 +3,91 @@
 //!
 //! - AMD ([`KfdBackend`]): DBG_TRAP suspend/resume from a control thread of its own; the kernel
 //!   resumes every queue of a debugger that exits, however it exits.
-//! - NVIDIA ([`NvBackend`]): FIFO_DISABLE_CHANNELS through the target's own RM client; nothing in
-//!   the driver undoes a pause, so a guardian process holds the way back (and a heartbeat lease
-//!   covers a controller that hangs instead of dying).
+//! - NVIDIA ([`NvBackend`]): FIFO_DISABLE_CHANNELS through the target's own RM client, from a
+//!   worker thread (an RM call can block for a second: acts return [`Acted::Later`] and their
+//!   results come back as [`Arrival`]s); nothing in the driver undoes a pause, so a guardian
+//!   process holds the way back (and a heartbeat lease covers a controller that hangs instead of
+//!   dying, or a driver call that does not return).
 //!
 //! Which backend acts on a process follows from its queues in the model ([`Process::vendor`]).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     future::Future,
     path::{Path, PathBuf},
     pin::Pin,
+    sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
 use anyhow::Result;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::{
     kfd::control::{Control, ControlHandle, Limits},
     model::{State, Vendor},
-    nv::controller::{NvControl, NvOps, Rm},
     observe::procinfo,
     observe::watch::Watcher,
     outcome::Notice,
     outcome::OpReport,
-    policy::{Class, NvPolicy, Policy},
+    policy::{Class, Policy},
     rundir,
 };
 
 mod error;
+mod nv;
 pub use error::ActError;
+pub use nv::NvBackend;
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// Names an act handed to a backend's worker thread, whose result comes later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+impl Ticket {
+    pub fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// What a suspend or resume came to when the backend returned.
+#[derive(Debug)]
+pub enum Acted {
+    /// Done (or refused) already.
+    Now(Result<OpReport, ActError>),
+    /// Handed to the backend's worker thread: the result comes back as [`Arrival::Done`] with
+    /// this ticket, through [`Backends::arrivals`].
+    Later(Ticket),
+}
+
+impl Acted {
+    /// The result, for a caller whose backends all act at once (KFD only: `suspend`, `resume`,
+    /// `top`): a hand-over is an error there.
+    pub fn now(self) -> Result<OpReport, ActError> {
+        match self {
+            Self::Now(r) => r,
+            Self::Later(_) => Err(ActError::Driver(
+                "internal: handed to a worker this controller does not wait for".into(),
+            )),
+        }
+    }
+}
+
+/// What a backend's worker thread sends the controller's loop.
+#[derive(Debug)]
+pub enum Arrival {
+    /// The result of an act handed over earlier ([`Acted::Later`]).
+    Done {
+        ticket: Ticket,
+        result: Result<OpReport, ActError>,
+    },
+    /// A process handed over by `classed` cannot be controlled, and why.
+    Refused { pid: u32, error: ActError },
+    /// What the worker did or found on its own.
+    Notice(Notice),
+}
 
 /// What the controller needs from a vendor.
 pub trait Backend {
@@ -51,21 +103,24 @@ pub trait Backend {
     ) -> BoxFut<'a, Result<(), ActError>>;
 
     /// Suspends `queues` of `pid` (None: all of them). `grace` (us) where the vendor has one.
+    /// A backend that acts from a worker thread returns at once ([`Acted::Later`]); acts on one
+    /// process are done in the order they were asked.
     fn suspend<'a>(
         &'a mut self,
         state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>>;
+    ) -> BoxFut<'a, Acted>;
 
-    /// Resumes `queues` of `pid` (None: every queue this backend holds suspended).
+    /// Resumes `queues` of `pid` (None: every queue this backend holds suspended when the
+    /// resume is done).
     fn resume<'a>(
         &'a mut self,
         state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>>;
+    ) -> BoxFut<'a, Acted>;
 
     /// The process is gone: drop what is kept for it.
     fn forget(&mut self, pid: u32);
@@ -92,11 +147,12 @@ pub trait Backend {
     fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>>;
 }
 
-/// The backends this host needs (none for a dry run), and the asynchronous notices of those that
-/// act from threads of their own.
+/// The backends this host needs (none for a dry run), and what comes back from those that act
+/// from threads of their own: the KFD control thread's notices, the NVIDIA worker's arrivals.
 pub struct Backends {
     pub list: Vec<Box<dyn Backend>>,
     pub notices: Option<UnboundedReceiver<Notice>>,
+    pub arrivals: Option<UnboundedReceiver<Arrival>>,
 }
 
 impl Backends {
@@ -110,16 +166,22 @@ impl Backends {
     ) -> Result<Self> {
         let nvidia = nvidiactl.exists();
         let mut list: Vec<Box<dyn Backend>> = Vec::new();
-        let mut notices = None;
+        let (mut notices, mut arrivals) = (None, None);
         if kfd_device.exists() || !nvidia {
             let (b, n) = KfdBackend::start(kfd_device, dir, max_suspend).await?;
             list.push(Box::new(b));
             notices = Some(n);
         }
         if nvidia {
-            list.push(Box::new(NvBackend::new(dir, max_suspend)?));
+            let (tx, rx) = unbounded_channel();
+            list.push(Box::new(NvBackend::start(dir, max_suspend, tx)?));
+            arrivals = Some(rx);
         }
-        Ok(Self { list, notices })
+        Ok(Self {
+            list,
+            notices,
+            arrivals,
+        })
     }
 
     /// Only the KFD backend: for a controller without a model of the host (`suspend`, or `top`
@@ -129,6 +191,7 @@ impl Backends {
         Ok(Self {
             list: vec![Box::new(b)],
             notices: Some(n),
+            arrivals: None,
         })
     }
 
@@ -278,8 +341,15 @@ impl Backend for KfdBackend {
         pid: u32,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>> {
-        Box::pin(async move { Ok(self.control.suspend(pid, queues, grace).await?) })
+    ) -> BoxFut<'a, Acted> {
+        Box::pin(async move {
+            Acted::Now(
+                self.control
+                    .suspend(pid, queues, grace)
+                    .await
+                    .map_err(ActError::from),
+            )
+        })
     }
 
     fn resume<'a>(
@@ -287,8 +357,15 @@ impl Backend for KfdBackend {
         _state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>> {
-        Box::pin(async move { Ok(self.control.resume(pid, queues).await?) })
+    ) -> BoxFut<'a, Acted> {
+        Box::pin(async move {
+            Acted::Now(
+                self.control
+                    .resume(pid, queues)
+                    .await
+                    .map_err(ActError::from),
+            )
+        })
     }
 
     fn forget(&mut self, pid: u32) {
@@ -308,253 +385,6 @@ impl Backend for KfdBackend {
             let _ = rundir::write_targets(&self.dir, &[]);
             out
         })
-    }
-}
-
-/// NVIDIA: pauses through the targets' own RM clients, with the guardian and a watchdog.
-pub struct NvBackend<O: NvOps = Rm> {
-    nv: NvControl<O>,
-    max_suspend_ns: u64,
-    /// Per target after a failed pause: (retry not before, next delay). A driver that refuses
-    /// is not asked again at the policy's pace.
-    backoff: BTreeMap<u32, (u64, u64)>,
-    /// The `[nvidia]` policy: the lever and the offline timeslice.
-    policy: NvPolicy,
-    /// Processes classed offline (their GR TSGs carry the short timeslice).
-    offline: BTreeSet<u32>,
-    /// Offline processes whose timeslice could not be set: the policy pauses them instead.
-    lever_failed: BTreeSet<u32>,
-    /// When the lever was last applied to TSGs created since (not at every tick).
-    lever_checked_ns: u64,
-    /// What was done outside a request, reported at the next upkeep.
-    pending: Vec<Notice>,
-}
-
-/// How often offline processes are checked for GR TSGs created since their class was set.
-const LEVER_RECHECK_NS: u64 = 100_000_000;
-
-/// First and longest wait after a failed pause.
-const BACKOFF_MIN_NS: u64 = 100_000_000;
-const BACKOFF_MAX_NS: u64 = 10_000_000_000;
-
-impl NvBackend {
-    pub fn new(dir: &Path, max_suspend: Duration) -> Result<Self> {
-        // A hung controller is covered once the lease runs out; a live one resumes at
-        // max_suspend itself.
-        let lease = max_suspend.max(Duration::from_millis(500));
-        Ok(Self::with(
-            NvControl::new(dir)?.with_lease(lease),
-            max_suspend,
-        ))
-    }
-}
-
-impl<O: NvOps> NvBackend<O> {
-    fn with(nv: NvControl<O>, max_suspend: Duration) -> Self {
-        Self {
-            nv,
-            max_suspend_ns: max_suspend.as_nanos() as u64,
-            backoff: BTreeMap::new(),
-            policy: NvPolicy::default(),
-            offline: BTreeSet::new(),
-            lever_failed: BTreeSet::new(),
-            lever_checked_ns: 0,
-            pending: Vec::new(),
-        }
-    }
-
-    /// Gives `pid`'s GR TSGs (those not yet changed) the offline timeslice, when the lever says
-    /// so. A failure makes the policy pause the process instead, once, with the reason.
-    fn apply_lever(&mut self, state: &State, pid: u32, why: &str) {
-        if !self.policy.lever.timeslice() || self.lever_failed.contains(&pid) {
-            return;
-        }
-        match self
-            .nv
-            .set_timeslices(state, pid, self.policy.offline_timeslice_us)
-        {
-            Ok(changes) => {
-                self.pending
-                    .extend(changes.into_iter().map(|change| Notice::Timeslice {
-                        change,
-                        why: why.to_string(),
-                    }))
-            }
-            Err(e) => {
-                self.lever_failed.insert(pid);
-                self.pending.push(Notice::LeverFailed {
-                    pid,
-                    text: format!("{e:#}"),
-                });
-            }
-        }
-    }
-
-    /// Puts `pid`'s original timeslices back.
-    fn restore(&mut self, pid: u32, why: &str) {
-        match self.nv.restore_timeslices(pid) {
-            Ok(changes) => {
-                self.pending
-                    .extend(changes.into_iter().map(|change| Notice::Timeslice {
-                        change,
-                        why: why.to_string(),
-                    }))
-            }
-            Err(e) => self.pending.push(Notice::Problem {
-                pid,
-                text: format!(
-                    "restoring its timeslices: {e:#} (the guardian restores them if we die)"
-                ),
-            }),
-        }
-    }
-}
-
-impl<O: NvOps> Backend for NvBackend<O> {
-    fn vendor(&self) -> Vendor {
-        Vendor::Nvidia
-    }
-
-    fn classed<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        class: Class,
-    ) -> BoxFut<'a, Result<(), ActError>> {
-        Box::pin(async move {
-            if class == Class::Offline {
-                // Duplicate its fds and give the guardian its way back now: a pause is then
-                // one RM call.
-                self.nv.prepare(state, pid)?;
-                self.offline.insert(pid);
-                self.apply_lever(state, pid, "classed offline");
-            } else if self.offline.remove(&pid) {
-                self.restore(pid, "no longer offline");
-            }
-            Ok(())
-        })
-    }
-
-    fn suspend<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        queues: Option<Vec<u32>>,
-        _grace: Option<u32>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>> {
-        Box::pin(async move {
-            let now = crate::clock::monotonic_ns();
-            if let Some(&(until, _)) = self.backoff.get(&pid).filter(|(u, _)| now < *u) {
-                return Err(ActError::BackingOff {
-                    retry_in_ms: (until - now) / 1_000_000,
-                });
-            }
-            let tsgs = queues.unwrap_or_else(|| {
-                state
-                    .procs
-                    .get(&pid)
-                    .map(|p| p.live_queues().map(|q| q.queue_id).collect())
-                    .unwrap_or_default()
-            });
-            let r = self.nv.act(state, pid, &tsgs, true);
-            match &r {
-                Ok(rep) if !rep.done().is_empty() => {
-                    self.backoff.remove(&pid);
-                }
-                _ => {
-                    let delay = self.backoff.get(&pid).map_or(BACKOFF_MIN_NS, |&(_, d)| d);
-                    let now = crate::clock::monotonic_ns();
-                    self.backoff
-                        .insert(pid, (now + delay, (delay * 2).min(BACKOFF_MAX_NS)));
-                }
-            }
-            Ok(r?)
-        })
-    }
-
-    fn resume<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Result<OpReport, ActError>> {
-        Box::pin(async move {
-            let tsgs = queues.unwrap_or_else(|| {
-                self.nv
-                    .paused()
-                    .into_iter()
-                    .filter(|&(p, _)| p == pid)
-                    .map(|(_, t)| t)
-                    .collect()
-            });
-            Ok(self.nv.act(state, pid, &tsgs, false)?)
-        })
-    }
-
-    fn forget(&mut self, pid: u32) {
-        self.nv.forget(pid);
-        self.backoff.remove(&pid);
-        self.offline.remove(&pid);
-        self.lever_failed.remove(&pid);
-    }
-
-    fn set_policy(&mut self, policy: &Policy) {
-        let old = std::mem::replace(&mut self.policy, policy.nvidia);
-        self.nv.set_schedule_only(policy.nvidia.pause_schedule_only);
-        if old.lever.timeslice() && !self.policy.lever.timeslice() {
-            for pid in self.offline.clone() {
-                self.restore(pid, "policy reloaded: lever pause");
-            }
-        }
-        // A new value (or lever) reaches every offline process at the next upkeep.
-        self.lever_checked_ns = 0;
-        self.lever_failed.clear();
-    }
-
-    fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
-        self.nv.timeslices()
-    }
-
-    fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice> {
-        self.nv.prune(state);
-        self.nv.beat(now_ns);
-        if now_ns.saturating_sub(self.lever_checked_ns) >= LEVER_RECHECK_NS {
-            self.lever_checked_ns = now_ns;
-            for pid in self.offline.clone() {
-                self.apply_lever(state, pid, "offline (new TSG or policy)");
-            }
-        }
-        let mut out = std::mem::take(&mut self.pending);
-        for (pid, tsgs) in self.nv.overdue(now_ns, self.max_suspend_ns) {
-            match self.nv.act(state, pid, &tsgs, false) {
-                Ok(report) => out.push(Notice::Acted {
-                    report,
-                    suspend: false,
-                    why: format!(
-                        "watchdog: paused longer than max_suspend ({} ms)",
-                        self.max_suspend_ns / 1_000_000
-                    ),
-                }),
-                Err(e) => out.push(Notice::Problem {
-                    pid,
-                    text: format!("watchdog could not resume TSGs {tsgs:?}: {e:#}"),
-                }),
-            }
-        }
-        out
-    }
-
-    fn self_test<'a>(&'a mut self, w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
-        Box::pin(async move {
-            crate::nv::startup::self_test(&mut self.nv, w)
-                .await
-                .map(Some)
-        })
-    }
-
-    fn shutdown(mut self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
-        let out = self.nv.shutdown();
-        Box::pin(async move { out })
     }
 }
 

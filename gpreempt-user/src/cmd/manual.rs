@@ -100,7 +100,9 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
         backends.shutdown().await;
         anyhow::bail!("pid {}: {e}", a.pid);
     }
-    let first = answer(&mut backends, &state, req, Status::default).await;
+    let first = answer(&mut backends, &state, req, Status::default)
+        .await
+        .now();
     let Some((first, _)) = first.acted else {
         backends.shutdown().await;
         anyhow::bail!(
@@ -162,7 +164,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
                 Notice::TargetGone { .. } | Notice::Timeslice { .. } | Notice::LeverFailed { .. } => {}
             },
             Some((req, reply)) = requests.recv() => {
-                let ans = answer(&mut backends, &state, req, || status(&held)).await;
+                let ans = answer(&mut backends, &state, req, || status(&held)).await.now();
                 if let Some((r, suspend)) = &ans.acted {
                     println!("{}", r.describe(*suspend));
                     for q in r.done() {
@@ -202,7 +204,7 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
         Backends::kfd_only(&g.kfd_device, lock.dir(), Limits::default().max_suspend).await?;
     let state = State::new();
     let r = match backends.for_pid(&state, a.pid) {
-        Ok(b) => b.resume(&state, a.pid, None).await,
+        Ok(b) => b.resume(&state, a.pid, None).await.now(),
         Err(e) => Err(e),
     };
     backends.shutdown().await;

@@ -2,6 +2,9 @@
 //! the policy engine decides once per tick, the control thread acts; every decision can be
 //! audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
 //! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one).
+//!
+//! The NVIDIA backend acts from a worker thread: its results arrive later ([`Arrival`]) and are
+//! applied then (engine, model, audit, the socket's reply), so the loop never waits on RM.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -12,14 +15,17 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::oneshot,
+};
 
 use crate::{
-    backend::Backends,
+    backend::{ActError, Acted, Arrival, Backends, Ticket},
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
-        requests::answer,
+        requests::{answer, finish, Answer, Answered},
     },
     kfd::Paths,
     model::Update,
@@ -57,6 +63,17 @@ pub struct Args {
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
 
+/// An act handed to a backend's worker, waiting for its result.
+enum Pending {
+    Decision(Decision),
+    /// A socket request, answered when the result comes.
+    Request {
+        pid: u32,
+        suspend: bool,
+        reply: oneshot::Sender<Response>,
+    },
+}
+
 struct Ctx {
     me: u32,
     dry_run: bool,
@@ -67,6 +84,8 @@ struct Ctx {
     recent: VecDeque<serde_json::Value>,
     /// Processes that cannot be controlled, and why (each reported once).
     refused: BTreeMap<u32, String>,
+    /// Acts whose results have not arrived yet.
+    pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
 }
 
@@ -155,19 +174,21 @@ impl Ctx {
                 Ok(()) => {
                     self.refused.remove(&pid);
                 }
-                Err(e) => {
-                    let text = e.to_string();
-                    if self.refused.get(&pid) != Some(&text) {
-                        log::warn!("pid {pid}: cannot be controlled: {text}");
-                        w.state.apply(Update::Warning {
-                            ts_ns: monotonic_ns(),
-                            text: format!("pid {pid}: cannot be controlled: {text}"),
-                        });
-                        self.refused.insert(pid, text);
-                        self.status_dirty = true;
-                    }
-                }
+                Err(e) => self.refuse(w, pid, e),
             }
+        }
+    }
+
+    fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {
+        let text = e.to_string();
+        if self.refused.get(&pid) != Some(&text) {
+            log::warn!("pid {pid}: cannot be controlled: {text}");
+            w.state.apply(Update::Warning {
+                ts_ns: monotonic_ns(),
+                text: format!("pid {pid}: cannot be controlled: {text}"),
+            });
+            self.refused.insert(pid, text);
+            self.status_dirty = true;
         }
     }
 
@@ -240,15 +261,35 @@ impl Ctx {
             self.record(rec);
             return;
         }
-        let r: Result<OpReport, crate::backend::ActError> =
-            match self.backends.for_pid(&w.state, d.pid) {
-                Ok(b) if suspend => {
-                    b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
-                        .await
-                }
-                Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
-                Err(e) => Err(e),
-            };
+        // One decision per process with a worker at a time: the engine decides again what it
+        // was not told is done, so acts would otherwise pile up behind a slow driver call.
+        let busy = self
+            .pending
+            .values()
+            .any(|p| matches!(p, Pending::Decision(o) if o.pid == d.pid));
+        if busy {
+            log::debug!("pid {}: an earlier act is still in flight", d.pid);
+            return;
+        }
+        let acted = match self.backends.for_pid(&w.state, d.pid) {
+            Ok(b) if suspend => {
+                b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                    .await
+            }
+            Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
+            Err(e) => Acted::Now(Err(e)),
+        };
+        match acted {
+            Acted::Now(r) => self.decided(w, d, r),
+            Acted::Later(t) => {
+                self.pending.insert(t, Pending::Decision(d));
+            }
+        }
+    }
+
+    /// What came of decision `d`: to the engine, the model and the audit.
+    fn decided(&mut self, w: &mut Watcher, d: Decision, r: Result<OpReport, ActError>) {
+        let suspend = d.action == Action::Suspend;
         let mut rec = self.audit_record(&d);
         match r {
             Ok(report) => {
@@ -360,10 +401,32 @@ impl Ctx {
         }
     }
 
-    async fn request(&mut self, w: &mut Watcher, req: Request) -> Response {
+    async fn request(&mut self, w: &mut Watcher, req: Request, reply: oneshot::Sender<Response>) {
         // Cheap next to a driver call; computed first because the backends are borrowed below.
         let status = self.status(w);
-        let ans = answer(&mut self.backends, &w.state, req, || status).await;
+        match answer(&mut self.backends, &w.state, req, || status).await {
+            Answered::Now(ans) => {
+                let _ = reply.send(self.answered(w, *ans));
+            }
+            Answered::Later {
+                ticket,
+                pid,
+                suspend,
+            } => {
+                self.pending.insert(
+                    ticket,
+                    Pending::Request {
+                        pid,
+                        suspend,
+                        reply,
+                    },
+                );
+            }
+        }
+    }
+
+    /// An operator's act, done: to the model and the audit; the response to send.
+    fn answered(&mut self, w: &mut Watcher, ans: Answer) -> Response {
         if let Some((r, suspend)) = &ans.acted {
             self.apply_report(w, r, *suspend);
             self.record(serde_json::json!({
@@ -376,6 +439,26 @@ impl Ctx {
             }));
         }
         ans.response
+    }
+
+    /// What a backend's worker sent: the result of an act handed over, a refusal, a notice.
+    fn arrival(&mut self, w: &mut Watcher, a: Arrival) {
+        match a {
+            Arrival::Done { ticket, result } => match self.pending.remove(&ticket) {
+                Some(Pending::Decision(d)) => self.decided(w, d, result),
+                Some(Pending::Request {
+                    pid,
+                    suspend,
+                    reply,
+                }) => {
+                    let resp = self.answered(w, finish(pid, suspend, result));
+                    let _ = reply.send(resp);
+                }
+                None => log::debug!("a result for {ticket:?}, which nothing waits for"),
+            },
+            Arrival::Refused { pid, error } => self.refuse(w, pid, error),
+            Arrival::Notice(n) => self.notice(w, n),
+        }
     }
 }
 
@@ -392,6 +475,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         Backends {
             list: Vec::new(),
             notices: None,
+            arrivals: None,
         }
     } else {
         Backends::for_host(
@@ -414,6 +498,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     )?;
     let mut backends = backends;
     let mut notices = backends.notices.take();
+    let mut arrivals = backends.arrivals.take();
     // Each backend proves it can suspend and resume here before anything relies on it.
     let mut failed = None;
     for b in &mut backends.list {
@@ -463,6 +548,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         audit,
         recent: VecDeque::new(),
         refused: BTreeMap::new(),
+        pending: BTreeMap::new(),
         status_dirty: true,
     };
     let mut requests = daemon::serve(&dir)?;
@@ -490,10 +576,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => {
                     ctx.notice(&mut w, n)
                 }
-                Some((req, reply)) = requests.recv() => {
-                    let resp = ctx.request(&mut w, req).await;
-                    let _ = reply.send(resp);
+                Some(a) = async { match &mut arrivals { Some(a) => a.recv().await, None => std::future::pending().await } } => {
+                    ctx.arrival(&mut w, a)
                 }
+                Some((req, reply)) = requests.recv() => ctx.request(&mut w, req, reply).await,
                 // Before the rest: cheap, and `top` / `status` must not go stale under load.
                 _ = publish.tick() => {
                     // Every second regardless: the event counters move without decisions.
@@ -520,6 +606,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let mut resumed = BTreeSet::new();
     for b in std::mem::take(&mut ctx.backends.list) {
         resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
+    }
+    // Results of acts that were in flight, so the audit and the socket hear how they ended.
+    while let Some(a) = arrivals.as_mut().and_then(|a| a.try_recv().ok()) {
+        ctx.arrival(&mut w, a);
     }
     if !resumed.is_empty() {
         eprintln!(

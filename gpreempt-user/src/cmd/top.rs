@@ -99,7 +99,9 @@ impl Top {
         let Some(local) = &mut self.local else {
             anyhow::bail!("no control");
         };
-        let ans = answer(&mut local.backends, &self.w.state, req, Status::default).await;
+        let ans = answer(&mut local.backends, &self.w.state, req, Status::default)
+            .await
+            .now();
         if let Some((r, suspend)) = &ans.acted {
             self.apply(r, *suspend);
             let _ = daemon::write_status(&dir, &self.status());

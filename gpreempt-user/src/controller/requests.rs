@@ -3,7 +3,7 @@
 //! vendor control directly.
 
 use crate::{
-    backend::Backends,
+    backend::{ActError, Acted, Backends, Ticket},
     controller::daemon::{Request, Response, Status},
     model::State,
     outcome::OpReport,
@@ -16,6 +16,30 @@ pub struct Answer {
     pub acted: Option<(OpReport, bool)>,
 }
 
+/// Answered now, or once a backend's worker is done ([`finish`] it then).
+pub enum Answered {
+    Now(Box<Answer>),
+    Later {
+        ticket: Ticket,
+        pid: u32,
+        suspend: bool,
+    },
+}
+
+impl Answered {
+    /// For a controller whose backends all act at once (KFD only: `suspend`, `top`).
+    pub fn now(self) -> Answer {
+        match self {
+            Self::Now(a) => *a,
+            Self::Later {
+                ticket,
+                pid,
+                suspend,
+            } => finish(pid, suspend, Acted::Later(ticket).now()),
+        }
+    }
+}
+
 /// Serves `req` with the backend of the target's vendor; `status` is asked only for a status
 /// request.
 pub async fn answer(
@@ -23,33 +47,45 @@ pub async fn answer(
     state: &State,
     req: Request,
     status: impl FnOnce() -> Status,
-) -> Answer {
+) -> Answered {
     let (suspend, pid, r) = match req {
         Request::Status => {
-            return Answer {
+            return Answered::Now(Box::new(Answer {
                 response: Response {
                     ok: true,
                     status: Some(status()),
                     ..Default::default()
                 },
                 acted: None,
-            }
+            }))
         }
         Request::Suspend { pid, queues, grace } => {
             let r = match backends.for_pid(state, pid) {
                 Ok(b) => b.suspend(state, pid, queues, grace).await,
-                Err(e) => Err(e),
+                Err(e) => Acted::Now(Err(e)),
             };
             (true, pid, r)
         }
         Request::Resume { pid, queues } => {
             let r = match backends.for_pid(state, pid) {
                 Ok(b) => b.resume(state, pid, queues).await,
-                Err(e) => Err(e),
+                Err(e) => Acted::Now(Err(e)),
             };
             (false, pid, r)
         }
     };
+    match r {
+        Acted::Now(r) => Answered::Now(Box::new(finish(pid, suspend, r))),
+        Acted::Later(ticket) => Answered::Later {
+            ticket,
+            pid,
+            suspend,
+        },
+    }
+}
+
+/// The answer to a suspend (`suspend`) or resume of `pid` that came to `r`.
+pub fn finish(pid: u32, suspend: bool, r: Result<OpReport, ActError>) -> Answer {
     match r {
         Ok(report) => Answer {
             response: Response {

@@ -1,8 +1,8 @@
 //! The NVIDIA backend's start-up check: the driver must be one pausing works on (GSP-RM, no MPS,
 //! pidfd_getfd allowed), and a CUDA process of our own must stop making progress while paused and
-//! start again when resumed, through the very path the controller uses (observer -> model ->
-//! guardian hold -> FIFO_DISABLE_CHANNELS on the target's own client). Otherwise the controller
-//! refuses to start: a backend that cannot act is worse than none.
+//! start again when resumed, through the very path the controller uses (observer -> model -> the
+//! backend's worker thread -> guardian hold -> FIFO_DISABLE_CHANNELS on the target's own client).
+//! Otherwise the controller refuses to start: a backend that cannot act is worse than none.
 
 use std::{
     cell::RefCell,
@@ -14,12 +14,20 @@ use anyhow::{bail, ensure, Context as _, Result};
 use crate::{
     doctor::{nvidia, Root, Verdict},
     model::State,
-    nv::{
-        controller::{NvControl, NvOps},
-        selftest::{verify, Target},
-    },
+    nv::selftest::{verify, Target},
     observe::watch::Watcher,
+    outcome::{OpReport, TimesliceChange},
 };
+
+/// The controller's NVIDIA control as the self-test reaches it: through the backend's worker
+/// thread, the path every later act takes (the methods are [`super::controller::NvControl`]'s).
+pub trait SelfTestControl {
+    fn act(&mut self, state: &State, pid: u32, tsgs: &[u32], disable: bool) -> Result<OpReport>;
+    fn set_timeslices(&mut self, state: &State, pid: u32, us: u64) -> Result<Vec<TimesliceChange>>;
+    fn read_timeslice(&mut self, pid: u32, tsg: u32) -> Result<u64>;
+    fn restore_timeslices(&mut self, pid: u32) -> Result<Vec<TimesliceChange>>;
+    fn forget(&mut self, pid: u32);
+}
 
 /// How long the target may take to create its context (first CUDA use loads the driver).
 const TARGET_START: Duration = Duration::from_secs(60);
@@ -42,7 +50,7 @@ fn blocking_findings() -> Vec<String> {
 }
 
 /// Runs the check; Ok: one line saying what was proven.
-pub async fn self_test<O: NvOps>(nv: &mut NvControl<O>, w: &mut Watcher) -> Result<String> {
+pub async fn self_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<String> {
     let blocking = blocking_findings();
     ensure!(blocking.is_empty(), "{}", blocking.join("; "));
 
@@ -130,7 +138,7 @@ pub async fn self_test<O: NvOps>(nv: &mut NvControl<O>, w: &mut Watcher) -> Resu
 }
 
 /// The self-test's timeslice step, through the controller's own path.
-fn timeslice_check<O: NvOps>(nv: &mut NvControl<O>, state: &State, pid: u32) -> Result<String> {
+fn timeslice_check(nv: &mut dyn SelfTestControl, state: &State, pid: u32) -> Result<String> {
     const PROBE_US: u64 = 200;
     let changes = nv.set_timeslices(state, pid, PROBE_US)?;
     let Some(c) = changes.first().cloned() else {

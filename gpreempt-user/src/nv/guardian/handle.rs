@@ -1,11 +1,14 @@
 //! The controller's side of a guardian ([`GuardianHandle`]): spawn it, hold/release entries
-//! over its stdin, beat the lease, shut it down.
+//! over its stdin, beat the lease, shut it down. A [`Beater`] beats from another thread (the
+//! controller's loop) while the handle's owner (the NVIDIA worker) waits on the driver or on a
+//! reply.
 
 use std::{
     io::{self, Read, Write},
     os::{fd::AsFd, unix::process::CommandExt as _},
     path::Path,
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::{Arc, Mutex, MutexGuard, TryLockError},
     time::{Duration, Instant},
 };
 
@@ -17,10 +20,71 @@ use nix::{
 
 use super::{one_line, HoldEntry, Request};
 
+/// The guardian's stdin, shared by its handle and its [`Beater`]s: every line is written whole
+/// under the lock, so a beat never lands inside a request. None once closed.
+type Pipe = Arc<Mutex<Option<ChildStdin>>>;
+
+fn lock(p: &Pipe) -> MutexGuard<'_, Option<ChildStdin>> {
+    // A writer that panicked left at worst a partial line; the guardian rejects it.
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An empty line, written only if the pipe can take it now: a guardian that stopped reading
+/// never blocks the writer.
+fn write_beat(stdin: &mut Option<ChildStdin>) -> Result<()> {
+    let stdin = stdin.as_mut().context("the guardian's stdin is closed")?;
+    loop {
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => bail!("poll: {}", e.desc()),
+            Ok(0) => bail!("the guardian stopped reading its stdin (the pipe is full)"),
+            Ok(_) => break,
+        }
+    }
+    stdin.write_all(b"\n").and_then(|_| stdin.flush())?;
+    Ok(())
+}
+
+/// Beats a guardian's lease from a thread other than its handle's owner.
+#[derive(Clone)]
+pub struct Beater {
+    stdin: Pipe,
+}
+
+impl Beater {
+    /// A heartbeat that never waits: while the handle is writing a request, that line renews
+    /// the lease and the beat is skipped.
+    pub fn beat(&self) -> Result<()> {
+        let mut g = match self.stdin.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Ok(()),
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        write_beat(&mut g).context("guardian heartbeat")
+    }
+
+    /// Closes the guardian's stdin, as a controller's exit would: it undoes everything it holds
+    /// and exits. Never waits; false when the handle was writing at that moment.
+    pub fn close(&self) -> bool {
+        match self.stdin.try_lock() {
+            Ok(mut g) => {
+                drop(g.take());
+                true
+            }
+            Err(TryLockError::WouldBlock) => false,
+            Err(TryLockError::Poisoned(e)) => {
+                drop(e.into_inner().take());
+                true
+            }
+        }
+    }
+}
+
 /// The controller's side of a guardian.
 pub struct GuardianHandle {
     pub(super) child: Child,
-    stdin: Option<ChildStdin>,
+    stdin: Pipe,
     stdout: ChildStdout,
     buf: Vec<u8>,
     /// How long a round trip may take (a hold fsyncs the journal).
@@ -58,7 +122,7 @@ impl GuardianHandle {
             .process_group(0)
             .spawn()
             .with_context(|| format!("starting the guardian ({})", exe.display()))?;
-        let stdin = child.stdin.take();
+        let stdin = Arc::new(Mutex::new(child.stdin.take()));
         let stdout = child.stdout.take().context("the guardian's stdout")?;
         let mut h = Self {
             child,
@@ -96,6 +160,13 @@ impl GuardianHandle {
         self.lease
     }
 
+    /// A heartbeat sender for another thread.
+    pub fn beater(&self) -> Beater {
+        Beater {
+            stdin: self.stdin.clone(),
+        }
+    }
+
     /// A heartbeat: an empty line, which renews the lease and has no reply. It never waits on the
     /// guardian: a pipe too full to take it (a guardian that stopped reading) is an error, and
     /// like a write error it makes the handle unusable.
@@ -103,31 +174,15 @@ impl GuardianHandle {
         if let Some(b) = &self.broken {
             bail!("the guardian is unusable: {b}");
         }
-        let r = self.write_beat();
+        let r = write_beat(&mut lock(&self.stdin));
+        let r = match r {
+            Err(e) if e.downcast_ref::<io::Error>().is_some() => Err(self.gone(e)),
+            r => r,
+        };
         if let Err(e) = &r {
             self.broken = Some(one_line(e));
         }
         r.context("guardian heartbeat")
-    }
-
-    fn write_beat(&mut self) -> Result<()> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .context("the guardian's stdin is closed")?;
-        loop {
-            let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLOUT)];
-            match poll(&mut fds, PollTimeout::ZERO) {
-                Err(Errno::EINTR) => continue,
-                Err(e) => bail!("poll: {}", e.desc()),
-                Ok(0) => bail!("the guardian stopped reading its stdin (the pipe is full)"),
-                Ok(_) => break,
-            }
-        }
-        stdin
-            .write_all(b"\n")
-            .and_then(|_| stdin.flush())
-            .map_err(|e| self.gone(e.into()))
     }
 
     /// Asks the guardian to vouch for `entry`; pause only after this returns Ok.
@@ -146,7 +201,7 @@ impl GuardianHandle {
 
     /// Closes its stdin (it resumes anything still held) and waits for it to exit.
     pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
-        drop(self.stdin.take());
+        drop(lock(&self.stdin).take());
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.child.try_wait().context("waiting for the guardian")? {
@@ -185,14 +240,15 @@ impl GuardianHandle {
     }
 
     fn round_trip(&mut self, line: &str) -> Result<String> {
-        let stdin = self
-            .stdin
-            .as_mut()
-            .context("the guardian's stdin is closed")?;
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .and_then(|_| stdin.flush())
-            .map_err(|e| self.gone(e.into()))?;
+        // The lock is held for the write only: beats may go while we wait for the reply.
+        let written = {
+            let mut g = lock(&self.stdin);
+            let stdin = g.as_mut().context("the guardian's stdin is closed")?;
+            stdin
+                .write_all(format!("{line}\n").as_bytes())
+                .and_then(|_| stdin.flush())
+        };
+        written.map_err(|e| self.gone(e.into()))?;
         self.read_reply(self.timeout)
     }
 
@@ -240,7 +296,7 @@ impl Drop for GuardianHandle {
     /// Closing its stdin is the "controller gone" signal: the guardian resumes what is still
     /// held and exits. It is not killed (that would defeat it).
     fn drop(&mut self) {
-        drop(self.stdin.take());
+        drop(lock(&self.stdin).take());
         let _ = self.child.try_wait();
     }
 }

@@ -61,7 +61,7 @@ mod journal;
 mod serve;
 mod targets;
 
-pub use handle::GuardianHandle;
+pub use handle::{Beater, GuardianHandle};
 pub use holds::Guardian;
 pub use journal::{recover, Journal};
 use serve::Input;
@@ -215,5 +215,7 @@ pub fn main(args: &Args) -> Result<ExitCode> {
     )
 }
 
+#[cfg(test)]
+mod beater_tests;
 #[cfg(test)]
 mod tests;

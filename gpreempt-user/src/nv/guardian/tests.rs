@@ -11,7 +11,7 @@ use std::{
     time::Instant,
 };
 
-fn tmpdir(name: &str) -> PathBuf {
+pub(super) fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "gpreempt-nv-guardian-{name}-{}",
         std::process::id()
@@ -21,7 +21,7 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-fn entry(pid: u32, h_client: u32, channels: &[u32]) -> HoldEntry {
+pub(super) fn entry(pid: u32, h_client: u32, channels: &[u32]) -> HoldEntry {
     HoldEntry {
         pid,
         fd: 5,
@@ -306,7 +306,7 @@ fn recover_skips_gone_processes() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-fn script(d: &Path, body: &str) -> PathBuf {
+pub(super) fn script(d: &Path, body: &str) -> PathBuf {
     let p = d.join("fake-guardian");
     std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -1,0 +1,412 @@
+//! NvControl against a fake RM: pause sets, timeslices, holds, shutdown.
+use super::*;
+use crate::model::Update;
+use gpreempt_common::nv::class;
+
+/// An RM that records FIFO_DISABLE_CHANNELS calls (channels, disable).
+#[derive(Default)]
+pub(crate) struct Fake {
+    pub(crate) calls: Vec<(Vec<u32>, bool)>,
+    pub(crate) fail: bool,
+    /// TSG -> timeslice (us) as the driver holds it (2048 when never set).
+    pub(crate) timeslices: BTreeMap<u32, u64>,
+    /// SET_TIMESLICE calls (tsg, us).
+    pub(crate) ts_calls: Vec<(u32, u64)>,
+    pub(crate) ts_fail: bool,
+    /// While set, FIFO_DISABLE_CHANNELS calls through [`Shared`] wait (a call the driver holds).
+    pub(crate) gate: bool,
+    /// Calls waiting at the gate now.
+    pub(crate) blocked: usize,
+    /// The schedule-only flag of each FIFO_DISABLE_CHANNELS call.
+    pub(crate) schedule_only: Vec<bool>,
+}
+
+/// A [`Fake`] that a worker thread owns while the test looks on, and whose pause/resume calls
+/// can be held at a gate until the test releases them.
+#[derive(Clone, Default)]
+pub(crate) struct Shared(pub(crate) std::sync::Arc<(Mutex<Fake>, std::sync::Condvar)>);
+
+impl Shared {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Fake) -> R) -> R {
+        f(&mut lock(&self.0 .0))
+    }
+
+    /// From now on FIFO_DISABLE_CHANNELS calls block until [`Self::release`].
+    pub(crate) fn hold(&self) {
+        self.with(|f| f.gate = true);
+    }
+
+    pub(crate) fn release(&self) {
+        self.with(|f| f.gate = false);
+        self.0 .1.notify_all();
+    }
+
+    /// Waits until a call is blocked at the gate (false after 10 s without one).
+    pub(crate) fn wait_blocked(&self) -> bool {
+        let (m, cv) = &*self.0;
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        let mut g = lock(m);
+        while g.blocked == 0 {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = cv
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+impl NvOps for Shared {
+    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
+        NvOps::dup(&mut &mut *lock(&self.0 .0), pid, fd)
+    }
+    fn set(
+        &mut self,
+        fd: BorrowedFd,
+        ch: &Channels,
+        disable: bool,
+        schedule_only: bool,
+    ) -> Result<Duration> {
+        let (m, cv) = &*self.0;
+        let mut g = lock(m);
+        if g.gate {
+            g.blocked += 1;
+            cv.notify_all();
+            while g.gate {
+                g = cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            g.blocked -= 1;
+        }
+        NvOps::set(&mut &mut *g, fd, ch, disable, schedule_only)
+    }
+    fn get_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32) -> Result<u64> {
+        NvOps::get_timeslice(&mut &mut *lock(&self.0 .0), fd, h_client, h_tsg)
+    }
+    fn set_timeslice(&mut self, fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
+        NvOps::set_timeslice(&mut &mut *lock(&self.0 .0), fd, h_client, h_tsg, us)
+    }
+}
+
+impl NvOps for &mut Fake {
+    fn dup(&mut self, _pid: u32, _fd: i32) -> Result<OwnedFd> {
+        Ok(std::fs::File::open("/dev/null")?.into())
+    }
+    fn set(
+        &mut self,
+        _fd: BorrowedFd,
+        ch: &Channels,
+        disable: bool,
+        schedule_only: bool,
+    ) -> Result<Duration> {
+        self.schedule_only.push(schedule_only);
+        if self.fail {
+            anyhow::bail!("NV_ERR_NOT_SUPPORTED");
+        }
+        self.calls.push((ch.channels.clone(), disable));
+        Ok(Duration::from_micros(900))
+    }
+    fn get_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32) -> Result<u64> {
+        Ok(*self.timeslices.get(&h_tsg).unwrap_or(&2048))
+    }
+    fn set_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32, us: u64) -> Result<()> {
+        if self.ts_fail {
+            anyhow::bail!("SET_TIMESLICE failed: NV_ERR_NOT_SUPPORTED (0x56)");
+        }
+        self.ts_calls.push((h_tsg, us));
+        self.timeslices.insert(h_tsg, us);
+        Ok(())
+    }
+}
+
+#[test]
+fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
+    let mut s = host();
+    let mut fake = Fake::default();
+    fake.timeslices.insert(0x20, 1024);
+    let mut c = NvControl::unguarded(&mut fake);
+    let ch = c.set_timeslices(&s, 7, 200).unwrap();
+    // Only the compute (GR) TSG; the copy TSG 0x30 keeps its own.
+    assert_eq!(
+        ch,
+        vec![TimesliceChange {
+            pid: 7,
+            tsg: 0x20,
+            from_us: 1024,
+            to_us: 200,
+            original_us: 1024
+        }]
+    );
+    assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
+    assert_eq!(c.read_timeslice(7, 0x20).unwrap(), 200);
+    // Again: nothing to do. A GR TSG created later gets it too, from its own original.
+    assert!(c.set_timeslices(&s, 7, 200).unwrap().is_empty());
+    alloc(&mut s, 0x10, 0x40, class::KEPLER_CHANNEL_GROUP_A, 1);
+    let ch = c.set_timeslices(&s, 7, 200).unwrap();
+    assert_eq!((ch.len(), ch[0].tsg, ch[0].from_us), (1, 0x40, 2048));
+    // A new value (policy reload) keeps the first original.
+    let ch = c.set_timeslices(&s, 7, 100).unwrap();
+    assert!(ch.iter().all(|c| c.to_us == 100), "{ch:?}");
+    assert_eq!(ch[0].original_us, 1024);
+    // Class change / exit of the controller: the originals come back.
+    let back = c.restore_timeslices(7).unwrap();
+    assert_eq!(back.len(), 2, "{back:?}");
+    assert!(c.timeslices().is_empty());
+    drop(c);
+    assert_eq!(fake.timeslices[&0x20], 1024);
+    assert_eq!(fake.timeslices[&0x40], 2048);
+    assert!(
+        !fake.ts_calls.iter().any(|&(t, _)| t == 0x30),
+        "{:?}",
+        fake.ts_calls
+    );
+}
+
+#[test]
+fn shutdown_restores_changed_timeslices() {
+    let s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    c.set_timeslices(&s, 7, 200).unwrap();
+    c.act(&s, 7, &[0x20], true).unwrap();
+    c.shutdown();
+    assert_eq!(fake.timeslices[&0x20], 2048, "original back");
+    assert_eq!(
+        fake.calls.last(),
+        Some(&(vec![0x21, 0x22], false)),
+        "resumed"
+    );
+}
+
+/// A put-back that fails at exit leaves the target held, so the guardian (told to stop)
+/// undoes it instead of being told to let it go.
+#[test]
+fn a_failed_restore_at_shutdown_keeps_the_hold_for_the_guardian() {
+    let s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    c.set_timeslices(&s, 7, 200).unwrap();
+    c.ops.ts_fail = true;
+    c.shutdown();
+    assert_eq!(c.timeslices(), vec![(7, 0x20, 2048, 200)], "still held");
+    c.ops.ts_fail = false;
+    c.shutdown();
+    assert!(c.timeslices().is_empty());
+    assert!(c.paused().is_empty());
+}
+
+#[test]
+fn a_refused_set_timeslice_is_an_error_and_changes_nothing() {
+    let s = host();
+    let mut fake = Fake {
+        ts_fail: true,
+        ..Default::default()
+    };
+    let mut c = NvControl::unguarded(&mut fake);
+    let e = c.set_timeslices(&s, 7, 200).unwrap_err();
+    assert!(format!("{e:#}").contains("NV_ERR_NOT_SUPPORTED"), "{e:#}");
+    assert!(c.timeslices().is_empty());
+}
+
+fn alloc(s: &mut State, parent: u32, new: u32, h_class: u32, engine: u32) {
+    alloc_for(s, 7, parent, new, h_class, engine)
+}
+
+fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engine: u32) {
+    s.apply(crate::model::tests::nvidia::rm_alloc(
+        1, pid, 0xc1, parent, new, h_class, engine,
+    ));
+}
+
+/// pid 7: client 0xc1, subdevice 0x11, compute TSG 0x20 (channels 0x21, 0x22), copy TSG 0x30.
+pub(crate) fn host() -> State {
+    let mut s = State::new();
+    alloc(&mut s, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+    alloc(&mut s, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+    alloc(&mut s, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+    alloc(&mut s, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+    alloc(&mut s, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+    alloc(&mut s, 0x20, 0x22, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+    alloc(&mut s, 0x10, 0x30, class::KEPLER_CHANNEL_GROUP_A, 0xb);
+    s
+}
+
+/// Two NVIDIA processes: pid 7 runs online.py, pid 8 offline.py (a compute TSG 0x20 each).
+fn online_and_offline() -> State {
+    let mut s = State::new();
+    for pid in [7, 8] {
+        alloc_for(&mut s, pid, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+        alloc_for(&mut s, pid, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+        alloc_for(&mut s, pid, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+        alloc_for(&mut s, pid, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+        alloc_for(&mut s, pid, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+        let script = if pid == 7 { "online.py" } else { "offline.py" };
+        s.apply(Update::ProcInfo {
+            pid,
+            info: crate::observe::procinfo::ProcInfo {
+                comm: "python3".into(),
+                cmdline: format!("python3 scripts/gpu/{script} 45"),
+                start_time: 100 + u64::from(pid),
+                ..Default::default()
+            },
+        });
+    }
+    s
+}
+
+/// The pause lever: the policy sees NVIDIA processes like KFD ones, an online launch hint
+/// suspends the offline process's compute TSG.
+#[test]
+fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
+    use crate::policy::{Action, Engine, Policy};
+    let mut s = online_and_offline();
+    let policy = Policy::parse(
+        include_str!("../../../../scripts/gpu/policy.toml"),
+        "policy.toml",
+    )
+    .unwrap();
+    let mut e = Engine::new(policy);
+    let classes = e.classify(&s);
+    assert_eq!(classes.len(), 2, "{classes:?}");
+    let now = 5_000_000_000;
+    s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now - 200_000);
+    let ds = e.decide(&s, now);
+    assert_eq!(ds.len(), 1, "{ds:#?}");
+    assert_eq!(
+        (ds[0].action, ds[0].pid, ds[0].queues.clone()),
+        (Action::Suspend, 8, vec![0x20])
+    );
+}
+
+/// The timeslice lever (the default) never pauses; `both` pauses only once online work has
+/// stayed busy for `pause_after`.
+#[test]
+fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
+    use crate::policy::{Action, Engine, Policy};
+    let rules = "[[rule]]\nclass = \"online\"\ncmdline = 'online'\n\
+                 [[rule]]\nclass = \"offline\"\ncmdline = 'offline'\n";
+    let ms = 1_000_000;
+    for (nvidia, pause_at) in [
+        ("", None),
+        ("[nvidia]\nlever = \"timeslice\"\n", None),
+        (
+            "[nvidia]\nlever = \"both\"\npause_after = \"5ms\"\n",
+            Some(5 * ms),
+        ),
+        ("[nvidia]\nlever = \"pause\"\n", Some(0)),
+    ] {
+        let text = format!("[policy]\nmin_interval = \"1ms\"\n{nvidia}{rules}");
+        let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap());
+        let mut s = online_and_offline();
+        e.classify(&s);
+        let start = 5_000 * ms;
+        let mut first = None;
+        for step in 0..10u64 {
+            let now = start + step * ms;
+            // Online launches every tick: one long episode.
+            s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now - 100_000);
+            let ds = e.decide(&s, now);
+            if let Some(d) = ds.iter().find(|d| d.action == Action::Suspend) {
+                assert_eq!(d.pid, 8);
+                first.get_or_insert(now - start);
+                e.confirm(d, &d.queues);
+            }
+        }
+        assert_eq!(first, pause_at, "{nvidia:?}");
+    }
+}
+
+#[test]
+fn pauses_the_listed_tsgs_channels_and_resumes_them() {
+    let s = host();
+    assert_eq!(s.procs[&7].vendor(), Some(crate::model::Vendor::Nvidia));
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    let r = c.act(&s, 7, &[0x20], true).unwrap();
+    assert_eq!(r.done(), vec![0x20]);
+    assert_eq!(c.paused(), vec![(7, 0x20)]);
+    let r = c.act(&s, 7, &[0x20, 0x99], false).unwrap();
+    assert_eq!(r.done(), vec![0x20]);
+    assert_eq!(r.queues[1].outcome, QueueOutcome::Invalid, "unknown TSG");
+    assert!(c.paused().is_empty());
+    drop(c);
+    assert_eq!(
+        fake.calls,
+        vec![(vec![0x21, 0x22], true), (vec![0x21, 0x22], false)]
+    );
+    assert_eq!(fake.schedule_only, vec![false, false]);
+}
+
+#[test]
+fn a_schedule_only_policy_reaches_the_rm_call() {
+    let s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    c.set_schedule_only(true);
+    c.act(&s, 7, &[0x20], true).unwrap();
+    c.act(&s, 7, &[0x20], false).unwrap();
+    drop(c);
+    assert_eq!(fake.schedule_only, vec![true, true]);
+}
+
+#[test]
+fn overdue_lists_tsgs_paused_for_max_or_longer() {
+    let s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    assert!(c.overdue(u64::MAX, 0).is_empty(), "nothing paused");
+    let r = c.act(&s, 7, &[0x20], true).unwrap();
+    let since = r.returned_ns;
+    assert!(c.overdue(since, 1_000_000).is_empty());
+    assert_eq!(
+        c.overdue(since + 2_000_000, 1_000_000),
+        vec![(7, vec![0x20])]
+    );
+    c.act(&s, 7, &[0x20], false).unwrap();
+    assert!(c.overdue(u64::MAX, 0).is_empty(), "resumed");
+}
+
+/// A channel created after the first hold is handed to the guardian before it is paused.
+#[test]
+fn channels_created_later_are_guarded_before_they_are_paused() {
+    let mut s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    c.act(&s, 7, &[0x20], true).unwrap();
+    c.act(&s, 7, &[0x20], false).unwrap();
+    alloc(&mut s, 0x20, 0x23, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+    c.act(&s, 7, &[0x20], true).unwrap();
+    let guarded: Vec<u32> = c.targets[&7]
+        .values()
+        .flat_map(|k| k.guarded.iter().copied())
+        .collect();
+    // The whole client: the compute TSG's channels and the copy TSG (no channel seen: its handle).
+    assert_eq!(guarded, vec![0x21, 0x22, 0x23, 0x30]);
+    drop(c);
+    assert_eq!(fake.calls.last().unwrap(), &(vec![0x21, 0x22, 0x23], true));
+}
+
+#[test]
+fn shutdown_resumes_what_is_paused_and_errors_are_reported() {
+    let s = host();
+    let mut fake = Fake::default();
+    let mut c = NvControl::unguarded(&mut fake);
+    c.act(&s, 7, &[0x20, 0x30], true).unwrap();
+    let reports = c.shutdown();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].done(), vec![0x20, 0x30]);
+    drop(c);
+    assert!(!fake.calls.last().unwrap().1, "the last call resumes");
+
+    let mut failing = Fake {
+        fail: true,
+        ..Fake::default()
+    };
+    let mut c = NvControl::unguarded(&mut failing);
+    let e = c.act(&s, 7, &[0x20], true).unwrap_err();
+    assert!(e.to_string().contains("NOT_SUPPORTED"), "{e}");
+    assert!(c.paused().is_empty());
+}
