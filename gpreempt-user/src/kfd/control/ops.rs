@@ -231,6 +231,7 @@ impl Thread {
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
     ) -> Result<OpReport, TargetError> {
+        holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
         self.attach(pid)?;
         let ids = match &queues {
             Some(q) => q.clone(),
@@ -288,6 +289,7 @@ impl Thread {
         pid: u32,
         queues: Option<Vec<u32>>,
     ) -> Result<OpReport, TargetError> {
+        holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
         if !self.targets.contains_key(&pid) {
             // Nothing of ours; a resume of a process another instance left behind goes through
             // a fresh attach (ENABLE, RESUME all, DISABLE).
