@@ -30,7 +30,7 @@ pub fn check_queues(state: &State, pid: u32, ids: &[u32], sysfs: &Path) -> Resul
         ),
         None => (true, sysfs_queues(sysfs, pid)),
     };
-    check_ids(amd, &live, pid, ids)
+    check_ids(amd, &live, ids)
 }
 
 fn sysfs_queues(sysfs: &Path, pid: u32) -> BTreeSet<u32> {
@@ -42,7 +42,7 @@ fn sysfs_queues(sysfs: &Path, pid: u32) -> BTreeSet<u32> {
 }
 
 /// The pure rule behind [`check_queues`].
-pub fn check_ids(amd: bool, live: &BTreeSet<u32>, pid: u32, ids: &[u32]) -> Result<(), String> {
+pub fn check_ids(amd: bool, live: &BTreeSet<u32>, ids: &[u32]) -> Result<(), String> {
     for &q in ids {
         if amd && q & KFD_STATUS_BITS != 0 {
             return Err(format!(
@@ -60,9 +60,7 @@ pub fn check_ids(amd: bool, live: &BTreeSet<u32>, pid: u32, ids: &[u32]) -> Resu
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            return Err(format!(
-                "pid {pid} has no live queue {q} (its queues: {have})"
-            ));
+            return Err(format!("no live queue {q} (its queues: {have})"));
         }
     }
     Ok(())
@@ -152,29 +150,26 @@ mod tests {
     #[test]
     fn queue_ids_with_status_bits_are_refused_by_name() {
         // Queue 0 with the ERROR bit: what fenced a GPU when it reached the kernel.
-        let e = check_ids(true, &live(&[0, 1]), 42, &[1 << 30]).unwrap_err();
+        let e = check_ids(true, &live(&[0, 1]), &[1 << 30]).unwrap_err();
         assert!(
             e.contains("queue id 1073741824 (0x40000000) carries KFD status bits"),
             "{e}"
         );
         for bad in [1 << 31, 1 << 29, (1 << 31) | 1] {
-            assert!(
-                check_ids(true, &live(&[0, 1]), 42, &[bad]).is_err(),
-                "{bad:#x}"
-            );
+            assert!(check_ids(true, &live(&[0, 1]), &[bad]).is_err(), "{bad:#x}");
         }
-        assert_eq!(check_ids(true, &live(&[0, 1]), 42, &[0, 1]), Ok(()));
+        assert_eq!(check_ids(true, &live(&[0, 1]), &[0, 1]), Ok(()));
     }
 
     #[test]
     fn only_live_queues_of_the_process_pass() {
-        let e = check_ids(true, &live(&[0, 1]), 42, &[0, 7]).unwrap_err();
-        assert_eq!(e, "pid 42 has no live queue 7 (its queues: 0, 1)");
-        let e = check_ids(true, &live(&[]), 42, &[0]).unwrap_err();
+        let e = check_ids(true, &live(&[0, 1]), &[0, 7]).unwrap_err();
+        assert_eq!(e, "no live queue 7 (its queues: 0, 1)");
+        let e = check_ids(true, &live(&[]), &[0]).unwrap_err();
         assert!(e.ends_with("(its queues: none)"), "{e}");
         // NVIDIA TSG handles use the high bits: only liveness applies to them.
         assert_eq!(
-            check_ids(false, &live(&[0x5c00_0013]), 42, &[0x5c00_0013]),
+            check_ids(false, &live(&[0x5c00_0013]), &[0x5c00_0013]),
             Ok(())
         );
     }
