@@ -63,27 +63,31 @@ pub fn prepare(dir: &Path) -> Result<()> {
 /// The run directory as it is: Err with the reason when it is not safe to use.
 pub fn check(dir: &Path) -> Result<()> {
     let m = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
-    let refuse = |why: String| -> Result<()> {
+    let refuse = |why: String, fix: &str| -> Result<()> {
         bail!(
-            "refusing {}: {why}; remove it (a controller creates it again, mode {DIR_MODE:o}) \
-             or fix it",
+            "refusing {}: {why}; remove it (the next controller creates it, mode \
+             {DIR_MODE:o}){fix}",
             dir.display()
         )
     };
     if m.file_type().is_symlink() {
-        return refuse("it is a symbolic link".into());
+        return refuse("it is a symbolic link".into(), "");
     }
     if !m.is_dir() {
-        return refuse("it is not a directory".into());
+        return refuse("it is not a directory".into(), "");
     }
     if !trusted_owner(m.uid()) {
-        return refuse(format!("it is owned by uid {}, not root", m.uid()));
+        return refuse(
+            format!("it is owned by uid {}, not root", m.uid()),
+            " or `chown root:root` it",
+        );
     }
     let mode = m.mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return refuse(format!(
-            "mode {mode:04o} (group/other writable): `chmod 755` it"
-        ));
+        return refuse(
+            format!("mode {mode:04o} (group/other writable)"),
+            " or `chmod 755` it",
+        );
     }
     Ok(())
 }
