@@ -43,6 +43,10 @@ impl TempDir {
         let p = std::env::temp_dir().join(format!("gpreempt-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("temp dir");
+        // Whatever the umask: a run directory inside must not be refused for an open parent,
+        // and a test's non-root peer must be able to reach in.
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod temp dir");
         Self(p)
     }
     pub fn path(&self, name: &str) -> PathBuf {

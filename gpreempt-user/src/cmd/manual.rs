@@ -85,6 +85,14 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     }
     procinfo::start_time(Path::new("/proc"), a.pid)
         .with_context(|| format!("pid {} does not exist", a.pid))?;
+    // Before anything is attached: a bad id must not reach the kernel.
+    crate::controller::requests::check_queues(
+        &State::new(),
+        a.pid,
+        &a.queue,
+        &crate::kfd::Paths::default().sysfs,
+    )
+    .map_err(|e| anyhow::anyhow!("pid {}: {e}", a.pid))?;
     let lock = daemon::Lock::acquire(&dir)?;
     let max = a.max_suspend.0;
     let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max).await?;

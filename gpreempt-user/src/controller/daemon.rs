@@ -1,7 +1,8 @@
 //! What a running controller shares with the host: one lock (one controller at a time), the
 //! list of processes it controls (so the next instance can resume anything left behind), a
 //! status file `top` reads, and a control socket through which `suspend`, `resume` and `top`'s
-//! keys reach it. Everything lives in `/run/gpreempt-ebpf` (`GPREEMPT_RUN_DIR` overrides it).
+//! keys reach it. Everything lives in `/run/gpreempt-ebpf` (`GPREEMPT_RUN_DIR` overrides it),
+//! a directory only root can write (`rundir`); the socket itself is in `controller::socket`.
 
 use std::{
     collections::BTreeMap,
@@ -9,18 +10,16 @@ use std::{
     io::{Read as _, Seek as _, Write as _},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use tokio::{
-    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
-    net::{UnixListener, UnixStream},
-    sync::{mpsc, oneshot},
-};
 
-use crate::outcome::OpReport;
+pub use super::socket::{ask, serve, Incoming};
+use crate::{
+    outcome::OpReport,
+    rundir::{self, PRIVATE_MODE, PUBLIC_MODE},
+};
 
 /// An exclusive flock on `<dir>/controller.lock`, holding our pid. Released when dropped or
 /// when the process dies in any way (the kernel drops flocks with the last fd).
@@ -31,18 +30,12 @@ pub struct Lock {
 
 impl Lock {
     pub fn acquire(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        rundir::prepare(dir)?;
         let path = dir.join("controller.lock");
         // A controller that exits cleanly unlinks the lock file while holding it: a lock taken
         // on a file that is no longer at `path` guards nothing, so try again on the new one.
         let mut f = loop {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .with_context(|| format!("opening {}", path.display()))?;
+            let f = rundir::open_private(&path, PRIVATE_MODE)?;
             // SAFETY: flock on an fd we own.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 let mut s = String::new();
@@ -88,7 +81,13 @@ fn same_file(f: &File, path: &Path) -> bool {
 /// stays only if it still names a process: then a later controller resumes it.
 impl Drop for Lock {
     fn drop(&mut self) {
-        for f in ["control.sock", "status.json", "status.tmp", "targets.tmp"] {
+        for f in [
+            "control.sock",
+            "control.sock.new",
+            "status.json",
+            "status.tmp",
+            "targets.tmp",
+        ] {
             let _ = std::fs::remove_file(self.dir.join(f));
         }
         if crate::rundir::read_targets(&self.dir).is_empty() {
@@ -129,7 +128,12 @@ pub struct Status {
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {
-    crate::rundir::write_atomic(&dir.join("status.json"), &serde_json::to_vec(s)?)
+    // Everyone may read it: `top` and `queues` show what the controller holds without root.
+    rundir::write_atomic(
+        &dir.join("status.json"),
+        &serde_json::to_vec(s)?,
+        PUBLIC_MODE,
+    )
 }
 
 /// The status of the running controller, if there is one (the lock is held).
@@ -137,23 +141,42 @@ pub fn read_status(dir: &Path) -> Option<Status> {
     if !lock_held(dir) {
         return None;
     }
-    std::fs::read(dir.join("status.json"))
+    status_file(dir)
+}
+
+fn status_file(dir: &Path) -> Option<Status> {
+    rundir::open_read(&dir.join("status.json"))
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok())
 }
 
 /// Whether some process holds the controller lock.
 pub fn lock_held(dir: &Path) -> bool {
-    let Ok(f) = File::open(dir.join("controller.lock")) else {
-        return false;
+    let f = match rundir::open_read(&dir.join("controller.lock")) {
+        Ok(f) => f,
+        // Not root: the lock is root's alone (a reader's shared flock would block the next
+        // controller), so believe the status while the controller it names lives.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return status_file(dir).is_some_and(|s| alive(s.controller_pid))
+        }
+        Err(_) => return false,
     };
     // SAFETY: flock on an fd we own; a shared lock fails only if an exclusive one is held.
     let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
     !free
 }
 
+/// Whether `pid` exists (EPERM: it does, and is not ours to signal).
+fn alive(pid: u32) -> bool {
+    use nix::{errno::Errno, sys::signal::kill, unistd::Pid};
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    raw > 0 && matches!(kill(Pid::from_raw(raw), None), Ok(()) | Err(Errno::EPERM))
+}
+
 // ---------------------------------------------------------------------------------------------
-// The control socket: one JSON request line, one JSON response line.
+// The control socket's messages: one JSON request line, one JSON response line.
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -186,92 +209,6 @@ impl Response {
             ..Default::default()
         }
     }
-}
-
-pub type Incoming = (Request, oneshot::Sender<Response>);
-
-/// Serves the socket: each request is handed to the owner's loop through the returned channel.
-pub fn serve(dir: &Path) -> Result<mpsc::Receiver<Incoming>> {
-    let path = dir.join("control.sock");
-    // A stale socket of a dead controller (we hold the lock, so no live one owns it).
-    let _ = std::fs::remove_file(&path);
-    let listener =
-        UnixListener::bind(&path).with_context(|| format!("listening on {}", path.display()))?;
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // EMFILE and the like: do not spin.
-                    log::warn!("control socket: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let _ = answer(stream, tx).await;
-            });
-        }
-    });
-    Ok(rx)
-}
-
-async fn answer(stream: UnixStream, tx: mpsc::Sender<Incoming>) -> Result<()> {
-    let (rd, mut wr) = stream.into_split();
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        BufReader::new(rd).read_line(&mut line),
-    )
-    .await??;
-    let resp = match serde_json::from_str::<Request>(&line) {
-        Ok(req) => {
-            let (rtx, rrx) = oneshot::channel();
-            tx.send((req, rtx)).await?;
-            rrx.await
-                .unwrap_or_else(|_| Response::err("the controller is shutting down"))
-        }
-        Err(e) => Response::err(format!("bad request: {e}")),
-    };
-    let mut out = serde_json::to_vec(&resp)?;
-    out.push(b'\n');
-    wr.write_all(&out).await?;
-    Ok(())
-}
-
-/// Sends a request to the running controller; None when no controller is running.
-pub async fn ask(dir: &Path, req: &Request) -> Result<Option<Response>> {
-    if !lock_held(dir) {
-        return Ok(None);
-    }
-    let path = dir.join("control.sock");
-    let stream = match UnixStream::connect(&path).await {
-        Ok(s) => s,
-        Err(e) => {
-            return Err(e).with_context(|| {
-                format!(
-                    "a controller holds the lock but {} does not answer",
-                    path.display()
-                )
-            })
-        }
-    };
-    let (rd, mut wr) = stream.into_split();
-    let mut out = serde_json::to_vec(req)?;
-    out.push(b'\n');
-    wr.write_all(&out).await?;
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        BufReader::new(rd).read_line(&mut line),
-    )
-    .await
-    .context("the controller did not answer within 10 s")??;
-    Ok(Some(
-        serde_json::from_str(&line).context("the controller's answer")?,
-    ))
 }
 
 #[cfg(test)]
@@ -362,6 +299,28 @@ mod tests {
         let _lock = Lock::acquire(&d.0).unwrap();
         let e = Lock::acquire(&d.0).err().expect("refused").to_string();
         assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+    }
+
+    #[test]
+    fn a_planted_lock_link_is_refused_and_its_target_untouched() {
+        use std::os::unix::fs::MetadataExt as _;
+        let d = Dir::new("locklink");
+        std::fs::create_dir_all(&d.0).unwrap();
+        let victim = d.0.with_extension("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, d.0.join("controller.lock")).unwrap();
+        let e = format!("{:#}", Lock::acquire(&d.0).err().expect("refused"));
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let _ = std::fs::remove_file(&victim);
+        // Without the link: the lock is root's alone, the status everyone's.
+        std::fs::remove_file(d.0.join("controller.lock")).unwrap();
+        let lock = Lock::acquire(&d.0).unwrap();
+        write_status(&d.0, &Status::default()).unwrap();
+        let mode = |f: &str| std::fs::metadata(d.0.join(f)).unwrap().mode() & 0o777;
+        assert_eq!(mode("controller.lock"), 0o600);
+        assert_eq!(mode("status.json"), 0o644);
+        drop(lock);
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The acting side's shared parts: what a running controller shares with the host and other
-//! commands ([`daemon`]: lock, status file, control socket) and how it answers requests
+//! commands ([`daemon`]: lock, status file), the control socket
+//! ([`socket`]: who may send what) and how it answers requests
 //! ([`requests`], through the backend seam).
 pub mod daemon;
 pub mod requests;
+pub mod socket;

@@ -231,9 +231,18 @@ impl Thread {
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
     ) -> Result<OpReport, TargetError> {
+        holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
+        let fresh = !self.targets.contains_key(&pid);
         self.attach(pid)?;
         let ids = match &queues {
-            Some(q) => q.clone(),
+            Some(q) => {
+                // A target attached just now has its queues flagged NEW, and the kernel does
+                // not suspend those (INVALID) until a snapshot clears the flag.
+                if fresh {
+                    self.snapshot(pid)?;
+                }
+                q.clone()
+            }
             None => {
                 self.snapshot(pid)?;
                 if let Some(t) = self.targets.get_mut(&pid) {
@@ -288,6 +297,7 @@ impl Thread {
         pid: u32,
         queues: Option<Vec<u32>>,
     ) -> Result<OpReport, TargetError> {
+        holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
         if !self.targets.contains_key(&pid) {
             // Nothing of ours; a resume of a process another instance left behind goes through
             // a fresh attach (ENABLE, RESUME all, DISABLE).

@@ -518,3 +518,12 @@ fn the_loop_serves_requests_and_ends_on_shutdown() {
     assert_eq!(drx.try_recv(), Ok(Ok(())));
     assert_eq!(srx.try_recv(), Ok(Vec::new()));
 }
+
+#[test]
+fn ids_with_status_bits_never_reach_the_kernel() {
+    assert!(holds::no_status_bits(&[0, 1, 1023]).is_ok());
+    for bad in [KFD_DBG_QUEUE_ERROR_MASK, KFD_DBG_QUEUE_INVALID_MASK | 3] {
+        let e = holds::no_status_bits(&[0, bad]).unwrap_err().to_string();
+        assert!(e.contains("carries status bits"), "{e}");
+    }
+}

@@ -1,0 +1,274 @@
+//! Who can steer the controller, as root against the emulator: the run directory and the control
+//! socket against another local user (uid 65534), and queue ids a user gets wrong. Emulated.
+
+use std::{
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::Path,
+    process::Command,
+    time::Duration,
+};
+
+use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
+
+const OFFLINE: &str = "--profile resnet50_b1024 --offline --priority 0";
+
+/// Runs a shell line as uid/gid 65534 with no groups; `caps`: with CAP_DAC_OVERRIDE (file modes
+/// do not stop it, so only the controller's peer check can).
+fn as_nobody(caps: bool) -> String {
+    let mut s = "setpriv --reuid 65534 --regid 65534 --clear-groups".to_string();
+    if caps {
+        s.push_str(" --inh-caps +dac_override --ambient-caps +dac_override");
+    }
+    s
+}
+
+fn text(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn num(p: &Path) -> u32 {
+    text(p)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// `gpreempt-ebpf suspend` with GPREEMPT_RUN_DIR at `dir`: (exit code, stderr).
+fn suspend_with_run_dir(dir: &Path, pid: u32) -> (i32, String) {
+    let out = Command::new(bin("gpreempt-ebpf"))
+        .args(["suspend", "--pid", &pid.to_string(), "--for", "1s"])
+        .env("GPREEMPT_RUN_DIR", dir)
+        .output()
+        .expect("running gpreempt-ebpf suspend");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A run directory another user could write (or one that is a link, or theirs) is refused with
+/// the reason before anything is opened in it, and left as it was. No emulator needed: the
+/// refusal comes before any GPU is touched.
+#[test]
+fn an_open_linked_or_foreign_run_directory_is_refused() {
+    require_root();
+    let t = TempDir::new("rundir");
+    let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let pid = target.id();
+
+    let open = t.path("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (rc, err) = suspend_with_run_dir(&open, pid);
+    assert_eq!(rc, 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "refusing {}: mode 0777 (group/other writable)",
+            open.display()
+        )),
+        "{err}"
+    );
+    let m = std::fs::metadata(&open).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o777, "left as it was");
+    assert_eq!(
+        std::fs::read_dir(&open).unwrap().count(),
+        0,
+        "nothing created"
+    );
+
+    let real = t.path("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, t.path("link")).unwrap();
+    let (rc, err) = suspend_with_run_dir(&t.path("link"), pid);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("it is a symbolic link"), "{err}");
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+
+    let theirs = t.path("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let (rc, err) = suspend_with_run_dir(&theirs, pid);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("owned by uid 65534, not root"), "{err}");
+    assert_eq!(std::fs::read_dir(&theirs).unwrap().count(), 0);
+
+    let _ = target.kill();
+    let _ = target.wait();
+}
+
+/// A controller started under umask 000 still leaves nothing another user can write; uid 65534
+/// can neither send it a request (the socket's mode stops a plain user, the peer check one that
+/// file modes do not stop) nor create, replace or delete anything in its directory.
+#[test]
+fn under_umask_000_another_user_cannot_steer_or_tamper() {
+    let _one = serial();
+    let t = TempDir::new("nobody");
+    let d = t.0.display();
+    let (plain, dac) = (as_nobody(false), as_nobody(true));
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+R={d}/run
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+echo $B > {d}/b.pid
+# uid 65534 must be able to run the binary: a copy where it can reach it, if need be.
+NGP=$GP
+{plain} test -x $GP || {{ cp $GP {d}/gp; NGP={d}/gp; }}
+sleep 1.5
+(umask 000; exec $GP suspend --pid $A > {d}/hold.out 2>&1) & S=$!
+while [ ! -S $R/control.sock ] || [ ! -e $R/status.json ]; do sleep 0.1; done
+stat -c '%a %u %F %n' $R $R/* > {d}/modes.txt
+{plain} $NGP suspend --pid $B > {d}/plain.out 2>&1 && echo 0 > {d}/plain.rc || echo $? > {d}/plain.rc
+{dac} $NGP suspend --pid $B > {d}/dac.out 2>&1 && echo 0 > {d}/dac.rc || echo $? > {d}/dac.rc
+{dac} $NGP resume --pid $A > {d}/dac2.out 2>&1 || true
+{plain} sh -c 'rm -f $0/controller.lock; rm -f $0/control.sock; ln -s /etc/passwd $0/status.tmp; : > $0/planted' $R > {d}/tamper.out 2>&1 || true
+ls -A $R > {d}/left.txt
+$GP queues --json > {d}/q.json
+kill -INT $S; wait $S
+kill -INT $A $B; wait $A $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let b = num(&t.path("b.pid"));
+    let hold = text(&t.path("hold.out"));
+    // Fixed modes whatever the umask: nothing there is writable by group or others.
+    let modes = text(&t.path("modes.txt"));
+    let mode = |name: &str| -> String {
+        modes
+            .lines()
+            .find(|l| l.ends_with(&format!("/{name}")))
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("{name} not in:\n{modes}"))
+            .to_string()
+    };
+    assert_eq!(mode("run"), "755", "{modes}");
+    assert_eq!(mode("control.sock"), "600", "{modes}");
+    assert_eq!(mode("controller.lock"), "600", "{modes}");
+    assert_eq!(mode("status.json"), "644", "{modes}");
+    for l in modes.lines() {
+        let (m, rest) = l.split_once(' ').unwrap();
+        assert!(rest.starts_with("0 "), "not root's: {l}");
+        let m = u32::from_str_radix(m, 8).unwrap();
+        assert_eq!(m & 0o022, 0, "group/other writable: {l}");
+    }
+    // A plain user is stopped by the socket's mode, with a reason.
+    let plain = text(&t.path("plain.out"));
+    assert_eq!(num(&t.path("plain.rc")), 1, "{plain}");
+    assert!(plain.contains("only root may send requests"), "{plain}");
+    // One that gets past file modes is refused by the peer check, and logged once per uid.
+    let dac = text(&t.path("dac.out"));
+    assert_eq!(num(&t.path("dac.rc")), 1, "{dac}");
+    assert!(
+        dac.contains("permission denied: only root may send requests to the gpreempt-ebpf controller (you are uid 65534)"),
+        "{dac}"
+    );
+    assert!(
+        text(&t.path("dac2.out")).contains("(you are uid 65534)"),
+        "{}",
+        text(&t.path("dac2.out"))
+    );
+    assert_eq!(
+        hold.matches("control socket: refused uid 65534").count(),
+        1,
+        "{hold}"
+    );
+    // Nothing was suspended for them, and the holder still held its own target to the end.
+    let q: serde_json::Value = serde_json::from_str(&text(&t.path("q.json"))).unwrap();
+    let state = q["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == b)
+        .and_then(|p| p["queues"][0]["state"].as_str())
+        .unwrap_or("?")
+        .to_string();
+    assert_eq!(state, "active", "{q}");
+    assert!(!hold.contains(&format!("pid {b}: suspended")), "{hold}");
+    assert!(
+        hold.contains("interrupted: nothing is left suspended"),
+        "{hold}"
+    );
+    // Nothing in the directory could be removed, replaced or added.
+    let left = text(&t.path("left.txt"));
+    for f in [
+        "control.sock",
+        "controller.lock",
+        "status.json",
+        "targets.json",
+    ] {
+        assert!(left.lines().any(|l| l == f), "{f} gone: {left}");
+    }
+    assert!(
+        !left.contains("planted") && !left.contains("status.tmp"),
+        "{left}"
+    );
+    assert!(
+        text(&t.path("tamper.out")).contains("Permission denied"),
+        "{}",
+        text(&t.path("tamper.out"))
+    );
+    assert_nothing_left();
+}
+
+/// Queue 0 with the KFD ERROR bit (1 << 30): refused by name before anything reaches the kernel,
+/// whether a controller is running or not, and the GPU is not fenced (a real queue of the same
+/// GPU is suspended right after).
+#[test]
+fn a_queue_id_with_status_bits_is_refused_up_front_and_fences_nothing() {
+    let _one = serial();
+    let t = TempDir::new("badqueue");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+echo $B > {d}/b.pid
+sleep 1.5
+$GP suspend --pid $B --queue 1073741824 > {d}/alone.out 2>&1 && echo 0 > {d}/alone.rc || echo $? > {d}/alone.rc
+$GP suspend --pid $A > {d}/hold.out 2>&1 & S=$!
+while [ ! -S {d}/run/control.sock ] || [ ! -e {d}/run/status.json ]; do sleep 0.1; done
+$GP suspend --pid $B --queue 1073741824 > {d}/bad.out 2>&1 && echo 0 > {d}/bad.rc || echo $? > {d}/bad.rc
+$GP suspend --pid $B --queue 7 > {d}/gone.out 2>&1 && echo 0 > {d}/gone.rc || echo $? > {d}/gone.rc
+$GP suspend --pid $B --queue 0 > {d}/good.out 2>&1 && echo 0 > {d}/good.rc || echo $? > {d}/good.rc
+kill -INT $S; wait $S
+kill -INT $A $B; wait $A $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let b = num(&t.path("b.pid"));
+    // No controller running: refused before the process is attached.
+    let alone = text(&t.path("alone.out"));
+    assert_eq!(num(&t.path("alone.rc")), 1, "{alone}");
+    assert!(
+        alone.contains("queue id 1073741824 (0x40000000) carries KFD status bits"),
+        "{alone}"
+    );
+    assert!(!alone.contains("suspended"), "{alone}");
+    // Through the running controller: the same, by name.
+    let bad = text(&t.path("bad.out"));
+    assert_eq!(num(&t.path("bad.rc")), 1, "{bad}");
+    assert!(
+        bad.contains(&format!(
+            "pid {b}: queue id 1073741824 (0x40000000) carries KFD status bits"
+        )),
+        "{bad}"
+    );
+    let gone = text(&t.path("gone.out"));
+    assert_eq!(num(&t.path("gone.rc")), 1, "{gone}");
+    assert!(
+        gone.contains(&format!("pid {b}: no live queue 7 (its queues: 0)")),
+        "{gone}"
+    );
+    // The GPU is not fenced: a real queue on it is suspended.
+    let good = text(&t.path("good.out"));
+    assert_eq!(num(&t.path("good.rc")), 0, "{good}");
+    assert!(
+        good.contains(&format!("pid {b}: suspended queue(s) 0")),
+        "{good}"
+    );
+    let hold = text(&t.path("hold.out"));
+    assert!(!hold.contains("fenced"), "{hold}");
+    assert_nothing_left();
+}
