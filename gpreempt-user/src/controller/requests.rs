@@ -118,7 +118,7 @@ pub async fn answer(
         }
         Request::Suspend { pid, queues, grace } => {
             if let Some(e) = refuse(state, pid, &queues) {
-                return e;
+                return Answered::Now(Box::new(e));
             }
             let r = match backends.for_pid(state, pid) {
                 Ok(b) => b.suspend(state, pid, queues, grace).await,
@@ -128,7 +128,7 @@ pub async fn answer(
         }
         Request::Resume { pid, queues } => {
             if let Some(e) = refuse(state, pid, &queues) {
-                return e;
+                return Answered::Now(Box::new(e));
             }
             let r = match backends.for_pid(state, pid) {
                 Ok(b) => b.resume(state, pid, queues).await,
