@@ -20,7 +20,9 @@
 //! median shifted too, [`SHIFT`]: a p90 of a few dozen bursts scatters by as much as a 10%
 //! budget), two rungs earlier, and that rung is not tried again for a while (doubling); else
 //! one rung later. No suspends at all when the free p90 is within the target or the free
-//! median is not [`SHIFT`] above the clean one: suspensions would buy nothing.
+//! median is not [`SHIFT`] above the clean one: suspensions would buy nothing. An escalation
+//! whose next step is no faster is undone, and escalations pause for a while (doubling): the
+//! slowness was not offline's (the host's, or the online work's own).
 //! Every [`EXPLORE_EVERY`] bursts one is held from its start to keep the clean figure fresh.
 //!
 //! Deterministic: a function of the ticks it is given (no clock, no randomness), so tests drive
@@ -174,6 +176,12 @@ pub struct Tuner {
     /// Per rung: not tried again before this burst count, and the cool-down of its next miss.
     blocked_until: [u64; LADDER.len()],
     cooldown: [u64; LADDER.len()],
+    /// The last feedback step's rung and p90: whether an escalation bought anything.
+    last_step: Option<(usize, u64)>,
+    /// No escalation before this burst count (an escalation bought nothing), and the next such
+    /// pause.
+    calm_until: u64,
+    calm: u64,
     held_ns: u64,
     elapsed_ns: u64,
     notes: Vec<String>,
@@ -194,6 +202,9 @@ impl Default for Tuner {
             rung: 0,
             blocked_until: [0; LADDER.len()],
             cooldown: [COOLDOWN; LADDER.len()],
+            last_step: None,
+            calm_until: 0,
+            calm: COOLDOWN,
             held_ns: 0,
             elapsed_ns: 0,
             notes: Vec::new(),
@@ -391,6 +402,32 @@ impl Tuner {
         let median = pct(self.step.iter().copied(), 50).unwrap_or(0);
         let missed = a > t && median as f64 > u50 as f64 * SHIFT;
         let old = self.rung;
+        let last = self.last_step.replace((old, a));
+        // The step before escalated, and holding offline earlier bought nothing: the slowness
+        // is not offline's doing (the host, the online work itself). Back to the rung before,
+        // and no escalation for a while (longer each time).
+        let no_gain =
+            missed && last.is_some_and(|(r, prev)| r > old && a as f64 >= prev as f64 / SHIFT);
+        if no_gain {
+            let (back, prev) = last.unwrap_or((NEVER, a));
+            self.calm_until = self.bursts + self.calm;
+            self.calm = (self.calm * 2).min(64 * COOLDOWN);
+            self.set_rung(back);
+            self.last_step = None;
+            self.notes.push(format!(
+                "p90 of the last {ADJUST} bursts {} vs {} before suspending earlier: suspensions \
+                 bought nothing; {} (no escalation for {} bursts)",
+                fmt_ms(a),
+                fmt_ms(prev),
+                self.rung_text(),
+                self.calm_until - self.bursts
+            ));
+            return;
+        }
+        if missed && self.bursts < self.calm_until {
+            self.step.clear();
+            return;
+        }
         if missed {
             // Missed: this rung cools down (longer each time), two rungs earlier.
             self.blocked_until[old] = self.bursts + self.cooldown[old];

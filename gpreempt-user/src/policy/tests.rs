@@ -1678,3 +1678,26 @@ fn the_adaptive_table() {
          online_latency)"
     );
 }
+
+#[test]
+fn adaptive_undoes_an_escalation_that_buys_nothing() {
+    // No interference; the host slows every request alike for a while (held or not).
+    let mut g = Gpu::new(&adaptive_policy("adaptive", ""));
+    g.run(200, 4.0, 50.0, |_| 1.0);
+    assert_eq!(g.view().defer_ns, None);
+    g.w.e.take_notes();
+    let before = g.suspends;
+    g.run(300, 5.5, 50.0, |_| 1.0);
+    let notes: Vec<String> = g.w.e.take_notes().into_iter().map(|(_, n)| n).collect();
+    assert!(
+        notes.iter().any(|n| n.contains("bought nothing")),
+        "{notes:?}"
+    );
+    assert_eq!(g.view().defer_ns, None, "{notes:?}");
+    // One feedback step at an earlier rung at most, plus exploration.
+    assert!(
+        g.suspends - before <= super::adaptive::ADJUST as usize + 300 / 64 + 1,
+        "{} suspends: {notes:?}",
+        g.suspends - before
+    );
+}
