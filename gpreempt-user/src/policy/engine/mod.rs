@@ -11,6 +11,9 @@ use super::adaptive::{Tuner, View};
 use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, NvLever, Policy, Strategy};
 use crate::model::{Activity, Process, QueueState, SampleStatus, State};
 
+mod evidence;
+use evidence::{online_evidence, strict_work, BusyBy, Evidence};
+
 /// A process's class, cached per (pid, start time) and policy generation.
 struct ClassEntry {
     start_time: u64,
@@ -41,29 +44,6 @@ struct Held {
     start_time: u64,
     /// When its RESUME was last decided (retried after `min_interval` if not confirmed).
     resume_sent_ns: Option<u64>,
-}
-
-/// Why online work counts as busy on a GPU (the first evidence, by pid then queue).
-#[derive(Clone, Copy, Debug)]
-struct Evidence {
-    pid: u32,
-    qid: u32,
-    what: BusyBy,
-    /// The sample time of the evidence.
-    at_ns: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum BusyBy {
-    Backlog(u64),
-    Launched {
-        ago_ns: u64,
-    },
-    Busy,
-    /// A launch hint (uprobe) newer than the last sample.
-    LaunchHint {
-        ago_ns: u64,
-    },
 }
 
 /// Why the held queues of a GPU (or of one process) are resumed.
@@ -716,66 +696,6 @@ fn process_release(policy: &Policy, class: Class, gpu_id: u32, g: &GpuMem) -> Op
         Some(Release::Unmanaged)
     } else if g.fenced.is_some() {
         Some(Release::Fenced)
-    } else {
-        None
-    }
-}
-
-/// Strict evidence of online work on one queue, and when: a launch hint newer than the last
-/// sample, a backlog in a readable sample, or a write pointer that moved in the latest sample.
-/// Unlike [`online_evidence`] nothing lasts a `window`, so a burst ends when the work does.
-/// A hint counts for `window` at most: without samples (NVIDIA) nothing else ends it.
-fn strict_work(
-    policy: &Policy,
-    p: &Process,
-    a: &Activity,
-    changed_ns: Option<u64>,
-    now: u64,
-) -> Option<u64> {
-    let hint = p.last_launch_ns.filter(|&t| {
-        policy.launch_hints && t > a.sample_ns && now.saturating_sub(t) < policy.window_ns
-    });
-    let backlog = a.status == SampleStatus::Valid && a.backlog.is_some_and(|n| n > 0);
-    hint.or_else(|| (backlog || changed_ns == Some(a.sample_ns)).then_some(a.sample_ns))
-}
-
-/// Online evidence on one queue of an online process, and when it was observed: a launch hint
-/// newer than the last sample, a backlog, a write pointer that moved within `window`, or the
-/// busy flag of a sample within `window`, in that order.
-fn online_evidence(
-    policy: &Policy,
-    p: &Process,
-    a: &Activity,
-    changed_ns: Option<u64>,
-    now: u64,
-) -> Option<(BusyBy, u64)> {
-    let recent = |t: u64| now.saturating_sub(t) < policy.window_ns;
-    // A backlog counts only from a readable sample: a stale one (the queue's memory gone
-    // unreadable, e.g. the process exiting) would pin offline suspended.
-    let backlog = a
-        .backlog
-        .filter(|&n| n > 0 && a.status == SampleStatus::Valid);
-    let hint = p
-        .last_launch_ns
-        .filter(|&t| policy.launch_hints && recent(t) && t > a.sample_ns);
-    if let Some(t) = hint {
-        Some((
-            BusyBy::LaunchHint {
-                ago_ns: now.saturating_sub(t),
-            },
-            t,
-        ))
-    } else if let Some(n) = backlog {
-        Some((BusyBy::Backlog(n), a.sample_ns))
-    } else if let Some(t) = changed_ns.filter(|&t| recent(t)) {
-        Some((
-            BusyBy::Launched {
-                ago_ns: now.saturating_sub(t),
-            },
-            t,
-        ))
-    } else if a.busy == Some(true) && recent(a.sample_ns) {
-        Some((BusyBy::Busy, a.sample_ns))
     } else {
         None
     }
