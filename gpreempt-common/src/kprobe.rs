@@ -61,8 +61,36 @@ pub mod field {
     pub const ARG_EVICT_TRIGGER: usize = 24;
     /// `struct kfd_process_device` . `pasid` (kernels from about 6.15; reported, not read in BPF).
     pub const PDD_PASID: usize = 25;
+    /// `struct task_struct` . `files` (vmlinux; the fd table of the ioctl's caller).
+    pub const TASK_FILES: usize = 26;
+    /// `struct files_struct` . `fdt`.
+    pub const FILES_FDT: usize = 27;
+    /// `struct fdtable` . `max_fds`.
+    pub const FDT_MAX_FDS: usize = 28;
+    /// `struct fdtable` . `fd` (`struct file **`).
+    pub const FDT_FD: usize = 29;
+    /// `struct file` . `f_inode`.
+    pub const FILE_INODE: usize = 30;
+    /// `struct inode` . `i_rdev` (a device node's number, kernel encoding).
+    pub const INODE_RDEV: usize = 31;
+    /// `struct inode` . `i_ino`.
+    pub const INODE_INO: usize = 32;
+    /// `struct inode` . `i_sb`.
+    pub const INODE_SB: usize = 33;
+    /// `struct super_block` . `s_dev`.
+    pub const SB_DEV: usize = 34;
     /// Number of fields.
-    pub const COUNT: usize = 26;
+    pub const COUNT: usize = 35;
+    /// The fields the ioctl programs read to find the file behind an fd (fd -> file -> inode).
+    pub const FILE_CHAIN: u64 = 1 << TASK_FILES
+        | 1 << FILES_FDT
+        | 1 << FDT_MAX_FDS
+        | 1 << FDT_FD
+        | 1 << FILE_INODE
+        | 1 << INODE_RDEV
+        | 1 << INODE_INO
+        | 1 << INODE_SB
+        | 1 << SB_DEV;
 }
 
 /// Where a [`FieldSpec`] is found in BTF.
@@ -136,6 +164,15 @@ pub const FIELDS: [FieldSpec; field::COUNT] = {
         p(ARG_UNMAP_PARAM, "pm_send_unmap_queue", "filter_param"),
         p(ARG_EVICT_TRIGGER, "kfd_process_evict_queues", "trigger"),
         m(PDD_PASID, "kfd_process_device", "pasid"),
+        m(TASK_FILES, "task_struct", "files"),
+        m(FILES_FDT, "files_struct", "fdt"),
+        m(FDT_MAX_FDS, "fdtable", "max_fds"),
+        m(FDT_FD, "fdtable", "fd"),
+        m(FILE_INODE, "file", "f_inode"),
+        m(INODE_RDEV, "inode", "i_rdev"),
+        m(INODE_INO, "inode", "i_ino"),
+        m(INODE_SB, "inode", "i_sb"),
+        m(SB_DEV, "super_block", "s_dev"),
     ]
 };
 
@@ -148,7 +185,7 @@ pub struct KernelOffsets {
     pub off: [u32; field::COUNT],
     /// Byte size of the member's or parameter's type (1, 2, 4 or 8 for the scalars read).
     pub size: [u8; field::COUNT],
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 1],
 }
 
 impl Default for KernelOffsets {
@@ -157,7 +194,7 @@ impl Default for KernelOffsets {
             known: 0,
             off: [0; field::COUNT],
             size: [0; field::COUNT],
-            _pad: [0; 6],
+            _pad: [0; 1],
         }
     }
 }
@@ -188,7 +225,7 @@ impl KernelOffsets {
 }
 
 const _: () =
-    assert!(core::mem::size_of::<KernelOffsets>() == 8 + 4 * field::COUNT + field::COUNT + 6);
+    assert!(core::mem::size_of::<KernelOffsets>() == 8 + 4 * field::COUNT + field::COUNT + 1);
 const _: () = assert!(core::mem::size_of::<KernelOffsets>().is_multiple_of(8));
 const _: () = assert!(field::COUNT <= 64);
 

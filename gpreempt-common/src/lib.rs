@@ -10,3 +10,4 @@ pub mod kfd;
 pub mod kprobe;
 pub mod nv;
 pub mod record;
+pub mod vfs;

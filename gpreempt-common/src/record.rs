@@ -45,14 +45,81 @@ pub mod stat {
     pub const LAUNCH_SEEN: u32 = 5;
     /// Launch hits emitted as records (the first of a burst, see `Config::launch_gap_ns`).
     pub const LAUNCH_EMITTED: u32 = 6;
+    /// Ioctls typed as GPU driver calls ('K' or 'F', a driver nr) on a file that is no GPU
+    /// device (e.g. /dev/null): dropped in the kernel. A flood shows up here, not in the ring.
+    pub const OTHER_FILE: u32 = 7;
+    /// GPU driver ioctls dropped by the per-process rate limit (see [`RateState`]).
+    pub const RATE_LIMITED: u32 = 8;
     /// Number of statistics.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 9;
+}
+
+/// What the ioctl programs found behind an fd ([`RecordHeader::file_kind`], [`GpuFile::kind`]).
+pub mod file_kind {
+    /// Not looked at: the kernel layout is unknown ([`super::config_flag::FILTER_FILES`] off);
+    /// the record was selected by its type byte and user space checks the fd in /proc.
+    pub const UNCHECKED: u32 = 0;
+    /// The KFD device (or the emulator's stand-in).
+    pub const KFD: u32 = 1;
+    /// An NVIDIA device node taking RM escapes (nvidiactl, nvidiaN).
+    pub const NVIDIA: u32 = 2;
+    /// A [`super::GpuFile`] rule that excludes (a node sharing a GPU major, e.g. nvidia-modeset).
+    pub const NONE: u32 = 3;
+}
+
+/// How a [`GpuFile`] rule matches the inode behind an fd.
+pub mod file_match {
+    /// `inode.i_rdev & mask == dev` (a character device; `mask` picks major or major:minor).
+    pub const RDEV: u32 = 1;
+    /// `inode.i_sb.s_dev == dev && inode.i_ino == ino` (one file, e.g. the emulator's).
+    pub const INODE: u32 = 2;
+}
+
+/// Rules in [`Config::files`].
+pub const MAX_GPU_FILES: usize = 6;
+
+/// One rule saying which files are GPU devices. The first rule that matches decides; `kind` 0
+/// ends the list. Device numbers use the kernel's internal encoding (`major << 20 | minor`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuFile {
+    /// One of [`file_kind`] (0: unused slot, end of the list).
+    pub kind: u32,
+    /// One of [`file_match`].
+    pub by: u32,
+    pub dev: u32,
+    pub mask: u32,
+    pub ino: u64,
+}
+
+/// Kernel `dev_t` bits of the minor number (`MINORBITS`).
+pub const MINOR_BITS: u32 = 20;
+/// Mask of a kernel `dev_t`'s major number.
+pub const MAJOR_MASK: u32 = !((1 << MINOR_BITS) - 1);
+
+/// Kernel `MKDEV`.
+pub const fn mkdev(major: u32, minor: u32) -> u32 {
+    major << MINOR_BITS | minor
+}
+
+/// Value of the `RATES` map, keyed by thread group id: a token bucket of GPU driver ioctl records.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateState {
+    /// When `tokens` was last topped up.
+    pub last_ns: u64,
+    pub tokens: u32,
+    /// Records dropped since the process's first; user space reports the growth.
+    pub dropped: u32,
 }
 
 /// Bits of [`Config::flags`].
 pub mod config_flag {
     /// Only trace the thread group `Config::tgid`.
     pub const FILTER_TGID: u32 = 1;
+    /// Select ioctls by the file behind the fd ([`super::Config::files`]), any type byte, as the
+    /// drivers dispatch them; without it, by the type byte ('K', 'F'), which a caller chooses.
+    pub const FILTER_FILES: u32 = 2;
 }
 
 /// The programs' configuration, index 0 of the `CONFIG` array map, written by user space before attach.
@@ -64,6 +131,12 @@ pub struct Config {
     /// A launch is reported only when the process's previous launch was at least this long ago
     /// (0: every launch). Launches come in bursts of tens per request; the first one is the hint.
     pub launch_gap_ns: u64,
+    /// Per-process rate limit of ioctl records: tokens per second (0: no limit) ...
+    pub rate_per_s: u32,
+    /// ... and bucket size.
+    pub rate_burst: u32,
+    /// Which files are GPU devices (used with [`config_flag::FILTER_FILES`]).
+    pub files: [GpuFile; MAX_GPU_FILES],
 }
 
 /// Common prefix of every record.
@@ -76,7 +149,8 @@ pub struct RecordHeader {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
-    pub _pad: u32,
+    /// Ioctl records: what the kernel found behind the fd ([`file_kind`]); 0 for the others.
+    pub file_kind: u32,
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) when the event began.
     pub ts_ns: u64,
     pub comm: [u8; COMM_LEN],
@@ -162,7 +236,8 @@ pub struct InFlight {
     pub fd: i32,
     pub cmd: u32,
     pub args_len: u32,
-    pub _pad: u32,
+    /// [`file_kind`] of the fd.
+    pub file_kind: u32,
     pub args: [u8; ARGS_MAX],
 }
 
@@ -189,7 +264,9 @@ const _: () = assert!(core::mem::align_of::<IoctlRecord>() == 8);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 32 + ARGS_MAX);
 const _: () = assert!(core::mem::size_of::<KernelRecord>() == 40 + 16 + 48);
 const _: () = assert!(core::mem::size_of::<LaunchRecord>() == 40 + 16);
-const _: () = assert!(core::mem::size_of::<Config>() == 16);
+const _: () = assert!(core::mem::size_of::<Config>() == 24 + 24 * MAX_GPU_FILES);
+const _: () = assert!(core::mem::size_of::<GpuFile>() == 24);
+const _: () = assert!(core::mem::size_of::<RateState>() == 16);
 
 #[cfg(feature = "user")]
 mod user {
@@ -201,4 +278,6 @@ mod user {
     unsafe impl aya::Pod for InFlight {}
     // SAFETY: as above.
     unsafe impl aya::Pod for LaunchState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for RateState {}
 }

@@ -242,6 +242,32 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("KFD_CRIU_OP_RESTORE", criu_op::RESTORE.into()),
         ("KFD_CRIU_OP_RESUME", criu_op::RESUME.into()),
     ];
+    // The ioctls the VFS answers before any driver (gpreempt_common::vfs), from the same
+    // installed uapi headers. FS_IOC_GETFSUUID/GETFSSYSFSPATH are newer than Debian 12's, and
+    // FS_IOC_RESVSP* are kernel-internal (include/linux/falloc.h): not checked here.
+    use gpreempt_common::vfs;
+    for (name, val) in [
+        "FIOCLEX",
+        "FIONCLEX",
+        "FIONBIO",
+        "FIOASYNC",
+        "FIOQSIZE",
+        "FIFREEZE",
+        "FITHAW",
+        "FS_IOC_FIEMAP",
+        "FIGETBSZ",
+        "FICLONE",
+        "FICLONERANGE",
+        "FIDEDUPERANGE",
+    ]
+    .into_iter()
+    .zip(vfs::ALL_FILES)
+    .chain([
+        ("FIBMAP", vfs::REGULAR_FILES[0]),
+        ("FIONREAD", vfs::REGULAR_FILES[1]),
+    ]) {
+        v.push((name, u64::from(val)));
+    }
     use alloc_mem_flags as f;
     for (n, val) in [
         ("VRAM", f::VRAM),
@@ -274,7 +300,8 @@ fn rust_abi_matches_the_installed_kfd_header() {
     let dir = std::env::temp_dir().join(format!("kfd-header-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <linux/kfd_ioctl.h>\nint main(void) {\n",
+        "#include <stdio.h>\n#include <stddef.h>\n#include <linux/kfd_ioctl.h>\n\
+         #include <sys/ioctl.h>\n#include <linux/fs.h>\n#include <linux/fiemap.h>\nint main(void) {\n",
     );
     let mut expected: HashMap<String, u64> = HashMap::new();
     for (cname, size, fields) in structs() {

@@ -1,22 +1,35 @@
 //! KFD ioctls (and NVIDIA RM escapes) through the syscall tracepoints (present on every kernel; the
 //! floor of observation).
 //!
-//! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone (docs/kfd.md), so the
-//! filter is the type byte 'K' plus the KFD nr ranges; user space then confirms the fd is /dev/kfd.
+//! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone, whatever the type byte
+//! (docs/kfd.md), so the programs select by the file behind the fd: fd -> `struct file` ->
+//! inode, matched against [`Config::files`] (device numbers, or the emulator's inode), with
+//! offsets from BTF. Every ioctl on /dev/kfd with a KFD nr is seen, whatever its type byte, and a
+//! 'K' ioctl on /dev/null never reaches the ring buffer. Without the offsets the filter falls
+//! back to the type byte ('K' / 'F'), and user space checks the fd in /proc.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_probe_read_kernel, generated,
+    },
     macros::tracepoint,
     programs::TracePointContext,
     EbpfContext,
 };
 use aya_log_ebpf::{debug, warn};
 use gpreempt_common::{
-    kfd, nv,
-    record::{config_flag, kind, stat, IoctlRecord, ARGS_MAX},
+    kfd,
+    kprobe::field as kf,
+    nv,
+    record::{
+        config_flag, file_kind, file_match, kind, stat, Config, IoctlRecord, RateState, ARGS_MAX,
+        MAX_GPU_FILES,
+    },
+    vfs,
 };
 
-use crate::{config, count, now_ns, EVENTS, GPU_PIDS, INFLIGHT, SCRATCH};
+use crate::{config, count, now_ns, read, EVENTS, GPU_PIDS, INFLIGHT, OFFSETS, RATES, SCRATCH};
 
 // Offsets in the syscall tracepoints' records (events/syscalls/sys_{enter,exit}_ioctl/format):
 // every syscall argument is 8 bytes from offset 16.
@@ -58,23 +71,154 @@ pub fn gpu_ioctl_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// What the calling process's `fd` refers to: one of [`file_kind`] (`NONE` when it is no GPU
+/// device, or cannot be looked at), and whether it is no device node (a regular file: the
+/// emulator's stand-in).
+#[inline(always)]
+fn file_kind_of(fd: i32, cfg: &Config) -> (u32, bool) {
+    let Some(o) = OFFSETS.get(0) else {
+        return (file_kind::NONE, false);
+    };
+    if fd < 0 {
+        return (file_kind::NONE, false);
+    }
+    // SAFETY: no arguments; returns the current task's address (only ever read through
+    // bpf_probe_read_kernel below).
+    let task = unsafe { bpf_get_current_task() };
+    let Some(fdt) = read(task, o, kf::TASK_FILES).and_then(|f| read(f, o, kf::FILES_FDT)) else {
+        return (file_kind::NONE, false);
+    };
+    let max = read(fdt, o, kf::FDT_MAX_FDS).unwrap_or(0);
+    if fd as u64 >= max {
+        return (file_kind::NONE, false);
+    }
+    let Some(fds) = read(fdt, o, kf::FDT_FD) else {
+        return (file_kind::NONE, false);
+    };
+    // SAFETY: a probe read of one slot of the fd array (fd < max_fds); faults return an error.
+    let file = unsafe { bpf_probe_read_kernel((fds + 8 * fd as u64) as *const u64) }.unwrap_or(0);
+    let Some(inode) = read(file, o, kf::FILE_INODE) else {
+        return (file_kind::NONE, false);
+    };
+    let rdev = read(inode, o, kf::INODE_RDEV).unwrap_or(0) as u32;
+    // Only files that are no device node are matched by identity (the emulator's stand-in).
+    let (sdev, ino) = if rdev == 0 {
+        (
+            read(inode, o, kf::INODE_SB)
+                .and_then(|sb| read(sb, o, kf::SB_DEV))
+                .unwrap_or(0) as u32,
+            read(inode, o, kf::INODE_INO).unwrap_or(0),
+        )
+    } else {
+        (0, 0)
+    };
+    for i in 0..MAX_GPU_FILES {
+        let r = &cfg.files[i];
+        if r.kind == 0 {
+            break;
+        }
+        let hit = if r.by == file_match::RDEV {
+            rdev != 0 && rdev & r.mask == r.dev
+        } else if r.by == file_match::INODE {
+            rdev == 0 && ino != 0 && sdev == r.dev && ino == r.ino
+        } else {
+            false
+        };
+        if hit {
+            return (r.kind, rdev == 0);
+        }
+    }
+    (file_kind::NONE, false)
+}
+
+/// The per-process token bucket: whether `tgid` may emit one more record now.
+#[inline(always)]
+fn rate_allows(tgid: u32, cfg: &Config, now: u64) -> bool {
+    let (rate, burst) = (cfg.rate_per_s as u64, cfg.rate_burst);
+    if rate == 0 {
+        return true;
+    }
+    let Some(s) = RATES.get_ptr_mut(tgid) else {
+        let s = RateState {
+            last_ns: now,
+            tokens: burst.saturating_sub(1),
+            dropped: 0,
+        };
+        let _ = RATES.insert(tgid, s, 0);
+        return true;
+    };
+    // SAFETY: a pointer into the map value; threads of one process on other CPUs may race on
+    // it, which only makes the limit approximate.
+    let s = unsafe { &mut *s };
+    let elapsed = now.wrapping_sub(s.last_ns);
+    if elapsed >= 1_000_000_000 {
+        s.tokens = burst;
+        s.last_ns = now;
+    } else {
+        // elapsed < 1e9 and rate < 2^32: no overflow.
+        let add = elapsed * rate / 1_000_000_000;
+        if add > 0 {
+            let t = s.tokens as u64 + add;
+            s.tokens = if t > burst as u64 { burst } else { t as u32 };
+            s.last_ns = now;
+        }
+    }
+    if s.tokens == 0 {
+        s.dropped = s.dropped.wrapping_add(1);
+        count(stat::RATE_LIMITED);
+        return false;
+    }
+    s.tokens -= 1;
+    true
+}
+
 #[inline(always)]
 fn enter(ctx: &TracePointContext) {
     let cmd = field::<u64>(ctx, ENTER_CMD) as u32;
     let (ty, nr) = (kfd::ioc_type(cmd), kfd::ioc_nr(cmd));
-    // The kernel's copy size of each struct: KFD by its table; NVIDIA RM escapes by theirs.
-    let ksize = if ty == kfd::AMDKFD_IOCTL_BASE && kfd::is_kfd_nr(nr) {
-        kfd::arg_size(nr)
-    } else if ty == nv::NV_IOCTL_MAGIC && nv::is_rm_nr(nr) {
-        nv::arg_size(nr)
-    } else {
+    // The drivers dispatch by nr: a call with neither a KFD nor an RM nr does nothing anywhere.
+    let (kfd_nr, rm_nr) = (kfd::is_kfd_nr(nr), nv::is_rm_nr(nr));
+    if !kfd_nr && !rm_nr {
         return;
-    };
+    }
+    let Some(cfg) = config() else { return };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    let cfg = config();
     if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != tgid {
+        return;
+    }
+    let typed = (ty == kfd::AMDKFD_IOCTL_BASE && kfd_nr) || (ty == nv::NV_IOCTL_MAGIC && rm_nr);
+    let fd = field::<u64>(ctx, ENTER_FD) as i32;
+    // Which decoder: KFD (true) or RM (false).
+    let (file, is_kfd) = if cfg.flags & config_flag::FILTER_FILES != 0 {
+        let (k, regular) = file_kind_of(fd, cfg);
+        // Calls the VFS answers never reach the driver, whatever their nr.
+        if vfs::answers(cmd, regular) {
+            return;
+        }
+        if k == file_kind::KFD && kfd_nr {
+            (k, true)
+        } else if k == file_kind::NVIDIA && rm_nr {
+            (k, false)
+        } else {
+            if typed {
+                count(stat::OTHER_FILE);
+            }
+            return;
+        }
+    } else if typed {
+        (file_kind::UNCHECKED, ty == kfd::AMDKFD_IOCTL_BASE)
+    } else {
+        return;
+    };
+    // The kernel's copy size of each struct: KFD by its table; NVIDIA RM escapes by theirs.
+    let ksize = if is_kfd {
+        kfd::arg_size(nr)
+    } else {
+        nv::arg_size(nr)
+    };
+    if !rate_allows(tgid, cfg, now_ns()) {
         return;
     }
     count(stat::SEEN);
@@ -92,8 +236,9 @@ fn enter(ctx: &TracePointContext) {
     // SAFETY: a per-CPU slot, used only between here and the insert below, with preemption off.
     let inflight = unsafe { &mut *inflight };
     inflight.arg = arg;
-    inflight.fd = field::<u64>(ctx, ENTER_FD) as i32;
+    inflight.fd = fd;
     inflight.cmd = cmd;
+    inflight.file_kind = file;
     inflight.args_len = read_user(inflight.args.as_mut_ptr(), arg, len);
     if len > 0 && inflight.args_len == 0 {
         count(stat::ARGS_FAULT);
@@ -151,7 +296,7 @@ fn exit(ctx: &TracePointContext) {
         (*rec).hdr.kind = kind::IOCTL;
         (*rec).hdr.pid = (pid_tgid >> 32) as u32;
         (*rec).hdr.tid = tid;
-        (*rec).hdr._pad = 0;
+        (*rec).hdr.file_kind = inf.file_kind;
         (*rec).hdr.ts_ns = inf.ts_ns;
         (*rec).hdr.comm = bpf_get_current_comm().unwrap_or([0; 16]);
         (*rec).fd = inf.fd;
@@ -169,10 +314,10 @@ fn exit(ctx: &TracePointContext) {
         // caller's stack, gone by the time user space could look): their head goes after the
         // struct, read at exit (a control's outputs, e.g. GET_TIMESLICE's value, are in by then).
         let nr = kfd::ioc_nr(inf.cmd);
-        if kfd::ioc_type(inf.cmd) == nv::NV_IOCTL_MAGIC
-            && (nr == nv::nr::RM_ALLOC || nr == nv::nr::RM_CONTROL)
-            && inf.args_len >= 28
-        {
+        let rm = inf.file_kind == file_kind::NVIDIA
+            || (inf.file_kind == file_kind::UNCHECKED
+                && kfd::ioc_type(inf.cmd) == nv::NV_IOCTL_MAGIC);
+        if rm && (nr == nv::nr::RM_ALLOC || nr == nv::nr::RM_CONTROL) && inf.args_len >= 28 {
             let a = &inf.args;
             let p = u64::from_le_bytes([a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]]);
             // A control's buffer may be smaller than the head: never read past paramsSize.

@@ -6,7 +6,7 @@
 //! Each program names the prototype it assumes (upstream, Linux 6.8 - 6.18).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{fentry, kprobe},
     programs::{FEntryContext, ProbeContext},
 };
@@ -15,33 +15,9 @@ use gpreempt_common::{
     record::{config_flag, kind, stat, KernelRecord, RecordHeader},
 };
 
-use crate::{config, count, now_ns, EVENTS, OFFSETS};
+use crate::{config, count, now_ns, read, EVENTS, OFFSETS};
 
 const NO_QUEUE: u32 = u32::MAX;
-
-/// Reads field `f` of the kernel object at `base`, zero-extended; None when unknown or unreadable.
-#[inline(always)]
-fn read(base: u64, o: &KernelOffsets, f: usize) -> Option<u64> {
-    if base == 0 || !o.is_known(f) {
-        return None;
-    }
-    let addr = base.wrapping_add(o.off[f] as u64);
-    // SAFETY: bpf_probe_read_kernel validates the address and returns an error instead of
-    // faulting; the value is copied out, never dereferenced in place.
-    unsafe {
-        match o.size[f] {
-            1 => bpf_probe_read_kernel(addr as *const u8).ok().map(u64::from),
-            2 => bpf_probe_read_kernel(addr as *const u16)
-                .ok()
-                .map(u64::from),
-            4 => bpf_probe_read_kernel(addr as *const u32)
-                .ok()
-                .map(u64::from),
-            8 => bpf_probe_read_kernel(addr as *const u64).ok(),
-            _ => None,
-        }
-    }
-}
 
 /// Thread group id of a `struct kfd_process *` (`p->lead_thread->tgid`), 0 when unknown.
 #[inline(always)]
@@ -99,7 +75,7 @@ fn emit(probe: u32, target: u32, gpu_id: u32, queue_id: u32, args: [u64; 6]) {
     count(stat::KERNEL_SEEN);
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    let cfg = config();
+    let Some(cfg) = config() else { return };
     if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != tgid && cfg.tgid != target {
         return;
     }
@@ -108,7 +84,7 @@ fn emit(probe: u32, target: u32, gpu_id: u32, queue_id: u32, args: [u64; 6]) {
             kind: kind::KERNEL,
             pid: tgid,
             tid: pid_tgid as u32,
-            _pad: 0,
+            file_kind: 0,
             ts_ns: now_ns(),
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
         },

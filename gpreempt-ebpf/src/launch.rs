@@ -26,7 +26,7 @@ fn hit(ctx: &ProbeContext, point: u32) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let now = now_ns();
-    let gap = config().launch_gap_ns;
+    let gap = config().map_or(0, |c| c.launch_gap_ns);
     let suppressed = match LAUNCHES.get_ptr_mut(tgid) {
         Some(s) => {
             // SAFETY: a pointer into the map value; concurrent threads of one process may race on
@@ -57,7 +57,7 @@ fn hit(ctx: &ProbeContext, point: u32) -> u32 {
             kind: kind::LAUNCH,
             pid: tgid,
             tid: pid_tgid as u32,
-            _pad: 0,
+            file_kind: 0,
             ts_ns: now,
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
         },

@@ -18,12 +18,15 @@ mod launch;
 mod process;
 
 use aya_ebpf::{
+    helpers::bpf_probe_read_kernel,
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
 use gpreempt_common::{
     kprobe::KernelOffsets,
-    record::{stat, Config, InFlight, LaunchState, MAX_GPU_PIDS, MAX_INFLIGHT, RING_BYTES},
+    record::{
+        stat, Config, InFlight, LaunchState, RateState, MAX_GPU_PIDS, MAX_INFLIGHT, RING_BYTES,
+    },
 };
 
 /// Every record, in order of completion.
@@ -55,6 +58,10 @@ static GPU_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_GPU_PIDS
 #[map]
 static OFFSETS: Array<KernelOffsets> = Array::with_max_entries(1, 0);
 
+/// GPU driver ioctl rate limit per thread group (`Config::rate_per_s`).
+#[map]
+static RATES: LruHashMap<u32, RateState> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
+
 /// Launch-hint rate limit per thread group.
 #[map]
 static LAUNCHES: LruHashMap<u32, LaunchState> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
@@ -75,12 +82,34 @@ fn now_ns() -> u64 {
     unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }
 }
 
+/// Reads field `f` of the kernel object at `base`, zero-extended; None when unknown or unreadable.
 #[inline(always)]
-fn config() -> Config {
-    match CONFIG.get(0) {
-        Some(c) => *c,
-        None => Config::default(),
+fn read(base: u64, o: &KernelOffsets, f: usize) -> Option<u64> {
+    if base == 0 || !o.is_known(f) {
+        return None;
     }
+    let addr = base.wrapping_add(o.off[f] as u64);
+    // SAFETY: bpf_probe_read_kernel validates the address and returns an error instead of
+    // faulting; the value is copied out, never dereferenced in place.
+    unsafe {
+        match o.size[f] {
+            1 => bpf_probe_read_kernel(addr as *const u8).ok().map(u64::from),
+            2 => bpf_probe_read_kernel(addr as *const u16)
+                .ok()
+                .map(u64::from),
+            4 => bpf_probe_read_kernel(addr as *const u32)
+                .ok()
+                .map(u64::from),
+            8 => bpf_probe_read_kernel(addr as *const u64).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The configuration user space wrote (always present: an array map's slot exists from creation).
+#[inline(always)]
+fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
 }
 
 #[cfg(not(test))]

@@ -23,7 +23,7 @@ pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
             kind: kind::PROCESS_EXIT,
             pid: tgid,
             tid: tgid,
-            _pad: 0,
+            file_kind: 0,
             ts_ns: now_ns(),
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
         },

@@ -172,6 +172,8 @@ impl Drop for Tracer {
 #[derive(Debug, Default)]
 pub struct Summary {
     pub fields: std::collections::HashMap<String, u64>,
+    /// The tracer's whole stderr, up to the summary line.
+    pub stderr: String,
 }
 
 impl Summary {
@@ -182,7 +184,10 @@ impl Summary {
             .filter_map(|kv| kv.split_once('='))
             .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
             .collect();
-        Some(Self { fields })
+        Some(Self {
+            fields,
+            stderr: stderr.to_string(),
+        })
     }
     pub fn get(&self, k: &str) -> u64 {
         *self
@@ -206,12 +211,18 @@ impl Poke {
         Self::from_command(c)
     }
 
-    /// `kfd-poke /dev/nvidiactl ARGS` in a private mount namespace where /dev is a tmpfs holding
-    /// a regular file named nvidiactl: ioctls fail (ENOTTY) but the fd reads as an NVIDIA node.
-    pub fn spawn_as_nvidiactl(args: &[&str]) -> Self {
+    /// `kfd-poke /dev/nvidiactl ARGS` in a private mount namespace where /dev is a tmpfs and
+    /// the regular file `stand_in` is bound at /dev/nvidiactl: ioctls fail (ENOTTY), the fd
+    /// reads as an NVIDIA node, and the tracer knows the file by `--nvidia-device stand_in`.
+    pub fn spawn_as_nvidiactl(stand_in: &Path, args: &[&str]) -> Self {
+        std::fs::write(stand_in, b"").expect("creating the nvidiactl stand-in");
         let mut c = Command::new("unshare");
         c.args(["-m", "--propagation", "private", "sh", "-c"])
-            .arg("mount -t tmpfs none /dev && : > /dev/nvidiactl && exec \"$0\" /dev/nvidiactl \"$@\"")
+            .arg(
+                "mount -t tmpfs none /dev && : > /dev/nvidiactl && mount --bind \"$0\" /dev/nvidiactl \
+                 && p=\"$1\" && shift && exec \"$p\" /dev/nvidiactl \"$@\"",
+            )
+            .arg(stand_in)
             .arg(bin("kfd-poke"))
             .args(args);
         Self::from_command(c)

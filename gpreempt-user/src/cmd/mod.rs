@@ -22,7 +22,26 @@ pub struct Global {
         default_value = "/dev/kfd"
     )]
     pub kfd_device: PathBuf,
+    /// An NVIDIA RM node that is no device node (a stand-in); real ones are known by number.
+    #[arg(
+        long,
+        global = true,
+        env = "GPREEMPT_NVIDIA_DEVICE",
+        value_name = "PATH"
+    )]
+    pub nvidia_device: Vec<PathBuf>,
     /// More diagnostics on stderr (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+}
+
+impl Global {
+    /// The observer's options for the devices named here (rate limit on).
+    pub fn probe_options(&self) -> crate::observe::probe::ProbeOptions {
+        crate::observe::probe::ProbeOptions {
+            kfd_device: self.kfd_device.clone(),
+            nvidia_devices: self.nvidia_device.clone(),
+            ..Default::default()
+        }
+    }
 }

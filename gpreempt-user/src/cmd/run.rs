@@ -489,7 +489,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let ms = Duration::from_millis;
     let mut w = Watcher::start(
         Paths::default(),
-        &g.kfd_device,
+        g.probe_options(),
         Intervals::from_ms(
             args.reconcile_interval,
             args.hqd_interval,

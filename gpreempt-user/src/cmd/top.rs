@@ -190,7 +190,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let ms = Duration::from_millis;
     let w = Watcher::start(
         Paths::default(),
-        &g.kfd_device,
+        g.probe_options(),
         Intervals::from_ms(
             args.reconcile_interval,
             args.hqd_interval,

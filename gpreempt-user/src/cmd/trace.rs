@@ -50,6 +50,24 @@ pub struct Args {
     /// Only the ioctl tracepoints: no kprobes / fentry on amdkfd.
     #[arg(long)]
     pub no_kernel_probes: bool,
+    /// Drop a process's records beyond PER_S a second (bursts of BURST) in the kernel, counted
+    /// per process (`run` and `top` always limit; a trace shows everything by default).
+    #[arg(long, value_name = "PER_S[:BURST]", value_parser = parse_rate)]
+    pub rate_limit: Option<(u32, u32)>,
+}
+
+/// `PER_S[:BURST]`, both positive integers; BURST defaults to PER_S.
+fn parse_rate(s: &str) -> Result<(u32, u32), String> {
+    let num = |t: &str| match t.trim().parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{t:?} is not a positive whole number (expected PER_S[:BURST], e.g. 8192:32768)"
+        )),
+    };
+    match s.split_once(':') {
+        Some((r, b)) => Ok((num(r)?, num(b)?)),
+        None => num(s).map(|r| (r, r)),
+    }
 }
 
 pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
@@ -83,6 +101,10 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         ebpf_log: args.ebpf_log,
         no_kernel_probes: args.no_kernel_probes,
         launch_gap_ns: (args.launch_gap * 1e6) as u64,
+        kfd_device: g.kfd_device.clone(),
+        nvidia_devices: g.nvidia_device.clone(),
+        // A trace is what the operator asked to see: every record (losses are counted).
+        rate_limit: args.rate_limit,
     })?;
     let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&g.kfd_device))
         .context("watching the ring buffer")?;
@@ -107,10 +129,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
             l.watch(&probes, pid)?;
         }
     }
-    eprintln!(
-        "gpreempt-ebpf: {}",
-        crate::observe::probe::summarize(probes.sources())
-    );
+    eprintln!("gpreempt-ebpf: {}", probes.summary());
     for why in crate::observe::probe::not_live_reasons(probes.sources()) {
         eprintln!("gpreempt-ebpf: {why}");
     }
@@ -172,12 +191,15 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         }
     }
     probes.flush_log();
+    for (pid, n) in probes.rate_limited().unwrap_or_default() {
+        eprintln!("gpreempt-ebpf: pid {pid}: {n} records dropped by the rate limit");
+    }
     let k = probes.stats()?;
     let u = source.stats;
     eprintln!(
         "gpreempt-ebpf: summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
          args_unreadable={} not_kfd={} unverified={} malformed={} kernel_probe_hits={} \
-         launches_seen={} launch_hints={}",
+         launches_seen={} launch_hints={} dropped_other_file={} rate_limited={}",
         k.seen,
         k.ringbuf_full,
         k.inflight_full,
@@ -187,7 +209,9 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         u.malformed,
         k.kernel_seen,
         k.launch_seen,
-        k.launch_emitted
+        k.launch_emitted,
+        k.other_file,
+        k.rate_limited
     );
     Ok(ExitCode::SUCCESS)
 }

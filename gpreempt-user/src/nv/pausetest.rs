@@ -82,7 +82,7 @@ async fn find_target(w: &mut Watcher, comm: &str, wait: Duration) -> Result<u32>
 pub async fn main(args: &Args) -> Result<ExitCode> {
     let mut w = Watcher::start_kfd(
         Paths::default(),
-        std::path::Path::new("/dev/kfd"),
+        crate::observe::probe::ProbeOptions::default(),
         Intervals::from_ms(1000, 1000, 1000),
         false,
     )?;

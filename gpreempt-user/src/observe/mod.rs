@@ -1,8 +1,9 @@
 //! Seeing the host: load and attach the eBPF programs ([`probe`], with kernel struct offsets from
-//! [`btf`]), turn ring-buffer records into typed events ([`events`]), follow processes' facts
+//! [`btf`]; GPU device files for the in-kernel filter from [`gpufiles`]), turn ring-buffer records into typed events ([`events`]), follow processes' facts
 //! ([`procinfo`]) and launch entry points ([`launch`]), and feed the host model ([`watch`]).
 pub mod btf;
 pub mod events;
+pub mod gpufiles;
 pub mod hints;
 pub mod host;
 pub mod launch;

@@ -2,12 +2,12 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
-    maps::{Array, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
         FEntry, KProbe, TracePoint, UProbe,
@@ -16,7 +16,7 @@ use aya::{
 };
 use gpreempt_common::{
     kprobe::{self, KernelOffsets, ProbeSpec, FIELDS, PROBES},
-    record::{config_flag, stat, Config},
+    record::{config_flag, stat, Config, RateState},
 };
 use serde::Serialize;
 
@@ -38,6 +38,12 @@ pub struct ProbeOptions {
     pub no_kernel_probes: bool,
     /// Launch hints: at most one per process per this many ns (0: every launch).
     pub launch_gap_ns: u64,
+    /// The KFD device node (its number, or for a stand-in its inode, selects KFD ioctls).
+    pub kfd_device: PathBuf,
+    /// NVIDIA nodes beyond those recognised by number (stand-ins).
+    pub nvidia_devices: Vec<PathBuf>,
+    /// Per-process limit of ioctl records: (per second, burst); None: unlimited.
+    pub rate_limit: Option<(u32, u32)>,
 }
 
 impl Default for ProbeOptions {
@@ -47,8 +53,27 @@ impl Default for ProbeOptions {
             ebpf_log: false,
             no_kernel_probes: false,
             launch_gap_ns: LAUNCH_GAP_NS,
+            kfd_device: PathBuf::from("/dev/kfd"),
+            nvidia_devices: Vec::new(),
+            rate_limit: Some(RATE_LIMIT),
         }
     }
+}
+
+/// Default [`ProbeOptions::rate_limit`]: a process gets 8192 ioctl records a second, bursts of
+/// 32768 (a runtime's start-up allocates thousands of buffers at once). Beyond it, one process
+/// flooding its GPU fd cannot fill the ring buffer that every other process's events share;
+/// its dropped records are counted per process and reported.
+pub const RATE_LIMIT: (u32, u32) = (8192, 32768);
+
+/// How the ioctl programs select GPU driver calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IoctlFilter {
+    /// By the file behind the fd (the rules, described), any type byte.
+    ByFile(String),
+    /// By the type byte ('K', 'F'), because the file cannot be looked at (why). A caller can
+    /// evade it with another type byte; user space checks the fd of what it sees.
+    ByType(String),
 }
 
 /// Default [`ProbeOptions::launch_gap_ns`]: one hint per ms per process. A request launches tens
@@ -260,6 +285,7 @@ pub struct Probes {
     launch_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// Err: why launch uprobes cannot be used (a program failed to load).
     launch_ready: Result<(), String>,
+    filter: IoctlFilter,
 }
 
 /// Counters the programs keep, summed over CPUs.
@@ -272,6 +298,10 @@ pub struct KernelStats {
     pub kernel_seen: u64,
     pub launch_seen: u64,
     pub launch_emitted: u64,
+    /// GPU-typed ioctls on other files, dropped in the kernel.
+    pub other_file: u64,
+    /// Records dropped by the per-process rate limit.
+    pub rate_limited: u64,
 }
 
 impl KernelStats {
@@ -417,17 +447,59 @@ fn verifier_text(e: &aya::programs::ProgramError) -> String {
     }
 }
 
+/// Writes the struct offsets the programs read (the ioctl programs' file lookup, the kernel
+/// probes).
+fn write_offsets(ebpf: &mut Ebpf, offsets: &KernelOffsets) -> Result<()> {
+    let mut m: Array<_, KernelOffsets> =
+        Array::try_from(ebpf.map_mut("OFFSETS").context("map OFFSETS missing")?)?;
+    m.set(0, offsets, 0)
+        .context("writing kernel struct offsets")?;
+    Ok(())
+}
+
+/// How to select ioctls here: by file when every field of the fd -> inode chain is known.
+fn choose_filter(
+    facts: &HostProbeFacts,
+    offsets_written: &Result<()>,
+    devices: &crate::observe::gpufiles::Devices,
+) -> (IoctlFilter, Vec<gpreempt_common::record::GpuFile>) {
+    use kprobe::field::FILE_CHAIN;
+    if let Err(e) = offsets_written {
+        return (IoctlFilter::ByType(format!("{e:#}")), Vec::new());
+    }
+    if !facts.offsets.has_all(FILE_CHAIN) {
+        let mut why: Vec<&str> = facts
+            .missing
+            .iter()
+            .filter(|(f, _)| FILE_CHAIN & (1 << f) != 0)
+            .map(|(_, w)| w.as_str())
+            .collect();
+        why.dedup();
+        return (
+            IoctlFilter::ByType(format!("struct file layout unknown: {}", why.join("; "))),
+            Vec::new(),
+        );
+    }
+    let (rules, dropped) = devices.rules();
+    let mut text = crate::observe::gpufiles::describe(&rules);
+    if dropped > 0 {
+        text.push_str(&format!(
+            " ({dropped} more device(s) did not fit and are not seen)"
+        ));
+    }
+    (IoctlFilter::ByFile(text), rules)
+}
+
 /// Loads and attaches the kernel-internal probes the facts allow; one status per probe.
-fn attach_kernel_probes(ebpf: &mut Ebpf, facts: &HostProbeFacts) -> Vec<SourceStatus> {
+fn attach_kernel_probes(
+    ebpf: &mut Ebpf,
+    facts: &HostProbeFacts,
+    offsets_written: &Result<()>,
+) -> Vec<SourceStatus> {
     let mut out = Vec::new();
-    let written = ebpf
-        .map_mut("OFFSETS")
-        .context("map OFFSETS missing from the eBPF object")
-        .and_then(|m| Ok(Array::<_, KernelOffsets>::try_from(m)?))
-        .and_then(|mut m| Ok(m.set(0, facts.offsets, 0)?));
-    if let Err(e) = written {
+    if let Err(e) = offsets_written {
         // Without offsets the programs read nothing: no kernel probe is attached.
-        let detail = format!("writing kernel struct offsets: {e:#}");
+        let detail = format!("{e:#}");
         return PROBES
             .iter()
             .map(|spec| SourceStatus {
@@ -551,6 +623,12 @@ impl Probes {
             None
         };
 
+        // BTF first: the ioctl programs need the fd -> inode offsets before they attach.
+        let facts = HostProbeFacts::read(Path::new("/"));
+        let offsets_written = write_offsets(&mut ebpf, &facts.offsets);
+        let devices =
+            crate::observe::gpufiles::Devices::read(&opts.kfd_device, &opts.nvidia_devices);
+        let (filter, rules) = choose_filter(&facts, &offsets_written, &devices);
         let mut config = Config {
             launch_gap_ns: opts.launch_gap_ns,
             ..Config::default()
@@ -558,6 +636,20 @@ impl Probes {
         if let Some(pid) = opts.pid {
             config.flags |= config_flag::FILTER_TGID;
             config.tgid = pid;
+        }
+        if let Some((rate, burst)) = opts.rate_limit {
+            (config.rate_per_s, config.rate_burst) = (rate, burst.max(1));
+        }
+        match &filter {
+            IoctlFilter::ByFile(rules_text) => {
+                config.flags |= config_flag::FILTER_FILES;
+                config.files[..rules.len()].copy_from_slice(&rules);
+                log::info!("GPU ioctls selected by file: {rules_text}");
+            }
+            IoctlFilter::ByType(why) => log::warn!(
+                "GPU ioctls selected by type byte only ({why}): a process can hide its calls \
+                 with another type byte, and ioctls on other files cost user-space checks"
+            ),
         }
         let mut cfg_map: Array<_, Config> =
             Array::try_from(ebpf.map_mut("CONFIG").context("map CONFIG missing")?)?;
@@ -591,8 +683,7 @@ impl Probes {
                 detail: "not requested".into(),
             });
         } else {
-            let facts = HostProbeFacts::read(Path::new("/"));
-            sources.extend(attach_kernel_probes(&mut ebpf, &facts));
+            sources.extend(attach_kernel_probes(&mut ebpf, &facts, &offsets_written));
         }
 
         let launch_ready = load_launch_programs(&mut ebpf);
@@ -618,7 +709,34 @@ impl Probes {
             sources,
             launch_links: HashMap::new(),
             launch_ready,
+            filter,
         })
+    }
+
+    /// How ioctls are selected in the kernel.
+    pub fn filter(&self) -> &IoctlFilter {
+        &self.filter
+    }
+
+    /// [`summarize`] plus how ioctls are selected, for logs and `top`.
+    pub fn summary(&self) -> String {
+        let how = match &self.filter {
+            IoctlFilter::ByFile(_) => "ioctls by device",
+            IoctlFilter::ByType(_) => "ioctls by TYPE BYTE (evadable)",
+        };
+        format!("{}, {how}", summarize(&self.sources))
+    }
+
+    /// Processes whose ioctl records the rate limit dropped, with the count so far.
+    pub fn rate_limited(&self) -> Result<Vec<(u32, u32)>> {
+        let map: BpfHashMap<_, u32, RateState> =
+            BpfHashMap::try_from(self.ebpf.map("RATES").context("map RATES missing")?)?;
+        Ok(map
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, s)| s.dropped > 0)
+            .map(|(pid, s)| (pid, s.dropped))
+            .collect())
     }
 
     /// Every event source and whether it is live.
@@ -732,6 +850,8 @@ impl Probes {
             kernel_seen: sum(stat::KERNEL_SEEN)?,
             launch_seen: sum(stat::LAUNCH_SEEN)?,
             launch_emitted: sum(stat::LAUNCH_EMITTED)?,
+            other_file: sum(stat::OTHER_FILE)?,
+            rate_limited: sum(stat::RATE_LIMITED)?,
         })
     }
 

@@ -119,28 +119,28 @@ impl Watcher {
 
     /// Attaches the eBPF programs, then reads the current state (queues that existed before).
     /// Must run inside a tokio runtime.
-    pub fn start(paths: Paths, kfd_device: &std::path::Path, iv: Intervals) -> Result<Self> {
+    pub fn start(paths: Paths, probes: ProbeOptions, iv: Intervals) -> Result<Self> {
         // An NVIDIA host has no KFD: its processes come from the RM escapes alone.
         let nvidia = std::path::Path::new(gpreempt_common::nv::NVIDIACTL).exists();
-        Self::start_kfd(paths, kfd_device, iv, !nvidia)
+        Self::start_kfd(paths, probes, iv, !nvidia)
     }
 
     /// As [`Watcher::start`]; without `require_kfd` a host with no KFD is watched too (NVIDIA).
     pub fn start_kfd(
         paths: Paths,
-        kfd_device: &std::path::Path,
+        opts: ProbeOptions,
         iv: Intervals,
         require_kfd: bool,
     ) -> Result<Self> {
         // Events first, so nothing created between the sysfs read and the attach is missed.
-        let mut probes = Probes::attach(&ProbeOptions::default())?;
-        let source = EventSource::new(probes.take_events()?, FdCheck::new(kfd_device))
+        let mut probes = Probes::attach(&opts)?;
+        let source = EventSource::new(probes.take_events()?, FdCheck::new(&opts.kfd_device))
             .context("watching the ring buffer")?;
         let mut w = Self::without_events_kfd(paths, require_kfd)?;
         for why in crate::observe::probe::not_live_reasons(probes.sources()) {
             w.warn_once(why);
         }
-        w.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
+        w.state.sources = Some(probes.summary());
         w.events = Some((probes, source));
         w.timers = Some(Timers::new(&iv));
         w.read_all(true);
@@ -177,7 +177,7 @@ impl Watcher {
         };
         let outcome = self.hints.resolved(probes, pid, r, alive);
         if let crate::observe::hints::Outcome::Attached(_) = outcome {
-            self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
+            self.state.sources = Some(probes.summary());
         }
         if let Some(line) = outcome.describe(pid, took) {
             log::info!("{line}");
@@ -188,7 +188,7 @@ impl Watcher {
     pub fn unwatch_launches(&mut self, pid: u32) {
         if let Some((probes, _)) = self.events.as_mut() {
             if self.hints.unwatch(probes, pid) {
-                self.state.sources = Some(crate::observe::probe::summarize(probes.sources()));
+                self.state.sources = Some(probes.summary());
             }
         }
     }

@@ -4,6 +4,8 @@
 //! them, which is all the tracer tests need.
 //!
 //! Usage: kfd-poke PATH script   issue the scripted sequence (see `script`), after a line on stdin
+//!        kfd-poke PATH script-x the same with type byte 'X' instead of 'K' (the kernel dispatches
+//!                               KFD calls by nr alone: a caller hiding from a type-byte filter)
 //!        kfd-poke PATH nv       NVIDIA RM escapes (see `script_nv`), after a line on stdin
 //!        kfd-poke PATH flood N  issue N CREATE_QUEUE ioctls as fast as possible, after a line on stdin
 //!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
@@ -25,8 +27,10 @@ fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) -> i64 {
     unsafe { libc::ioctl(fd, cmd as libc::c_ulong, arg as *mut T) as i64 }
 }
 
-/// The scripted sequence; tests/tests/trace.rs asserts exactly these values.
-pub fn script(fd: i32) {
+/// The scripted sequence; tests/tests/trace.rs asserts exactly these values. `ty`: another
+/// type byte for the KFD commands.
+pub fn script(fd: i32, ty: Option<u8>) {
+    let c = |cmd: u32| ty.map_or(cmd, |t| (cmd & !0xff00) | u32::from(t) << 8);
     let mut cq = kfd::CreateQueueArgs {
         ring_base_address: 0x7f00_0000_1000,
         write_pointer_address: 0x7f00_0000_2038,
@@ -43,15 +47,15 @@ pub fn script(fd: i32) {
         ctl_stack_size: 0x1000,
         ..Default::default()
     };
-    ioctl(fd, kfd::cmd::CREATE_QUEUE, &mut cq);
+    ioctl(fd, c(kfd::cmd::CREATE_QUEUE), &mut cq);
     // The pre-1.17 88-byte form (the kernel accepts both).
     cq.queue_priority = 15;
-    ioctl(fd, kfd::cmd::CREATE_QUEUE_V1, &mut cq);
+    ioctl(fd, c(kfd::cmd::CREATE_QUEUE_V1), &mut cq);
     let mut dq = kfd::DestroyQueueArgs {
         queue_id: 3,
         ..Default::default()
     };
-    ioctl(fd, kfd::cmd::DESTROY_QUEUE, &mut dq);
+    ioctl(fd, c(kfd::cmd::DESTROY_QUEUE), &mut dq);
     let mut queues = [1u32, 2, 5];
     let mut dbg = kfd::DbgTrapArgs::new(
         4242,
@@ -62,7 +66,7 @@ pub fn script(fd: i32) {
             grace_period: 100,
         },
     );
-    ioctl(fd, kfd::cmd::DBG_TRAP, &mut dbg);
+    ioctl(fd, c(kfd::cmd::DBG_TRAP), &mut dbg);
     // Not KFD: a terminal ioctl, and a 'K' ioctl outside the KFD ranges. Neither may be reported.
     let mut n: libc::c_int = 0;
     ioctl(fd, libc::FIONREAD as u32, &mut n);
@@ -73,7 +77,7 @@ pub fn script(fd: i32) {
         mode_mask: 1,
         capabilities_mask: 0,
     };
-    ioctl(fd, kfd::cmd::RUNTIME_ENABLE, &mut rt);
+    ioctl(fd, c(kfd::cmd::RUNTIME_ENABLE), &mut rt);
 }
 
 /// NVIDIA RM escapes with known handles; tests/tests/trace.rs asserts exactly these values.
@@ -167,7 +171,8 @@ fn main() {
     let _ = std::io::stdout().flush();
     let _ = stdin.lock().read_line(&mut line);
     match args[2].as_str() {
-        "script" => script(fd),
+        "script" => script(fd, None),
+        "script-x" => script(fd, Some(b'X')),
         "nv" => script_nv(fd),
         "flood" => {
             let mut cq = kfd::CreateQueueArgs::default();

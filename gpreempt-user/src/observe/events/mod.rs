@@ -8,7 +8,8 @@ use std::{
 use gpreempt_common::{
     kfd, kprobe, nv,
     record::{
-        kind, IoctlRecord, KernelRecord, LaunchRecord, ProcessExitRecord, RecordHeader, ARGS_MAX,
+        file_kind, kind, IoctlRecord, KernelRecord, LaunchRecord, ProcessExitRecord, RecordHeader,
+        ARGS_MAX,
     },
 };
 
@@ -424,10 +425,22 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     Ok(match hdr.kind {
         kind::IOCTL => {
             let r = read_plain::<IoctlRecord>(bytes);
-            if kfd::ioc_type(r.cmd) == nv::NV_IOCTL_MAGIC {
-                Event::Nv(decode_nv(&r))
+            // The kernel matched the file: decode by it, whatever the type byte (the drivers
+            // dispatch by nr alone). Otherwise the record was selected by its type byte.
+            let rm = match r.hdr.file_kind {
+                file_kind::NVIDIA => true,
+                file_kind::KFD => false,
+                _ => kfd::ioc_type(r.cmd) == nv::NV_IOCTL_MAGIC,
+            };
+            let by_kernel = matches!(r.hdr.file_kind, file_kind::KFD | file_kind::NVIDIA);
+            if rm {
+                let mut e = decode_nv(&r);
+                e.verified = by_kernel;
+                Event::Nv(e)
             } else {
-                Event::Ioctl(decode_ioctl(&r))
+                let mut e = decode_ioctl(&r);
+                e.verified = by_kernel;
+                Event::Ioctl(e)
             }
         }
         kind::KERNEL => {
@@ -713,32 +726,39 @@ impl EventSource {
 
     /// Keeps only ioctls on the KFD device; forgets exited processes.
     fn check_fds(&mut self, out: &mut Vec<Event>) {
-        let (fds, stats) = (&mut self.fds, &mut self.stats);
-        // Keeps the event unless its fd is another file; marks it verified when confirmed.
-        let mut keep = |verdict: FdVerdict, verified: &mut bool| match verdict {
-            FdVerdict::Kfd => {
-                *verified = true;
-                true
-            }
-            FdVerdict::Unknown => {
-                stats.unverified += 1;
-                true
-            }
-            FdVerdict::Other => {
-                stats.not_kfd += 1;
-                false
-            }
-        };
-        out.retain_mut(|ev| match ev {
-            Event::Ioctl(i) => keep(fds.check(i.origin.pid, i.fd), &mut i.verified),
-            Event::Nv(n) => keep(fds.check_nv(n.origin.pid, n.fd), &mut n.verified),
-            Event::ProcessExit(p) => {
-                fds.forget(p.origin.pid);
-                true
-            }
-            Event::Kernel(_) | Event::Launch(_) => true,
-        });
+        check_fds_with(&mut self.fds, &mut self.stats, out);
     }
+}
+
+/// [`EventSource::check_fds`] on its parts (for tests).
+fn check_fds_with(fds: &mut FdCheck, stats: &mut UserStats, out: &mut Vec<Event>) {
+    // Keeps the event unless its fd is another file; marks it verified when confirmed.
+    let mut keep = |verdict: FdVerdict, verified: &mut bool| match verdict {
+        FdVerdict::Kfd => {
+            *verified = true;
+            true
+        }
+        FdVerdict::Unknown => {
+            stats.unverified += 1;
+            true
+        }
+        FdVerdict::Other => {
+            stats.not_kfd += 1;
+            false
+        }
+    };
+    // Records the kernel matched by file need no look in /proc.
+    out.retain_mut(|ev| match ev {
+        Event::Ioctl(i) if i.verified => true,
+        Event::Nv(n) if n.verified => true,
+        Event::Ioctl(i) => keep(fds.check(i.origin.pid, i.fd), &mut i.verified),
+        Event::Nv(n) => keep(fds.check_nv(n.origin.pid, n.fd), &mut n.verified),
+        Event::ProcessExit(p) => {
+            fds.forget(p.origin.pid);
+            true
+        }
+        Event::Kernel(_) | Event::Launch(_) => true,
+    });
 }
 
 #[cfg(test)]

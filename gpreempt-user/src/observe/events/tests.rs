@@ -280,3 +280,47 @@ fn fd_check_rejudges_a_number_that_was_another_file() {
     assert_eq!(c.check_nv(30, 8), FdVerdict::Kfd);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn records_matched_by_file_decode_by_the_file_whatever_the_type_byte() {
+    let input = kfd::DestroyQueueArgs {
+        queue_id: 4,
+        ..Default::default()
+    };
+    // 'X' instead of 'K': amdkfd dispatches by nr, so the kernel's file match decides.
+    let x = (kfd::cmd::DESTROY_QUEUE & !0xff00) | u32::from(b'X') << 8;
+    let mut r = record(x, 0, input.as_bytes(), &[]);
+    r.hdr.file_kind = file_kind::KFD;
+    match decode(&bytes_of(&r)).unwrap() {
+        Event::Ioctl(i) => {
+            assert_eq!(i.name(), "destroy_queue");
+            assert!(i.verified, "the kernel saw the file: no /proc check needed");
+        }
+        e => panic!("{e:?}"),
+    }
+    // An RM nr on an NVIDIA file is an RM escape even when typed 'K'.
+    let mut r = record(kfd::iowr(nv::nr::RM_FREE, 16), 0, &[0; 16], &[]);
+    r.hdr.file_kind = file_kind::NVIDIA;
+    assert!(matches!(decode(&bytes_of(&r)).unwrap(), Event::Nv(n) if n.verified));
+    // Unchecked (no file lookup in the kernel): by type byte, verified later in /proc.
+    let mut r = record(kfd::cmd::DESTROY_QUEUE, 0, input.as_bytes(), &[]);
+    r.hdr.file_kind = file_kind::UNCHECKED;
+    assert!(matches!(decode(&bytes_of(&r)).unwrap(), Event::Ioctl(i) if !i.verified));
+}
+
+#[test]
+fn kernel_matched_records_skip_the_proc_check() {
+    let mut r = record(kfd::cmd::GET_VERSION, 0, &[0; 8], &[0; 8]);
+    r.hdr.file_kind = file_kind::KFD;
+    r.hdr.pid = u32::MAX - 1; // no such process: a /proc check would say Unknown
+    let mut out = vec![decode(&bytes_of(&r)).unwrap()];
+    let mut fds = FdCheck::with_proc("/dev/kfd", "/nonexistent");
+    let mut stats = UserStats::default();
+    check_fds_with(&mut fds, &mut stats, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        stats,
+        UserStats::default(),
+        "nothing looked up, nothing unverified"
+    );
+}

@@ -1,0 +1,257 @@
+//! Which files are GPU devices, for the ioctl programs' in-kernel filter ([`GpuFile`] rules in
+//! the `CONFIG` map).
+//!
+//! The drivers pick an ioctl's handler by its number alone (amdkfd's `kfd_ioctl` indexes its
+//! table by `_IOC_NR`; any type byte reaches it), so the programs select calls by the file
+//! behind the fd, as the kernel does, never by the type byte a caller chooses. Devices are
+//! matched by number: the KFD node's own, the `kfd` major from /proc/devices (nodes made
+//! elsewhere, e.g. in containers), NVIDIA's fixed major 195 without nvidia-modeset. A file that
+//! is no device (the emulator's FUSE stand-in) is matched by identity (filesystem, inode).
+
+use std::path::{Path, PathBuf};
+
+use gpreempt_common::{
+    nv,
+    record::{file_kind, file_match, mkdev, GpuFile, MAJOR_MASK, MAX_GPU_FILES},
+};
+
+/// What `stat` says about a file, in the kernel's `dev_t` encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    /// The device number of a character device node.
+    pub rdev: Option<u32>,
+    /// The filesystem's device (`s_dev`) and the inode number.
+    pub dev: u32,
+    pub ino: u64,
+}
+
+/// `stat(2)` device numbers to the kernel's internal encoding (`MKDEV`).
+fn kernel_dev(d: u64) -> u32 {
+    mkdev(
+        nix::sys::stat::major(d) as u32,
+        nix::sys::stat::minor(d) as u32,
+    )
+}
+
+impl FileId {
+    /// Follows links (/dev/kfd may be one in containers); None when it cannot be stat'ed.
+    pub fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            rdev: m.file_type().is_char_device().then(|| kernel_dev(m.rdev())),
+            dev: kernel_dev(m.dev()),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// The major number /proc/devices gives a character driver (`kfd` for amdkfd).
+pub fn char_major(proc_devices: &str, driver: &str) -> Option<u32> {
+    proc_devices
+        .lines()
+        .skip_while(|l| l.trim() != "Character devices:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .find_map(|l| {
+            let (n, name) = l.trim().split_once(' ')?;
+            (name.trim() == driver).then(|| n.parse().ok()).flatten()
+        })
+}
+
+/// The files to match, in the order the programs try them (first match decides).
+#[derive(Clone, Debug, Default)]
+pub struct Devices {
+    /// The KFD node (`--kfd-device`), when it exists.
+    pub kfd: Option<FileId>,
+    /// amdkfd's major from /proc/devices, when the driver is loaded.
+    pub kfd_major: Option<u32>,
+    /// Further NVIDIA nodes that are not recognised by number (`--nvidia-device` stand-ins).
+    pub nvidia: Vec<FileId>,
+}
+
+impl Devices {
+    /// Reads the host: `kfd_device`, /proc/devices, `nvidia`.
+    pub fn read(kfd_device: &Path, nvidia: &[PathBuf]) -> Self {
+        Self {
+            kfd: FileId::of(kfd_device),
+            kfd_major: std::fs::read_to_string("/proc/devices")
+                .ok()
+                .and_then(|t| char_major(&t, "kfd")),
+            nvidia: nvidia.iter().filter_map(|p| FileId::of(p)).collect(),
+        }
+    }
+
+    /// The rules, and the ones that did not fit (so the caller can say so).
+    pub fn rules(&self) -> (Vec<GpuFile>, usize) {
+        let exact = |kind, id: &FileId| match id.rdev {
+            Some(rdev) => GpuFile {
+                kind,
+                by: file_match::RDEV,
+                dev: rdev,
+                mask: u32::MAX,
+                ino: 0,
+            },
+            None => GpuFile {
+                kind,
+                by: file_match::INODE,
+                dev: id.dev,
+                mask: 0,
+                ino: id.ino,
+            },
+        };
+        let major = |kind, major: u32| GpuFile {
+            kind,
+            by: file_match::RDEV,
+            dev: mkdev(major, 0),
+            mask: MAJOR_MASK,
+            ino: 0,
+        };
+        let mut v = Vec::new();
+        // nvidia-modeset shares NVIDIA's major and speaks another ABI.
+        v.push(GpuFile {
+            kind: file_kind::NONE,
+            by: file_match::RDEV,
+            dev: mkdev(nv::NV_MAJOR_DEVICE_NUMBER, nv::NV_MODESET_MINOR),
+            mask: u32::MAX,
+            ino: 0,
+        });
+        v.push(major(file_kind::NVIDIA, nv::NV_MAJOR_DEVICE_NUMBER));
+        if let Some(id) = &self.kfd {
+            // A node with amdkfd's major is covered by the major rule.
+            let covered = matches!((id.rdev, self.kfd_major),
+                (Some(r), Some(m)) if r & MAJOR_MASK == mkdev(m, 0));
+            if !covered {
+                v.push(exact(file_kind::KFD, id));
+            }
+        }
+        if let Some(m) = self.kfd_major {
+            v.push(major(file_kind::KFD, m));
+        }
+        v.extend(self.nvidia.iter().map(|id| exact(file_kind::NVIDIA, id)));
+        let dropped = v.len().saturating_sub(MAX_GPU_FILES);
+        v.truncate(MAX_GPU_FILES);
+        (v, dropped)
+    }
+}
+
+/// One line for logs and `doctor`: what the filter matches.
+pub fn describe(rules: &[GpuFile]) -> String {
+    let one = |r: &GpuFile| {
+        let what = match r.kind {
+            file_kind::KFD => "KFD",
+            file_kind::NVIDIA => "NVIDIA",
+            _ => "not GPU",
+        };
+        let (maj, min) = (r.dev >> 20, r.dev & !MAJOR_MASK);
+        match r.by {
+            file_match::RDEV if r.mask == MAJOR_MASK => format!("{what} major {maj}"),
+            file_match::RDEV => format!("{what} {maj}:{min}"),
+            _ => format!("{what} inode {} on {maj}:{min}", r.ino),
+        }
+    };
+    rules.iter().map(one).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROC_DEVICES: &str = "Character devices:\n  1 mem\n  4 tty\n195 nvidia-frontend\n\
+        226 drm\n510 kfd\n\nBlock devices:\n  8 sd\n511 kfd\n";
+
+    #[test]
+    fn the_kfd_major_comes_from_the_character_section_only() {
+        assert_eq!(char_major(PROC_DEVICES, "kfd"), Some(510));
+        assert_eq!(char_major(PROC_DEVICES, "sd"), None);
+        assert_eq!(char_major("Character devices:\n  1 mem\n", "kfd"), None);
+        assert_eq!(char_major("", "kfd"), None);
+    }
+
+    #[test]
+    fn rules_put_exclusions_first_and_match_devices_by_number() {
+        let d = Devices {
+            kfd: Some(FileId {
+                rdev: Some(mkdev(510, 0)),
+                dev: 5,
+                ino: 99,
+            }),
+            kfd_major: Some(510),
+            nvidia: vec![],
+        };
+        let (r, dropped) = d.rules();
+        assert_eq!(dropped, 0);
+        assert_eq!(
+            describe(&r),
+            "not GPU 195:254, NVIDIA major 195, KFD major 510"
+        );
+    }
+
+    #[test]
+    fn a_stand_in_that_is_no_device_is_matched_by_inode() {
+        let d = Devices {
+            kfd: Some(FileId {
+                rdev: None,
+                dev: mkdev(0, 53),
+                ino: 7,
+            }),
+            kfd_major: None,
+            nvidia: vec![FileId {
+                rdev: None,
+                dev: mkdev(0, 40),
+                ino: 3,
+            }],
+        };
+        let (r, _) = d.rules();
+        assert_eq!(r[2].kind, file_kind::KFD);
+        assert_eq!((r[2].by, r[2].dev, r[2].ino), (file_match::INODE, 53, 7));
+        assert_eq!(r[3].kind, file_kind::NVIDIA);
+        assert_eq!(
+            describe(&r[2..]),
+            "KFD inode 7 on 0:53, NVIDIA inode 3 on 0:40"
+        );
+    }
+
+    #[test]
+    fn a_kfd_node_outside_the_driver_major_keeps_its_own_rule() {
+        let d = Devices {
+            kfd: Some(FileId {
+                rdev: Some(mkdev(1, 3)),
+                dev: 5,
+                ino: 9,
+            }),
+            kfd_major: Some(510),
+            nvidia: vec![],
+        };
+        assert_eq!(
+            describe(&d.rules().0),
+            "not GPU 195:254, NVIDIA major 195, KFD 1:3, KFD major 510"
+        );
+    }
+
+    #[test]
+    fn rules_beyond_the_map_are_counted() {
+        let id = FileId {
+            rdev: None,
+            dev: 1,
+            ino: 1,
+        };
+        let d = Devices {
+            kfd: Some(id),
+            kfd_major: Some(510),
+            nvidia: vec![id; 4],
+        };
+        let (r, dropped) = d.rules();
+        assert_eq!(r.len(), MAX_GPU_FILES);
+        assert_eq!(dropped, 2);
+    }
+
+    #[test]
+    fn stat_numbers_become_kernel_numbers() {
+        let null = FileId::of(Path::new("/dev/null")).expect("/dev/null");
+        assert_eq!(null.rdev, Some(mkdev(1, 3)));
+        let tmp = FileId::of(Path::new("/proc/self/exe")).unwrap();
+        assert_eq!(tmp.rdev, None);
+        assert!(tmp.ino > 0);
+    }
+}
