@@ -183,8 +183,9 @@ pub struct IoctlRecord {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessExitRecord {
     pub hdr: RecordHeader,
-    /// `task->exit_code` is not available to the tracepoint; the signal/exit status is unknown here.
-    pub _reserved: u64,
+    /// The process's ioctl records the per-process rate limit dropped, in all (its `RATES`
+    /// entry goes with it). `task->exit_code` is not available to the tracepoint.
+    pub rate_limited: u64,
 }
 
 /// An amdkfd function fired. `hdr.pid`/`hdr.tid` are the current task (which may be a kernel

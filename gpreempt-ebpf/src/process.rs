@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use gpreempt_common::record::{kind, stat, ProcessExitRecord, RecordHeader};
 
-use crate::{count, now_ns, EVENTS, GPU_PIDS};
+use crate::{count, now_ns, EVENTS, GPU_PIDS, RATES};
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
@@ -18,6 +18,10 @@ pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     let _ = GPU_PIDS.remove(tgid);
+    // SAFETY: a copy out of the map value (racing writers only make the count approximate).
+    let rate_limited = unsafe { RATES.get(&tgid) }.map_or(0, |r| r.dropped as u64);
+    // A later process reusing the pid starts with a full bucket and nothing dropped.
+    let _ = RATES.remove(&tgid);
     let rec = ProcessExitRecord {
         hdr: RecordHeader {
             kind: kind::PROCESS_EXIT,
@@ -27,7 +31,7 @@ pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
             ts_ns: now_ns(),
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
         },
-        _reserved: 0,
+        rate_limited,
     };
     if EVENTS.output::<ProcessExitRecord>(&rec, 0).is_err() {
         count(stat::RINGBUF_FULL);

@@ -617,6 +617,7 @@ mod tests {
                 tid: 3,
                 comm: "x".into(),
             },
+            rate_limited: 0,
         });
         let v = to_json(&ev);
         assert_eq!(v["event"], "process_exit");

@@ -116,6 +116,7 @@ impl Ctx {
             refused: self.refused.clone(),
             decisions: self.recent.iter().cloned().collect(),
             events: w.event_counts(),
+            events_degraded: w.events_degraded(),
             timeslices: self
                 .backends
                 .list

@@ -141,11 +141,14 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     );
     let mut batch: Vec<Event> = Vec::with_capacity(256);
     let mut reported_lost = 0;
+    // Records the rate limit dropped, per process: read live, final at its exit.
+    let mut limited: std::collections::BTreeMap<u32, u64> = Default::default();
     let mut written = 0u64;
     loop {
         tokio::select! {
             r = source.next_batch(&mut batch) => {
                 r.context("reading the ring buffer")?;
+                note_limited(&mut limited, &batch);
                 if let Some(l) = launches.as_mut() {
                     follow_launches(l, &mut probes, &batch);
                 }
@@ -168,6 +171,10 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
             }
             _ = tick.tick() => {
                 probes.flush_log();
+                for (pid, n) in probes.rate_limited().unwrap_or_default() {
+                    let e = limited.entry(pid).or_default();
+                    *e = (*e).max(u64::from(n));
+                }
                 let lost = probes.stats()?.lost();
                 if lost > reported_lost {
                     log::warn!("{} KFD records lost in the kernel so far (ring buffer or in-flight map full)", lost);
@@ -186,12 +193,17 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         if batch.is_empty() {
             break;
         }
+        note_limited(&mut limited, &batch);
         if emit(&batch, args, &mut sink, &mut written).is_err() {
             break;
         }
     }
     probes.flush_log();
     for (pid, n) in probes.rate_limited().unwrap_or_default() {
+        let e = limited.entry(pid).or_default();
+        *e = (*e).max(u64::from(n));
+    }
+    for (pid, n) in &limited {
         eprintln!("gpreempt-ebpf: pid {pid}: {n} records dropped by the rate limit");
     }
     let k = probes.stats()?;
@@ -214,6 +226,17 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         k.rate_limited
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A process's exit carries its final count of rate-limited records.
+fn note_limited(limited: &mut std::collections::BTreeMap<u32, u64>, batch: &[Event]) {
+    for ev in batch {
+        if let Event::ProcessExit(x) = ev {
+            if x.rate_limited > 0 {
+                limited.insert(x.origin.pid, x.rate_limited);
+            }
+        }
+    }
 }
 
 /// `trace --launches`: launch hints on every GPU process as it shows up (resolved off the loop,

@@ -119,6 +119,9 @@ pub struct Status {
     /// process's events reach the model.
     #[serde(default)]
     pub events: BTreeMap<String, u64>,
+    /// Set while event records are being lost in the kernel: the map leans on sampling.
+    #[serde(default)]
+    pub events_degraded: Option<String>,
     /// NVIDIA TSG timeslices changed by the controller: (pid, TSG, original us, current us).
     #[serde(default)]
     pub timeslices: Vec<(u32, u32, u64, u64)>,

@@ -41,6 +41,9 @@ pub struct State {
     /// Which event sources are live (`probe::summarize`), for `top`.
     #[serde(skip)]
     pub sources: Option<String>,
+    /// Set while event records are being lost in the kernel (the map leans on sampling).
+    #[serde(skip)]
+    pub events_degraded: Option<String>,
     /// Per GPU under the controller's adaptive strategy: its goal and measurements, one line
     /// for `top`'s GPU line.
     #[serde(skip)]

@@ -161,6 +161,7 @@ fn exit(pid: u32, ts: u64) -> Update {
             tid: pid,
             comm: format!("p{pid}"),
         },
+        rate_limited: 0,
     }))
 }
 

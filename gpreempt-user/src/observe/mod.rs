@@ -7,6 +7,7 @@ pub mod gpufiles;
 pub mod hints;
 pub mod host;
 pub mod launch;
+pub mod losses;
 pub mod probe;
 pub mod procinfo;
 pub mod watch;

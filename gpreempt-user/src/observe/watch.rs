@@ -40,6 +40,8 @@ impl Intervals {
 }
 
 struct Timers {
+    /// The reconcile period asked for (it shortens while records are lost).
+    normal: Duration,
     reconcile: tokio::time::Interval,
     hqds: tokio::time::Interval,
     sample: tokio::time::Interval,
@@ -53,6 +55,7 @@ impl Timers {
             i
         };
         Self {
+            normal: iv.reconcile,
             reconcile: interval(iv.reconcile),
             hqds: interval(iv.hqds),
             sample: interval(iv.sample),
@@ -70,7 +73,7 @@ pub struct Watcher {
     batch: Vec<Event>,
     /// The periodic reads (only with events: they need the runtime).
     timers: Option<Timers>,
-    lost_reported: u64,
+    losses: crate::observe::losses::Losses,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
     pub controller: Option<crate::controller::daemon::Status>,
     /// Launch hints: which processes get them, resolved off the loop.
@@ -110,7 +113,7 @@ impl Watcher {
             events: None,
             batch: Vec::with_capacity(256),
             timers: None,
-            lost_reported: 0,
+            losses: Default::default(),
             controller: None,
             hints: Default::default(),
             applied: [0; APPLIED.len()],
@@ -441,6 +444,15 @@ impl Watcher {
                 Event::ProcessExit(_) => 5,
             };
             self.applied[kind] += 1;
+            if let Event::ProcessExit(x) = &ev {
+                if x.rate_limited > 0 {
+                    let n = u32::try_from(x.rate_limited).unwrap_or(u32::MAX);
+                    if let Some(w) = self.losses.limited(x.origin.pid, n, "exited") {
+                        log::warn!("{w}");
+                    }
+                }
+                self.losses.forget(x.origin.pid);
+            }
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
             }
@@ -502,6 +514,7 @@ impl Watcher {
             reconcile,
             hqds,
             sample,
+            ..
         }) = timers
         else {
             return std::future::pending().await;
@@ -554,6 +567,8 @@ impl Watcher {
             if let Ok(k) = probes.stats() {
                 m.insert("kernel_seen".into(), k.seen);
                 m.insert("kernel_lost".into(), k.lost());
+                m.insert("kernel_other_file".into(), k.other_file);
+                m.insert("kernel_rate_limited".into(), k.rate_limited);
             }
             m.insert("dropped_other_file".into(), src.stats.not_kfd);
             m.insert("unverified_fd".into(), src.stats.unverified);
@@ -562,19 +577,59 @@ impl Watcher {
         m
     }
 
+    /// Kernel losses: warn with the count and sample faster while they go on; name the
+    /// processes the rate limit throttles.
     fn check_lost(&mut self) -> Result<()> {
+        use crate::observe::losses::{Change, LOSSY_RECONCILE};
         let Some((probes, _)) = self.events.as_mut() else {
             return Ok(());
         };
-        let lost = probes.stats()?.lost();
-        if lost > self.lost_reported {
-            self.lost_reported = lost;
-            let w =
-                format!("{lost} KFD records lost in the kernel; reconciliation repairs the map");
-            self.warnings.retain(|x| !x.contains("KFD records lost"));
-            self.warn_once(w);
+        let now = monotonic_ns();
+        let (warning, change) = self.losses.update(probes.stats()?.lost(), now);
+        let limited = probes.rate_limited().unwrap_or_default();
+        if let Some(t) = self.timers.as_mut() {
+            let period = match change {
+                Change::Degraded => Some(LOSSY_RECONCILE.min(t.normal)),
+                Change::Recovered => Some(t.normal),
+                Change::None => None,
+            };
+            if let Some(p) = period {
+                t.reconcile = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
+                t.reconcile
+                    .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
+        }
+        if let Some(w) = warning {
+            log::warn!("{w}");
+            self.state.apply(Update::Warning {
+                ts_ns: now,
+                text: w,
+            });
+        }
+        self.state.events_degraded = self.losses.degraded();
+        for (pid, dropped) in limited {
+            let who = match crate::observe::procinfo::read(std::path::Path::new("/proc"), pid) {
+                Ok(p) => format!(
+                    "uid {}, comm {}",
+                    p.uid.map_or("?".into(), |u| u.to_string()),
+                    p.comm
+                ),
+                Err(_) => "exited".into(),
+            };
+            if let Some(w) = self.losses.limited(pid, dropped, &who) {
+                log::warn!("{w}");
+                self.state.apply(Update::Warning {
+                    ts_ns: now,
+                    text: w,
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Records lost lately, for status.json and `top` (None: events are trusted).
+    pub fn events_degraded(&self) -> Option<String> {
+        self.losses.degraded()
     }
 }
 

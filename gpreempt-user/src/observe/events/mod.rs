@@ -285,6 +285,8 @@ pub struct Origin {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessExit {
     pub origin: Origin,
+    /// Its ioctl records the per-process rate limit dropped, in all.
+    pub rate_limited: u64,
 }
 
 /// A KFD ioctl, with the argument struct as the kernel left it (outputs filled) when it succeeded.
@@ -463,9 +465,13 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                 arg0: r.arg0,
             })
         }
-        _ => Event::ProcessExit(ProcessExit {
-            origin: origin(&hdr),
-        }),
+        _ => {
+            let r: ProcessExitRecord = read_plain(bytes);
+            Event::ProcessExit(ProcessExit {
+                origin: origin(&hdr),
+                rate_limited: r.rate_limited,
+            })
+        }
     })
 }
 

@@ -196,7 +196,7 @@ fn process_exit_records() {
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
             ..Default::default()
         },
-        _reserved: 0,
+        rate_limited: 0,
     };
     let Event::ProcessExit(p) = decode(&bytes_of(&rec)).unwrap() else {
         panic!()

@@ -495,6 +495,7 @@ fn the_selection_follows_its_row_when_rows_change() {
                 tid: 300,
                 comm: "bench".into(),
             },
+            rate_limited: 0,
         },
     )));
     st.apply(Update::Tick {

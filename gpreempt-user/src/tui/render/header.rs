@@ -46,6 +46,10 @@ pub(super) fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, qu
     if let Some(s) = &state.sources {
         spans.push(Span::raw(format!("  {s}")));
     }
+    if let Some(d) = &state.events_degraded {
+        spans.push(Span::raw("  "));
+        spans.push(Span::styled(format!("EVENTS LOST: {d}"), bold()));
+    }
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
