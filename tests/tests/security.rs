@@ -272,3 +272,87 @@ kill -INT $A $B; wait $A $B || true
     assert!(!hold.contains("fenced"), "{hold}");
     assert_nothing_left();
 }
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&text(p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Finding 4 (flood) and the rate limit: uid 65534 issues a million 'K'-typed KFD ioctls on
+/// /dev/null while `run` controls a pair, then a root process floods its own /dev/kfd fd. The
+/// first never reaches the ring buffer (dropped and counted in the kernel by the file behind
+/// the fd), the second is throttled per process and named; no record is lost, and the
+/// controller keeps classifying. Emulated.
+#[test]
+fn ioctl_floods_are_dropped_in_the_kernel_and_do_not_blind_run() {
+    let _one = serial();
+    let t = TempDir::new("flood");
+    let d = t.0.display();
+    let plain = as_nobody(false);
+    let poke = bin("kfd-poke");
+    let poke = poke.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+$GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & A=$!
+$GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & B=$!
+echo $A $B > {d}/pids
+$GP run --policy {policy} 2>{d}/run.err & R=$!
+while [ ! -e $S ]; do sleep 0.1; done
+sleep 3
+cp $S {d}/s0.json
+POKE={poke}
+{plain} test -x $POKE || {{ cp $POKE {d}/poke; chmod 755 {d}/poke; POKE={d}/poke; }}
+echo go | {plain} $POKE /dev/null flood 1000000 >/dev/null
+sleep 1.5
+cp $S {d}/s1.json
+echo go | $POKE /dev/kfd flood 100000 >/dev/null 2>&1 & F=$!
+echo $F > {d}/f.pid
+wait $F || true
+sleep 1.5
+cp $S {d}/s2.json
+kill -INT $R; wait $R
+kill -INT $A $B; wait $A $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let (s0, s1, s2) = (
+        json(&t.path("s0.json")),
+        json(&t.path("s1.json")),
+        json(&t.path("s2.json")),
+    );
+    let ev = |s: &serde_json::Value, k: &str| {
+        s["events"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("status events lack {k}: {}", s["events"]))
+    };
+    let err = text(&t.path("run.err"));
+    // The /dev/null flood: every call dropped in the kernel, none seen or lost.
+    let other = ev(&s1, "kernel_other_file") - ev(&s0, "kernel_other_file");
+    assert!(other >= 1_000_000, "dropped in the kernel: {other}");
+    let seen = ev(&s1, "kernel_seen") - ev(&s0, "kernel_seen");
+    assert!(seen < 10_000, "the flood reached the ring buffer: {seen} records");
+    assert_eq!(ev(&s1, "kernel_lost"), 0, "{err}");
+    // The /dev/kfd flood: throttled, named, nothing lost.
+    let f = num(&t.path("f.pid"));
+    assert!(ev(&s2, "kernel_rate_limited") > 10_000, "{}", s2["events"]);
+    assert_eq!(ev(&s2, "kernel_lost"), 0, "{err}");
+    assert!(
+        err.contains(&format!("pid {f} (")) && err.contains("floods its GPU file"),
+        "{err}"
+    );
+    assert!(s2["events_degraded"].is_null(), "{}", s2["events_degraded"]);
+    // Classification went on through both floods.
+    let pids = text(&t.path("pids"));
+    for p in pids.split_whitespace() {
+        assert!(
+            s2["classes"][p].is_string(),
+            "pid {p} unclassified: {}",
+            s2["classes"]
+        );
+    }
+    assert_nothing_left();
+}
