@@ -83,12 +83,20 @@ fn assert_kernel_lines(c: &HashMap<String, Value>) {
             c[&name]
         );
     }
-    // vmlinux resolves task_struct.tgid and file.private_data; the amdkfd structs need amdgpu's BTF.
+    // vmlinux resolves task_struct.tgid, file.private_data and the nine fields of the fd ->
+    // file -> inode chain; the amdkfd structs need amdgpu's BTF.
     assert_eq!(verdict(c, "btf-offsets"), "warn");
     let f = finding(c, "btf-offsets");
     assert!(
-        f.starts_with(&format!("2/{} fields resolved; ", FIELDS.len())),
+        f.starts_with(&format!("11/{} fields resolved; ", FIELDS.len())),
         "{f}"
+    );
+    // So GPU ioctls are selected by file, whatever their type byte.
+    assert_eq!(verdict(c, "ioctl-filter"), "ok", "{}", c["ioctl-filter"]);
+    assert!(
+        finding(c, "ioctl-filter").contains("NVIDIA major 195"),
+        "{}",
+        c["ioctl-filter"]
     );
     assert!(f.contains("/sys/kernel/btf/amdgpu missing"), "{f}");
     assert_eq!(
@@ -222,7 +230,7 @@ fn doctor_on_this_host_without_amdgpu() {
     );
     // Every line is printed (traced depends on what else runs here).
     verdict(&c, "traced");
-    assert_eq!(c.len(), 16 + PROBES.len(), "{:?}", c.keys());
+    assert_eq!(c.len(), 17 + PROBES.len(), "{:?}", c.keys());
     assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
 
     // The text form: same exit code, a summary line.

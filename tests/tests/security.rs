@@ -334,7 +334,10 @@ kill -INT $A $B; wait $A $B || true
     let other = ev(&s1, "kernel_other_file") - ev(&s0, "kernel_other_file");
     assert!(other >= 1_000_000, "dropped in the kernel: {other}");
     let seen = ev(&s1, "kernel_seen") - ev(&s0, "kernel_seen");
-    assert!(seen < 10_000, "the flood reached the ring buffer: {seen} records");
+    assert!(
+        seen < 10_000,
+        "the flood reached the ring buffer: {seen} records"
+    );
     assert_eq!(ev(&s1, "kernel_lost"), 0, "{err}");
     // The /dev/kfd flood: throttled, named, nothing lost.
     let f = num(&t.path("f.pid"));

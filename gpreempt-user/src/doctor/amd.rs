@@ -97,13 +97,16 @@ pub fn btf_offsets_check(facts: &HostProbeFacts) -> Check {
     const NAME: &str = "btf-offsets";
     let total = FIELDS.len();
     let resolved = (0..total).filter(|&i| facts.offsets.is_known(i)).count();
-    let needed = PROBES.iter().fold(0u64, |acc, p| acc | p.needs);
+    let needed = PROBES.iter().fold(0u64, |acc, p| acc | p.needs)
+        | gpreempt_common::kprobe::field::FILE_CHAIN;
     let (missing_needed, missing_optional): (Vec<_>, Vec<_>) = facts
         .missing
         .iter()
         .partition(|(f, _)| needed & (1u64 << f) != 0);
     if missing_needed.is_empty() {
-        let mut finding = format!("{resolved}/{total} fields resolved (every field a probe needs)");
+        let mut finding = format!(
+            "{resolved}/{total} fields resolved (every field a probe or the ioctl filter needs)"
+        );
         if !missing_optional.is_empty() {
             let names: Vec<String> = missing_optional
                 .iter()
@@ -128,11 +131,41 @@ pub fn btf_offsets_check(facts: &HostProbeFacts) -> Check {
     Check::warn(
         NAME,
         format!(
-            "{resolved}/{total} fields resolved; {} that probes need are unknown: {}{more}",
+            "{resolved}/{total} fields resolved; {} that probes or the ioctl filter need are unknown: {}{more}",
             missing_needed.len(),
             reasons[..reasons.len().min(SHOWN)].join("; ")
         ),
         "use a kernel and amdgpu module built with BTF (CONFIG_DEBUG_INFO_BTF=y, CONFIG_DEBUG_INFO_BTF_MODULES=y) for struct offsets",
+    )
+}
+
+/// Check 4c: whether the ioctl programs can select GPU calls by the file behind the fd (the
+/// fd -> file -> inode fields of vmlinux BTF), as the drivers dispatch them, or only by the
+/// type byte a caller chooses.
+pub fn ioctl_filter_check(facts: &HostProbeFacts, devices: &str) -> Check {
+    const NAME: &str = "ioctl-filter";
+    use gpreempt_common::kprobe::field::FILE_CHAIN;
+    if facts.offsets.has_all(FILE_CHAIN) {
+        return Check::ok(
+            NAME,
+            format!("GPU ioctls selected in the kernel by the file behind the fd, any type byte: {devices}"),
+        );
+    }
+    let mut why: Vec<&str> = facts
+        .missing
+        .iter()
+        .filter(|(f, _)| FILE_CHAIN & (1u64 << f) != 0)
+        .map(|(_, w)| w.as_str())
+        .collect();
+    why.dedup();
+    Check::warn(
+        NAME,
+        format!(
+            "selected by type byte only ({}): a process can hide its KFD calls behind another type \
+             byte, and 'K' ioctls on other files reach user space",
+            why.join("; ")
+        ),
+        "use a kernel built with BTF (CONFIG_DEBUG_INFO_BTF=y)",
     )
 }
 

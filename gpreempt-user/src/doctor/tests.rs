@@ -296,6 +296,15 @@ fn doctor_kernel_probes_with_kprobes_and_no_btf() {
         "{c:?}"
     );
 
+    let c = ioctl_filter_check(&facts, "-");
+    assert_eq!(c.verdict, Verdict::Warn);
+    assert!(
+        c.finding.starts_with("selected by type byte only (")
+            && c.finding.contains("/sys/kernel/btf/vmlinux is missing")
+            && c.finding.contains("hide its KFD calls"),
+        "{c:?}"
+    );
+
     let c = launch_uprobes_check(&t.root());
     assert_eq!(c.verdict, Verdict::Warn);
     assert!(c.finding.contains("CONFIG_UPROBES"), "{c:?}");
@@ -355,12 +364,15 @@ fn doctor_btf_offsets_ok_when_every_needed_field_resolves() {
     let n = FIELDS.len();
     assert!(
         c.finding.starts_with(&format!(
-            "{}/{n} fields resolved (every field a probe needs)",
+            "{}/{n} fields resolved (every field a probe or the ioctl filter needs)",
             n - 1
         )),
         "{c:?}"
     );
     assert!(c.finding.contains("kfd_process.pasid"), "{c:?}");
+    let c = ioctl_filter_check(&facts, "KFD major 510");
+    assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+    assert!(c.finding.ends_with("any type byte: KFD major 510"), "{c:?}");
 }
 
 #[test]
