@@ -32,9 +32,10 @@ impl Tracer {
     }
 }
 
-pub(super) const KINDS: [&str; 3] = ["kfd", "other", "k_out_of_range"];
+pub(super) const KINDS: [&str; 4] = ["kfd", "other", "k_out_of_range", "kfd_on_null"];
 
-/// The same in-kernel filter as gpreempt-ebpf: type 'K', KFD nr ranges; duration at exit.
+/// A type-byte filter (what gpreempt-ebpf falls back to without BTF): type 'K', KFD nr ranges;
+/// duration at exit. gpreempt-ebpf itself matches the file behind the fd.
 const BPFTRACE_PROG: &str = r#"
 tracepoint:syscalls:sys_enter_ioctl
 / ((args->cmd >> 8) & 0xff) == 0x4b &&
