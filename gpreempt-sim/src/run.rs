@@ -146,7 +146,19 @@ fn overlay_with(
         Some(&opts),
     )?;
     for (hold, m) in moved {
-        bind(&hold, &m)?;
+        if let Err(e) = bind(&hold, &m) {
+            // overlayfs refuses automount points of its lower layer (EREMOTE): debugfs's
+            // `tracing`, where the kernel mounts tracefs once anyone looks, stays hidden here
+            // (/sys/kernel/tracing is the tracefs everything in sim uses).
+            if e.downcast_ref::<nix::Error>() == Some(&nix::Error::EREMOTE) {
+                eprintln!(
+                    "sim: {} is an automount point the overlay cannot show: hidden inside sim",
+                    m.display()
+                );
+                continue;
+            }
+            return Err(e);
+        }
     }
     if is_dir {
         fs::create_dir_all(&target)?;

@@ -359,3 +359,60 @@ kill -INT $A $B; wait $A $B || true
     }
     assert_nothing_left();
 }
+
+/// Finding 3 (spoofed classification): uid 65534 runs a process named like the example's online
+/// job next to root's offline job. The example's rules pin uid 0, so it is not classed online and
+/// nothing of root's is suspended for it; a policy that matches on comm alone is named at start.
+/// Emulated.
+#[test]
+fn a_process_named_like_the_online_job_gets_nothing_from_the_example_policy() {
+    let _one = serial();
+    let t = TempDir::new("spoof");
+    let d = t.0.display();
+    let plain = as_nobody(false);
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+NGP=$GP
+{plain} test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+$GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & B=$!
+{plain} $NGP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & S=$!
+echo $B $S > {d}/pids
+$GP run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+while [ ! -e $GPREEMPT_RUN_DIR/status.json ]; do sleep 0.1; done
+sleep 6
+cp $GPREEMPT_RUN_DIR/status.json {d}/status.json
+kill -INT $R; wait $R
+printf '[policy]\ndefault = "ignore"\n\n[[rule]]\nclass = "online"\ncomm = "resnet18_b1"\n' > {d}/weak.toml
+$GP run --policy {d}/weak.toml --dry-run 2>{d}/weak.err & W=$!
+sleep 2
+kill -INT $W; wait $W
+kill -INT $B $S; wait $B $S || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let pids = text(&t.path("pids"));
+    let (b, s) = pids.trim().split_once(' ').unwrap();
+    let status = json(&t.path("status.json"));
+    assert_eq!(status["classes"][b], "offline", "{}", status["classes"]);
+    assert_ne!(status["classes"][s], "online", "{}", status["classes"]);
+    let audit = text(&t.path("audit.jsonl"));
+    assert!(
+        !audit.lines().any(|l| l.contains("\"action\":\"suspend\"")),
+        "root's offline job was suspended for a spoofer:\n{audit}"
+    );
+    assert!(
+        !text(&t.path("run.err")).contains("matches only on comm/cmdline"),
+        "the example policy must pin identities"
+    );
+    let weak = text(&t.path("weak.err"));
+    assert!(
+        weak.contains("rule 1 (line 4) matches only on comm/cmdline")
+            && weak.contains("classed online"),
+        "{weak}"
+    );
+    assert_nothing_left();
+}

@@ -234,3 +234,25 @@ fn killing_sim_leaves_nothing_behind() {
     child.wait().unwrap();
     assert_nothing_left();
 }
+
+/// A host where someone looked at /sys/kernel/debug/tracing has tracefs automounted there;
+/// overlayfs cannot show an automount point, and sim once failed to start on such a host
+/// (EREMOTE). Looking first makes the test independent of what ran before; inside, the emulated
+/// debugfs is there.
+#[test]
+fn sim_starts_where_debugfs_tracing_is_automounted() {
+    let _one = serial();
+    require_root();
+    // The automount happens on lookup (and stays, as on a real host after anyone's `ls`).
+    let _ = std::fs::metadata("/sys/kernel/debug/tracing/events");
+    let out = sim(
+        "test -d /sys/kernel/debug/kfd && echo inside-ok",
+        Duration::from_secs(60),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("inside-ok"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left();
+}

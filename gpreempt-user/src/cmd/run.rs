@@ -470,6 +470,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
     let policy = Policy::load(&args.policy)?;
+    for w in policy.trust_warnings() {
+        log::warn!("{w}");
+    }
     let dir = crate::rundir::run_dir();
     let _lock = daemon::Lock::acquire(&dir)?;
     let backends = if args.dry_run {
@@ -566,6 +569,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 _ = hup.recv() => match Policy::load(&args.policy) {
                     Ok(p) => {
                         eprintln!("policy reloaded: {}", p.summary());
+                        for w in p.trust_warnings() {
+                            log::warn!("{w}");
+                        }
                         for b in &mut ctx.backends.list {
                             b.set_policy(&p);
                         }

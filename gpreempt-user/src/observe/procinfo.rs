@@ -17,6 +17,12 @@ pub struct ProcInfo {
     pub cmdline: String,
     /// Real uid (first number of the `Uid:` line of `/proc/P/status`).
     pub uid: Option<u32>,
+    /// Real gid (first number of `Gid:`) and the supplementary groups (`Groups:`): set by root
+    /// at login, a process can drop them but not add any.
+    #[serde(skip)]
+    pub gid: Option<u32>,
+    #[serde(skip)]
+    pub groups: Vec<u32>,
     /// Pid in the innermost pid namespace, only when the process is in a child namespace.
     pub ns_pid: Option<u32>,
     /// The cgroup v2 path (`0::` line), else the first line's path.
@@ -39,7 +45,12 @@ pub fn read(proc_root: &Path, pid: u32) -> io::Result<ProcInfo> {
     let cmdline = fs::read(dir.join("cmdline"))
         .map(|b| parse_cmdline(&b))
         .unwrap_or_default();
-    let (uid, ns_pid) = read_lossy(&dir.join("status"))
+    let Status {
+        uid,
+        gid,
+        groups,
+        ns_pid,
+    } = read_lossy(&dir.join("status"))
         .map(|s| parse_status(&s))
         .unwrap_or_default();
     let (cgroup, container) = read_lossy(&dir.join("cgroup"))
@@ -49,6 +60,8 @@ pub fn read(proc_root: &Path, pid: u32) -> io::Result<ProcInfo> {
         comm,
         cmdline,
         uid,
+        gid,
+        groups,
         ns_pid,
         cgroup,
         container,
@@ -172,21 +185,37 @@ pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// (real uid, innermost namespaced pid) from `/proc/P/status`.
-fn parse_status(status: &str) -> (Option<u32>, Option<u32>) {
-    let mut uid = None;
-    let mut ns_pid = None;
+/// The identity lines of `/proc/P/status`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Status {
+    uid: Option<u32>,
+    gid: Option<u32>,
+    groups: Vec<u32>,
+    ns_pid: Option<u32>,
+}
+
+fn parse_status(status: &str) -> Status {
+    let mut s = Status::default();
+    let first = |v: &str| v.split_whitespace().next().and_then(|n| n.parse().ok());
     for line in status.lines() {
         if let Some(v) = line.strip_prefix("Uid:") {
-            uid = v.split_whitespace().next().and_then(|n| n.parse().ok());
+            s.uid = first(v);
+        } else if let Some(v) = line.strip_prefix("Gid:") {
+            s.gid = first(v);
+        } else if let Some(v) = line.strip_prefix("Groups:") {
+            s.groups = v
+                .split_whitespace()
+                .filter_map(|n| n.parse().ok())
+                .collect();
         } else if let Some(v) = line.strip_prefix("NSpid:") {
             let pids: Vec<&str> = v.split_whitespace().collect();
             // A single value means the process lives in the reader's namespace: nothing to add.
             if pids.len() > 1 {
-                ns_pid = pids.last().and_then(|n| n.parse().ok());
+                s.ns_pid = pids.last().and_then(|n| n.parse().ok());
             }
         }
     }
-    (uid, ns_pid)
+    s
 }
 
 /// The cgroup v2 path (`0::<path>`), else the first line's path (cgroup v1 / hybrid).
@@ -245,7 +274,7 @@ mod tests {
         format!(
             "Name:\tworker\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nNgid:\t0\n\
              Pid:\t4242\nPPid:\t1\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t100\t100\t100\t100\n\
-             NStgid:\t{nspid}\nNSpid:\t{nspid}\nThreads:\t4\n"
+             FDSize:\t64\nGroups:\t27 44 \nNStgid:\t{nspid}\nNSpid:\t{nspid}\nThreads:\t4\n"
         )
     }
 
@@ -273,6 +302,8 @@ mod tests {
                 comm: comm.to_owned(),
                 cmdline: "python3 train.py --lr".to_owned(),
                 uid: Some(1000),
+                gid: Some(100),
+                groups: vec![27, 44],
                 ns_pid: Some(7),
                 cgroup: format!("/system.slice/docker-{ID}.scope"),
                 container: Some("4f1c8a2b9d3e".to_owned()),

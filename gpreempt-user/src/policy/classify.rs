@@ -9,6 +9,9 @@ impl Rule {
     pub fn matches(&self, info: &ProcInfo, pid: u32) -> bool {
         self.pid.is_none_or(|p| p == pid)
             && self.uid.is_none_or(|u| info.uid == Some(u))
+            && self
+                .gid
+                .is_none_or(|g| info.gid == Some(g) || info.groups.contains(&g))
             && self.comm.as_ref().is_none_or(|g| g.matches(&info.comm))
             && self.cgroup.as_ref().is_none_or(|g| g.matches(&info.cgroup))
             && self
@@ -31,5 +34,116 @@ impl Policy {
             .map_or((self.default_class, None), |i| {
                 (self.rules[i].class, Some(i))
             })
+    }
+}
+
+impl Rule {
+    /// Whether the rule pins something the process cannot choose for itself: its uid or group
+    /// (set by root at login), its cgroup or container (set by root or the runtime), or a pid
+    /// (the operator's). `comm` and `cmdline` a process sets itself (prctl, argv).
+    pub fn pins_identity(&self) -> bool {
+        self.uid.is_some()
+            || self.gid.is_some()
+            || self.cgroup.is_some()
+            || self.container.is_some()
+            || self.pid.is_some()
+    }
+}
+
+impl Policy {
+    /// Rules any local user can satisfy or dodge by renaming a process: one line each, for
+    /// `run` to print at start. An online or ignore rule on `comm`/`cmdline` alone lets any
+    /// process claim that class; an offline one lets an offline job leave it for the default.
+    pub fn trust_warnings(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.pins_identity())
+            .filter_map(|(i, r)| {
+                let what = match r.class {
+                    Class::Online | Class::Ignore => format!(
+                        "any local user can name a process to match it and be classed {}",
+                        r.class.label()
+                    ),
+                    Class::Offline if self.default_class != Class::Offline => format!(
+                        "an offline job can rename itself out of it and be classed {} (the default)",
+                        self.default_class.label()
+                    ),
+                    Class::Offline => return None,
+                };
+                Some(format!(
+                    "{}: rule {} (line {}) matches only on comm/cmdline, which a process sets \
+                     itself: {what}; add uid, gid or cgroup",
+                    self.source,
+                    i + 1,
+                    r.line
+                ))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(comm: &str, uid: u32, gid: u32, groups: &[u32]) -> ProcInfo {
+        ProcInfo {
+            comm: comm.into(),
+            uid: Some(uid),
+            gid: Some(gid),
+            groups: groups.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn gid_matches_the_primary_or_a_supplementary_group() {
+        let p = Policy::parse("[[rule]]\nclass = \"online\"\ngid = 990\n", "p.toml").unwrap();
+        assert_eq!(p.classify(&info("svc", 5, 990, &[]), 1).0, Class::Online);
+        assert_eq!(
+            p.classify(&info("svc", 5, 100, &[4, 990]), 1).0,
+            Class::Online
+        );
+        assert_eq!(p.classify(&info("svc", 5, 100, &[4]), 1).0, p.default_class);
+    }
+
+    #[test]
+    fn rules_a_process_can_satisfy_by_renaming_itself_are_named() {
+        let p = Policy::parse(
+            "[[rule]]\nclass = \"online\"\ncomm = \"triton*\"\n\n\
+             [[rule]]\nclass = \"online\"\ncomm = \"vllm\"\nuid = 990\n\n\
+             [[rule]]\nclass = \"ignore\"\ncmdline = 'bash'\n\n\
+             [[rule]]\nclass = \"offline\"\ncomm = \"train\"\n\n\
+             [[rule]]\nclass = \"online\"\ncomm = \"svc\"\ncgroup = \"/system.slice/svc.service\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        let w = p.trust_warnings();
+        assert_eq!(w.len(), 3, "{w:#?}");
+        assert!(
+            w[0].starts_with("p.toml: rule 1 (line 1) matches only on comm/cmdline")
+                && w[0].contains("classed online"),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[1].starts_with("p.toml: rule 3 ") && w[1].contains("classed ignore"),
+            "{}",
+            w[1]
+        );
+        // With an online default, an offline rule on comm alone can be dodged.
+        let p = Policy::parse(
+            "[policy]\ndefault = \"online\"\n\n[[rule]]\nclass = \"offline\"\ncomm = \"train\"\n",
+            "q.toml",
+        )
+        .unwrap();
+        let w = p.trust_warnings();
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].contains("rename itself out of it and be classed online"),
+            "{}",
+            w[0]
+        );
     }
 }

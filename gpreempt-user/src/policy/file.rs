@@ -606,6 +606,7 @@ impl Parser<'_> {
                 comm: None,
                 cmdline: None,
                 uid: None,
+                gid: None,
                 cgroup: None,
                 container: None,
                 pid: None,
@@ -655,6 +656,10 @@ impl Parser<'_> {
                         rule.uid = self.integer(v, &ctx).map(|n| n as u32);
                         rule.uid.is_some()
                     }
+                    "gid" => {
+                        rule.gid = self.integer(v, &ctx).map(|n| n as u32);
+                        rule.gid.is_some()
+                    }
                     "pid" => {
                         rule.pid = self.integer(v, &ctx).map(|n| n as u32);
                         rule.pid.is_some()
@@ -664,7 +669,7 @@ impl Parser<'_> {
                             k.span().start,
                             format!(
                                 "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
-                                 uid, cgroup, container or pid)"
+                                 uid, gid, cgroup, container or pid)"
                             ),
                         );
                         false
@@ -689,7 +694,7 @@ impl Parser<'_> {
                     header,
                     format!(
                         "rule {n}: no matcher: it would match every process (add comm, cmdline, \
-                         uid, cgroup, container or pid; use `default` for everything else)"
+                         uid, gid, cgroup, container or pid; use `default` for everything else)"
                     ),
                 );
             }

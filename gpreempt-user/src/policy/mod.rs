@@ -157,6 +157,8 @@ pub struct Rule {
     pub comm: Option<Glob>,
     pub cmdline: Option<Regex>,
     pub uid: Option<u32>,
+    /// The process's real gid or one of its supplementary groups.
+    pub gid: Option<u32>,
     pub cgroup: Option<Glob>,
     pub container: Option<Glob>,
     pub pid: Option<u32>,

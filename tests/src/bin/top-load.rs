@@ -232,6 +232,8 @@ fn proc_info(i: u32) -> ProcInfo {
             i
         ),
         uid: Some(1000 + i % 16),
+        gid: Some(1000),
+        groups: Vec::new(),
         ns_pid: Some(1 + i % 64),
         cgroup: format!("/system.slice/docker-{container}0123456789abcdef.scope"),
         container: Some(container),

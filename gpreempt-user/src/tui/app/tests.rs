@@ -51,6 +51,8 @@ pub(crate) fn info(comm: &str, cmdline: &str, container: Option<&str>) -> ProcIn
         comm: comm.into(),
         cmdline: cmdline.into(),
         uid: Some(1000),
+        gid: Some(1000),
+        groups: Vec::new(),
         ns_pid: container.map(|_| 7),
         cgroup: "/system.slice/x.scope".into(),
         container: container.map(Into::into),
