@@ -8,6 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask")]
@@ -35,6 +36,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// The main job: build, then `top` on the emulated GPU with an online and an offline workload.
     Demo,
+    /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
+    VmSetup,
 }
 
 pub fn root() -> PathBuf {
@@ -108,6 +111,8 @@ fn main() -> Result<()> {
                 bail!("the kernel tests load eBPF programs and must run as root: sudo -E cargo xtask test");
             }
             test_packages()?;
+            // The VM tests boot distribution kernels with the real amdgpu module.
+            vm::setup()?;
             // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
             run(cargo().args(["build", "--bins"]))?;
             run(cargo()
@@ -137,6 +142,12 @@ fn main() -> Result<()> {
         Task::Bench(args) => {
             setup()?;
             bench::run(&args)
+        }
+        Task::VmSetup => {
+            if !is_root() {
+                bail!("the VM tier installs packages and links /lib/modules: sudo -E cargo xtask vm-setup");
+            }
+            vm::setup()
         }
         Task::Demo => {
             setup()?;
