@@ -416,3 +416,93 @@ kill -INT $B $S; wait $B $S || true
     );
     assert_nothing_left();
 }
+
+/// Finding 2 (a stopped controller): `suspend` holders and `run`, stopped with SIGSTOP or
+/// SIGTSTP while they hold the offline queue, are killed by their lease guardian within the lease
+/// (5 s for `suspend`, whose max_suspend is 300 s; 2 s for `run` with the example's 1 s) plus the
+/// guardian's poll, and the kernel resumes the queue. Emulated.
+#[test]
+fn a_stopped_controller_is_killed_by_its_lease_and_the_queue_runs_again() {
+    let _one = serial();
+    let t = TempDir::new("lease");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+ms() {{ echo $(($(date +%s%N) / 1000000)); }}
+suspended() {{ $GP queues --json | grep -c '"state": "suspended"' || true; }}
+# Waits until no queue is suspended; prints how long that took (ms) after $1.
+until_running() {{
+  for i in $(seq 150); do [ "$(suspended)" = 0 ] && break; sleep 0.1; done
+  echo $(( $(ms) - $1 ))
+}}
+$GP sim workload {OFFLINE} --duration 90 >/dev/null 2>&1 & B=$!
+sleep 1
+for SIG in STOP TSTP; do
+  $GP suspend --pid $B --for 60s > {d}/hold-$SIG.out 2>&1 & H=$!
+  while ! grep -q holding {d}/hold-$SIG.out; do sleep 0.1; done
+  suspended > {d}/held-$SIG
+  T=$(ms); kill -$SIG $H
+  sleep 0.3; cut -d' ' -f3 /proc/$H/stat > {d}/state-$SIG 2>/dev/null || true
+  until_running $T > {d}/took-$SIG
+  rc=0; wait $H || rc=$?; echo $rc > {d}/rc-$SIG
+done
+$GP sim workload --profile resnet18_b1 --rate 200 --priority 15 --duration 60 >/dev/null 2>&1 & A=$!
+for SIG in STOP TSTP; do
+  # A killed holder's status.json stays behind: wait for this controller's own.
+  rm -f $S
+  $GP run --policy {policy} > {d}/run-$SIG.out 2>&1 & R=$!
+  for i in $(seq 300); do grep -q '"held":\[\[' $S 2>/dev/null && break; sleep 0.05; done
+  grep -q '"held":\[\[' $S && echo 1 > {d}/rheld-$SIG || echo 0 > {d}/rheld-$SIG
+  T=$(ms); kill -$SIG $R
+  sleep 0.3; cut -d' ' -f3 /proc/$R/stat > {d}/rstate-$SIG 2>/dev/null || true
+  until_running $T > {d}/rtook-$SIG
+  rc=0; wait $R || rc=$?; echo $rc > {d}/rrc-$SIG
+done
+kill -INT $A $B; wait $A $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(180));
+    for sig in ["STOP", "TSTP"] {
+        let out = text(&t.path(&format!("hold-{sig}.out")));
+        assert_eq!(text(&t.path(&format!("held-{sig}"))).trim(), "1", "{out}");
+        assert_eq!(
+            text(&t.path(&format!("state-{sig}"))).trim(),
+            "T",
+            "SIG{sig}: {out}"
+        );
+        let took: u64 = text(&t.path(&format!("took-{sig}")))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            took < 7500,
+            "SIG{sig}: the queue ran again after {took} ms\n{out}"
+        );
+        assert_eq!(num(&t.path(&format!("rc-{sig}"))), 137, "SIGKILL: {out}");
+        assert!(out.contains("killed the controller"), "SIG{sig}: {out}");
+
+        let out = text(&t.path(&format!("run-{sig}.out")));
+        assert_eq!(text(&t.path(&format!("rheld-{sig}"))).trim(), "1", "{out}");
+        assert_eq!(
+            text(&t.path(&format!("rstate-{sig}"))).trim(),
+            "T",
+            "SIG{sig}: {out}"
+        );
+        let took: u64 = text(&t.path(&format!("rtook-{sig}")))
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            took < 4500,
+            "run, SIG{sig}: the queue ran again after {took} ms\n{out}"
+        );
+        assert_eq!(num(&t.path(&format!("rrc-{sig}"))), 137, "SIGKILL: {out}");
+        println!("SIG{sig}: suspend holder and run killed; queue running again after {took} ms");
+    }
+    assert_nothing_left();
+}

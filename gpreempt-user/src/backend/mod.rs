@@ -35,6 +35,7 @@ use crate::{
 };
 
 mod error;
+pub mod kfd_lease;
 mod nv;
 pub use error::ActError;
 pub use nv::NvBackend;
@@ -241,6 +242,8 @@ pub struct KfdBackend {
     dir: PathBuf,
     /// Processes under control (attached), with their start times (the targets file).
     attached: BTreeMap<u32, u64>,
+    /// Kills this controller if its loop stops beating (kfd_lease).
+    lease: kfd_lease::KfdLease,
 }
 
 impl KfdBackend {
@@ -260,11 +263,13 @@ impl KfdBackend {
             install_panic_hook(h);
         }
         recover(&control, dir).await;
+        let lease = kfd_lease::KfdLease::start(dir, max_suspend)?;
         Ok((
             Self {
                 control,
                 dir: dir.to_path_buf(),
                 attached: BTreeMap::new(),
+                lease,
             },
             notices,
         ))
@@ -374,9 +379,14 @@ impl Backend for KfdBackend {
         }
     }
 
-    fn upkeep(&mut self, _state: &State, _now_ns: u64) -> Vec<Notice> {
-        // The control thread runs its own watchdog and reports through the notice channel.
-        Vec::new()
+    fn upkeep(&mut self, _state: &State, now_ns: u64) -> Vec<Notice> {
+        // The control thread runs its own watchdog and reports through the notice channel; the
+        // loop's heartbeat keeps the lease guardian from killing us.
+        self.lease
+            .upkeep(now_ns)
+            .map(|text| Notice::Problem { pid: 0, text })
+            .into_iter()
+            .collect()
     }
 
     fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {

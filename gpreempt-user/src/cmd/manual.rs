@@ -152,8 +152,21 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
         }
     };
     tokio::pin!(until);
+    // The KFD lease's heartbeat (kfd_lease): if this loop stops, the guardian kills us and the
+    // kernel resumes the target.
+    let mut beat = tokio::time::interval(std::time::Duration::from_millis(100));
     let why = loop {
         tokio::select! {
+            _ = beat.tick() => {
+                let now = crate::clock::monotonic_ns();
+                for b in &mut backends.list {
+                    for n in b.upkeep(&state, now) {
+                        if let Notice::Problem { text, .. } = n {
+                            eprintln!("{text}");
+                        }
+                    }
+                }
+            }
             _ = int.recv() => break "interrupted".to_string(),
             _ = term.recv() => break "terminated".to_string(),
             _ = hup.recv() => break "hangup".to_string(),

@@ -116,6 +116,15 @@ impl tui::Source for Top {
         let Some(local) = &mut self.local else {
             return self.w.pump().await;
         };
+        // The KFD lease: top holding queues must keep beating, or its guardian kills it.
+        let now = crate::clock::monotonic_ns();
+        for b in &mut local.backends.list {
+            for n in b.upkeep(&self.w.state, now) {
+                if let Notice::Problem { text, .. } = n {
+                    self.w.state.apply(Update::Warning { ts_ns: now, text });
+                }
+            }
+        }
         enum Got {
             Notice(Notice),
             Request(daemon::Incoming),

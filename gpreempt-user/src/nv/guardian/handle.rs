@@ -107,6 +107,21 @@ impl GuardianHandle {
     /// on, send a line ([`Self::beat`] or a request) more often than `lease`, or what the
     /// guardian holds is resumed.
     pub fn spawn_with_lease(exe: &Path, journal: &Path, lease: Option<Duration>) -> Result<Self> {
+        Self::spawn_inner(exe, journal, lease, false)
+    }
+
+    /// [`Self::spawn_with_lease`] for the KFD path: when the lease runs out the guardian also
+    /// SIGKILLs this process, so that the kernel resumes what it suspended.
+    pub fn spawn_killing(exe: &Path, journal: &Path, lease: Duration) -> Result<Self> {
+        Self::spawn_inner(exe, journal, Some(lease), true)
+    }
+
+    fn spawn_inner(
+        exe: &Path,
+        journal: &Path,
+        lease: Option<Duration>,
+        kill: bool,
+    ) -> Result<Self> {
         let lease_ms = lease.map_or(0, |l| {
             u64::try_from(l.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
         });
@@ -114,6 +129,10 @@ impl GuardianHandle {
         cmd.arg("nv-guardian").arg("--journal").arg(journal);
         if lease_ms > 0 {
             cmd.arg("--lease-ms").arg(lease_ms.to_string());
+        }
+        if kill {
+            cmd.arg("--kill-on-expiry")
+                .arg(std::process::id().to_string());
         }
         let mut child = cmd
             .stdin(Stdio::piped())

@@ -17,6 +17,8 @@ pub struct Guardian<T: Targets> {
     held: Vec<(HoldEntry, T::Dup)>,
     /// Entries a previous guardian left that could not be resumed: kept in the journal.
     stale: Vec<HoldEntry>,
+    /// Killed when the lease runs out (the KFD path's fail-safe).
+    stopper: Option<super::Stopper>,
 }
 
 impl<T: Targets> Guardian<T> {
@@ -33,6 +35,7 @@ impl<T: Targets> Guardian<T> {
             journal,
             held: Vec::new(),
             stale,
+            stopper: None,
         })
     }
 
@@ -154,6 +157,28 @@ impl<T: Targets> Guardian<T> {
     /// The controller is alive but silent (its lease ran out): resume everything held, as
     /// [`Self::shutdown`] does, but keep holding it, journaled: it may recover and carry on.
     /// True when everything held was resumed.
+    /// SIGKILL `s` whenever the lease runs out ([`Self::expired`]).
+    pub fn kill_on_expiry(&mut self, s: super::Stopper) {
+        self.stopper = Some(s);
+    }
+
+    /// The lease ran out: resume what is held, then kill the controller if asked to. True when
+    /// everything known was undone.
+    pub fn expired(&mut self, why: &str) -> bool {
+        let all = self.resume_held(why);
+        if let Some(s) = &self.stopper {
+            match s.kill() {
+                Ok(()) => say(&format!(
+                    "{why}: killed the controller (pid {}, SIGKILL) so that the kernel resumes \
+                     every queue it suspended",
+                    s.pid()
+                )),
+                Err(e) => say(&format!("{why}: could not kill pid {}: {e}", s.pid())),
+            }
+        }
+        all
+    }
+
     pub fn resume_held(&mut self, why: &str) -> bool {
         let mut all = true;
         for (e, dup) in &self.held {

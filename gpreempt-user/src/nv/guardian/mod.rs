@@ -59,6 +59,7 @@ mod handle;
 mod holds;
 mod journal;
 mod serve;
+mod stopper;
 mod targets;
 
 pub use handle::{Beater, GuardianHandle};
@@ -66,6 +67,7 @@ pub use holds::Guardian;
 pub use journal::{recover, Journal};
 use serve::Input;
 pub use serve::{serve, Event, Source};
+pub use stopper::Stopper;
 pub use targets::{enable_entry, undo, Rm, TargetFd, Targets};
 
 /// `gpreempt-ebpf nv-guardian` (hidden; started by the controller).
@@ -77,6 +79,10 @@ pub struct Args {
     /// Resume what is held when the controller sends no line for this long (0: no lease).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub lease_ms: u64,
+    /// When the lease runs out, also SIGKILL this process (the controller on the KFD path:
+    /// the kernel resumes a dead debugger's queues, never a stopped one's).
+    #[arg(long, value_name = "PID")]
+    pub kill_on_expiry: Option<u32>,
 }
 
 /// Channels of one client of one target that the controller is about to pause, and TSGs of it
@@ -178,7 +184,15 @@ fn one_line(e: &anyhow::Error) -> String {
 
 /// `gpreempt-ebpf nv-guardian --journal PATH [--lease-ms N]`.
 pub fn main(args: &Args) -> Result<ExitCode> {
-    for s in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT] {
+    // Job control too: a Ctrl-Z (or SIGTSTP) meant for the controller must not stop its guardian.
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+    ] {
         // SAFETY: SIG_IGN installs no handler code; nothing else in this process handles these.
         unsafe { nix::sys::signal::signal(s, SigHandler::SigIgn) }
             .with_context(|| format!("ignoring {s}"))?;
@@ -195,6 +209,12 @@ pub fn main(args: &Args) -> Result<ExitCode> {
     let started = journal
         .lock()
         .and_then(|lock| Ok((lock, Guardian::new(Rm, journal.clone())?)));
+    let started = started.and_then(|(lock, mut g)| {
+        if let Some(pid) = args.kill_on_expiry {
+            g.kill_on_expiry(Stopper::new(pid)?);
+        }
+        Ok((lock, g))
+    });
     let (_lock, mut g) = match started {
         Ok(s) => s,
         Err(e) => {

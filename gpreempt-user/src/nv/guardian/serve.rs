@@ -19,6 +19,9 @@ use super::{holds::Guardian, say, targets::Targets};
 /// at least this often.
 const TICK: Duration = Duration::from_secs(1);
 
+/// Extra time before the controller's first line is due.
+pub const STARTUP: Duration = Duration::from_secs(20);
+
 /// What [`serve`] reads from the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -73,7 +76,9 @@ impl<R: BufRead> Source for R {
 }
 
 /// The heartbeat lease: due `lease` after the controller's last line; once it has run out it
-/// stays quiet until the next line re-arms it.
+/// stays quiet until the next line re-arms it. Before the first line it is due [`STARTUP`]
+/// later: the controller's start-up (loading eBPF programs, BTF, a self-test) may take longer
+/// than a lease, but a controller stopped during it is still caught.
 #[derive(Debug)]
 struct Lease {
     lease: Duration,
@@ -85,7 +90,7 @@ impl Lease {
     fn new(lease: Duration, now: Instant) -> Self {
         Self {
             lease,
-            last: now,
+            last: now + STARTUP,
             armed: true,
         }
     }
@@ -134,7 +139,7 @@ pub fn serve<S: Source, W: Write, T: Targets>(
                 g.reap();
                 let now = input.now();
                 if let Some(silent) = lease.as_mut().and_then(|l| l.expire(now)) {
-                    g.resume_held(&format!("controller silent for {} ms", silent.as_millis()));
+                    g.expired(&format!("controller silent for {} ms", silent.as_millis()));
                 }
             }
             Event::Line(req) => {

@@ -891,3 +891,64 @@ fn restoring_is_best_effort_per_tsg() {
     assert!(j.read().unwrap().is_empty());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The KFD lease (`--kill-on-expiry`): `lines` at virtual ms with a 2 s lease against a real
+/// child standing in for the controller; whether it was SIGKILLed.
+fn killed_by(name: &str, lines: &[(u64, String)]) -> bool {
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = tmpdir(name);
+    let journal = Journal::new(&dir.join("kfd-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), journal.clone()).unwrap();
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    g.kill_on_expiry(Stopper::new(child.id()).unwrap());
+    let start = Instant::now();
+    let script = Script {
+        start,
+        now: start,
+        lines: lines.iter().cloned().collect(),
+        fake,
+        journal,
+        reads: Rc::new(RefCell::new(Vec::new())),
+    };
+    assert!(serve(
+        script,
+        &mut Vec::new(),
+        &mut g,
+        Some(Duration::from_secs(2))
+    ));
+    std::thread::sleep(Duration::from_millis(50));
+    let killed = match child.try_wait().unwrap() {
+        Some(st) => st.signal() == Some(libc::SIGKILL),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            false
+        }
+    };
+    std::fs::remove_dir_all(&dir).unwrap();
+    killed
+}
+
+#[test]
+fn the_kfd_lease_kills_a_silent_controller_and_only_then() {
+    let beats = |until: u64| -> Vec<(u64, String)> {
+        (0..=until)
+            .step_by(500)
+            .map(|t| (t, String::new()))
+            .collect()
+    };
+    // Beating every 500 ms for 10 s, then EOF: never killed.
+    assert!(!killed_by("kill-none", &beats(10_000)));
+    // Silent from the start (loading its programs): the first line is due 20 s + the lease later.
+    assert!(!killed_by("kill-startup", &[(9_000, String::new())]));
+    // Stopped during start-up: killed all the same (at 22 s).
+    assert!(killed_by("kill-stopped-early", &[(30_000, String::new())]));
+    // Beats until 3 s, then silent until 9 s: killed (at 5 s).
+    let mut lines = beats(3_000);
+    lines.push((9_000, String::new()));
+    assert!(killed_by("kill-silent", &lines));
+}
