@@ -560,14 +560,30 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut publish = tokio::time::interval(ms(250));
     let mut publishes = 0u32;
+    // SIGHUP reloads are read and parsed off the loop (a slow or huge file must not stall
+    // decisions); the old policy stays until the new one parsed.
+    let (reload_tx, mut reloaded) = tokio::sync::mpsc::unbounded_channel::<Result<Policy>>();
+    let mut reloading = false;
     let result: Result<String> = async {
         loop {
             tokio::select! {
                 biased;
                 _ = int.recv() => return Ok("interrupted".into()),
                 _ = term.recv() => return Ok("terminated".into()),
-                _ = hup.recv() => match Policy::load(&args.policy) {
+                _ = hup.recv() => {
+                    if reloading {
+                        eprintln!("policy reload already in progress: this SIGHUP is folded into it");
+                        continue;
+                    }
+                    reloading = true;
+                    let (path, tx) = (args.policy.clone(), reload_tx.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let _ = tx.send(Policy::load(&path));
+                    });
+                }
+                Some(r) = reloaded.recv() => match r {
                     Ok(p) => {
+                        reloading = false;
                         eprintln!("policy reloaded: {}", p.summary());
                         for w in p.trust_warnings() {
                             log::warn!("{w}");
@@ -578,7 +594,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                         ctx.engine.set_policy(p);
                         ctx.status_dirty = true;
                     }
-                    Err(e) => eprintln!("policy NOT reloaded, keeping the old one: {e:#}"),
+                    Err(e) => {
+                        reloading = false;
+                        eprintln!("policy NOT reloaded, keeping the old one: {e:#}");
+                    }
                 },
                 Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => {
                     ctx.notice(&mut w, n)

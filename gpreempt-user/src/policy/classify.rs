@@ -55,7 +55,24 @@ impl Policy {
     /// `run` to print at start. An online or ignore rule on `comm`/`cmdline` alone lets any
     /// process claim that class; an offline one lets an offline job leave it for the default.
     pub fn trust_warnings(&self) -> Vec<String> {
-        self.rules
+        let mut out = Vec::new();
+        // Nothing to act on: an empty file (or one without rules) is most likely a mistake.
+        let classes: Vec<Class> = self
+            .rules
+            .iter()
+            .map(|r| r.class)
+            .chain([self.default_class])
+            .collect();
+        if !(classes.contains(&Class::Online) && classes.contains(&Class::Offline)) {
+            out.push(format!(
+                "{}: {} rule(s) and default {}: no process can be both online and offline work \
+                 here, so the controller will never suspend anything",
+                self.source,
+                self.rules.len(),
+                self.default_class.label()
+            ));
+        }
+        out.extend(self.rules
             .iter()
             .enumerate()
             .filter(|(_, r)| !r.pins_identity())
@@ -78,8 +95,8 @@ impl Policy {
                     i + 1,
                     r.line
                 ))
-            })
-            .collect()
+            }));
+        out
     }
 }
 
@@ -106,6 +123,24 @@ mod tests {
             Class::Online
         );
         assert_eq!(p.classify(&info("svc", 5, 100, &[4]), 1).0, p.default_class);
+    }
+
+    #[test]
+    fn a_policy_that_can_never_act_is_named() {
+        let w = Policy::parse("", "empty.toml").unwrap().trust_warnings();
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].starts_with("empty.toml: 0 rule(s) and default ignore: no process can be both")
+                && w[0].ends_with("never suspend anything"),
+            "{}",
+            w[0]
+        );
+        let p = Policy::parse(
+            "[[rule]]\nclass = \"online\"\nuid = 5\n",
+            "online-only.toml",
+        )
+        .unwrap();
+        assert_eq!(p.trust_warnings().len(), 1);
     }
 
     #[test]
