@@ -506,3 +506,40 @@ kill -INT $A $B; wait $A $B || true
     }
     assert_nothing_left();
 }
+
+/// Finding 9: `suspend --pid` of a process with no GPU open used to seize it (interrupting its
+/// system calls) before saying "no queues", and `resume` claimed to have resumed its queues. Both
+/// now refuse up front with the reason, and the process is never touched.
+#[test]
+fn a_process_without_a_gpu_is_refused_before_it_is_touched() {
+    require_root();
+    let t = TempDir::new("nogpu");
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    for args in [
+        vec!["suspend", "--pid", &pid, "--for", "1s"],
+        vec!["resume", "--pid", &pid],
+    ] {
+        let out = Command::new(bin("gpreempt-ebpf"))
+            .args(&args)
+            .env("GPREEMPT_RUN_DIR", t.path("run"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("pid {pid} has no GPU device open"))
+                && err.contains("it was not touched"),
+            "{args:?}: {err}"
+        );
+        // Never seized: no tracer.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.contains("TracerPid:\t0\n"), "{status}");
+    }
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the sleeper was disturbed"
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}

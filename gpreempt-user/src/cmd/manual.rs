@@ -85,6 +85,9 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     }
     procinfo::start_time(Path::new("/proc"), a.pid)
         .with_context(|| format!("pid {} does not exist", a.pid))?;
+    // Before it is seized (which interrupts its system calls): a process with no GPU open has
+    // nothing to suspend.
+    gpu_user(a.pid, &g.kfd_device)?;
     // Before anything is attached: a bad id must not reach the kernel.
     crate::controller::requests::check_queues(
         &State::new(),
@@ -219,7 +222,10 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     }
     // No controller: a suspension of ours cannot exist (it ends with its controller), but a
     // process may still have queues suspended by a debugger that vanished oddly. Attach,
-    // resume everything, detach.
+    // resume everything, detach. Only a process with a GPU open can have queues at all.
+    procinfo::start_time(Path::new("/proc"), a.pid)
+        .with_context(|| format!("pid {} does not exist", a.pid))?;
+    gpu_user(a.pid, &g.kfd_device)?;
     let lock = daemon::Lock::acquire(&dir)?;
     let mut backends =
         Backends::kfd_only(&g.kfd_device, lock.dir(), Limits::default().max_suspend).await?;
@@ -231,14 +237,29 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     backends.shutdown().await;
     match r {
         Ok(rep) => {
+            // Under HWS the kernel counts every queue it found, suspended or running.
             println!(
-                "pid {}: no controller was running; resumed all its queues (kernel count {})",
+                "pid {}: no controller was running; the kernel resumed whatever of its queues \
+                 was suspended ({} queue(s) found)",
                 a.pid,
                 rep.ret.map_or("?".into(), |n| n.to_string())
             );
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => anyhow::bail!("pid {}: {e}", a.pid),
+    }
+}
+
+/// Err unless `pid` has a KFD (or NVIDIA) device open: the reason, in the user's words.
+fn gpu_user(pid: u32, kfd_device: &Path) -> Result<()> {
+    match crate::observe::gpufiles::opens_gpu(Path::new("/proc"), pid, kfd_device) {
+        Ok(true) => Ok(()),
+        Ok(false) => anyhow::bail!(
+            "pid {pid} has no GPU device open ({} or an NVIDIA node): it has no queues to act on, \
+             and it was not touched",
+            kfd_device.display()
+        ),
+        Err(e) => anyhow::bail!("pid {pid}: cannot read its open files (/proc/{pid}/fd): {e}"),
     }
 }
 
@@ -270,11 +291,45 @@ impl std::str::FromStr for DurationArg {
             .parse()
             .map_err(|_| format!("invalid duration {s:?} (use e.g. 500ms, 30s, 5m)"))?;
         let d = v * secs;
-        if !(d.is_finite() && d > 0.0) {
+        // Say which: `1e400` is infinite (too large), `-5`/`0` are not positive, `nan` no number.
+        if d.is_nan() {
+            return Err(format!(
+                "duration {s:?} is not a number (use e.g. 500ms, 30s, 5m)"
+            ));
+        }
+        if d <= 0.0 {
             return Err(format!("duration {s:?} must be positive"));
         }
         Duration::try_from_secs_f64(d)
             .map(Self)
-            .map_err(|_| format!("duration {s:?} is too large"))
+            .map_err(|_| format!("duration {s:?} is too large (at most about 584 years)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DurationArg;
+
+    fn err(s: &str) -> String {
+        s.parse::<DurationArg>().unwrap_err()
+    }
+
+    #[test]
+    fn durations_say_what_is_wrong() {
+        assert_eq!(
+            "1.5s".parse::<DurationArg>().unwrap().0,
+            std::time::Duration::from_millis(1500)
+        );
+        assert_eq!("2m".parse::<DurationArg>().unwrap().0.as_secs(), 120);
+        assert!(err("1e400").contains("is too large"), "{}", err("1e400"));
+        assert!(err("1e30h").contains("is too large"));
+        assert!(err("0").contains("must be positive"));
+        assert!(err("-5").contains("must be positive"));
+        assert!(err("nan").contains("is not a number"), "{}", err("nan"));
+        assert!(
+            err("5 parsecs").contains("invalid duration"),
+            "{}",
+            err("5 parsecs")
+        );
     }
 }

@@ -135,6 +135,39 @@ impl Devices {
     }
 }
 
+/// Whether `pid` has a GPU device open (`/proc/PID/fd`): the KFD node (by number, or for a
+/// stand-in by identity), a node with amdkfd's major, or an NVIDIA RM node. Err: its fds cannot
+/// be read (gone, or not ours to look at).
+pub fn opens_gpu(proc_root: &Path, pid: u32, kfd_device: &Path) -> std::io::Result<bool> {
+    let kfd = FileId::of(kfd_device);
+    let kfd_major = std::fs::read_to_string("/proc/devices")
+        .ok()
+        .and_then(|t| char_major(&t, "kfd"));
+    let (rules, _) = Devices {
+        kfd,
+        kfd_major,
+        nvidia: Vec::new(),
+    }
+    .rules();
+    for e in std::fs::read_dir(proc_root.join(pid.to_string()).join("fd"))? {
+        let Some(id) = e.ok().and_then(|e| FileId::of(&e.path())) else {
+            continue;
+        };
+        let kind = rules
+            .iter()
+            .find(|r| match (r.by, id.rdev) {
+                (file_match::RDEV, Some(rdev)) => rdev & r.mask == r.dev,
+                (file_match::INODE, None) => id.dev == r.dev && id.ino == r.ino,
+                _ => false,
+            })
+            .map(|r| r.kind);
+        if matches!(kind, Some(file_kind::KFD | file_kind::NVIDIA)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// One line for logs and `doctor`: what the filter matches.
 pub fn describe(rules: &[GpuFile]) -> String {
     let one = |r: &GpuFile| {
@@ -244,6 +277,23 @@ mod tests {
         let (r, dropped) = d.rules();
         assert_eq!(r.len(), MAX_GPU_FILES);
         assert_eq!(dropped, 2);
+    }
+
+    #[test]
+    fn a_process_is_known_to_use_a_gpu_by_its_open_files() {
+        let dir = std::env::temp_dir().join(format!("gpreempt-opens-gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stand_in = dir.join("kfd");
+        std::fs::write(&stand_in, b"").unwrap();
+        let me = std::process::id();
+        let proc_root = Path::new("/proc");
+        assert!(!opens_gpu(proc_root, me, &stand_in).unwrap());
+        let f = std::fs::File::open(&stand_in).unwrap();
+        assert!(opens_gpu(proc_root, me, &stand_in).unwrap());
+        drop(f);
+        assert!(!opens_gpu(proc_root, me, &stand_in).unwrap());
+        assert!(opens_gpu(proc_root, u32::MAX - 7, &stand_in).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
