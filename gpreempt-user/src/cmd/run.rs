@@ -8,7 +8,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
-    io::Write as _,
     path::Path,
     process::ExitCode,
     time::Duration,
@@ -80,7 +79,7 @@ struct Ctx {
     /// How this host's GPUs are acted on (none in a dry run).
     backends: Backends,
     engine: Engine,
-    audit: Option<std::fs::File>,
+    audit: Option<crate::controller::audit::Audit<std::fs::File>>,
     recent: VecDeque<serde_json::Value>,
     /// Processes that cannot be controlled, and why (each reported once).
     refused: BTreeMap<u32, String>,
@@ -117,6 +116,10 @@ impl Ctx {
             decisions: self.recent.iter().cloned().collect(),
             events: w.event_counts(),
             events_degraded: w.events_degraded(),
+            audit_failing: self.audit.as_ref().and_then(|a| {
+                a.failing()
+                    .map(|f| format!("{} ({} record(s) lost)", f.error, f.lost))
+            }),
             timeslices: self
                 .backends
                 .list
@@ -128,12 +131,10 @@ impl Ctx {
     }
 
     fn record(&mut self, v: serde_json::Value) {
-        if let Some(f) = &mut self.audit {
-            let mut line = v.to_string();
-            line.push('\n');
-            if let Err(e) = f.write_all(line.as_bytes()) {
-                log::warn!("audit file: {e}; auditing stops");
-                self.audit = None;
+        if let Some(a) = &mut self.audit {
+            if let Some(said) = a.record(&v) {
+                log::warn!("{said}");
+                self.status_dirty = true;
             }
         }
         if self.recent.len() == RECENT {
@@ -176,6 +177,33 @@ impl Ctx {
                     self.refused.remove(&pid);
                 }
                 Err(e) => self.refuse(w, pid, e),
+            }
+        }
+    }
+
+    /// Processes refused earlier get another try (the tracer that held one may have let go);
+    /// one that is gone is dropped.
+    async fn retry_refused(&mut self, w: &mut Watcher) {
+        let pids: Vec<u32> = self.refused.keys().copied().collect();
+        for pid in pids {
+            let class = w.state.procs.get(&pid).and_then(|p| p.class.clone());
+            let live = w
+                .state
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.exited_ns.is_none());
+            let Some(class) = class.filter(|_| live).and_then(|c| Class::parse(&c)) else {
+                self.refused.remove(&pid);
+                self.status_dirty = true;
+                continue;
+            };
+            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
+                continue;
+            };
+            if b.classed(&w.state, pid, class).await.is_ok() {
+                log::warn!("pid {pid}: can be controlled now");
+                self.refused.remove(&pid);
+                self.status_dirty = true;
             }
         }
     }
@@ -319,7 +347,9 @@ impl Ctx {
             Err(e) => {
                 self.engine.confirm(&d, &[]);
                 rec["failed"] = serde_json::json!(e.to_string());
-                log::warn!("pid {}: {e}", d.pid);
+                // Said once per pid and reason (a process another tool traces failed every
+                // decision, ~40 times a second); retried by `retry_refused`.
+                self.refuse(w, d.pid, e);
             }
         }
         self.record(rec);
@@ -527,6 +557,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 .create(true)
                 .append(true)
                 .open(p)
+                .map(crate::controller::audit::Audit::new)
                 .with_context(|| format!("opening the audit file {}", p.display()))?,
         ),
         None => None,
@@ -610,6 +641,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 _ = publish.tick() => {
                     // Every second regardless: the event counters move without decisions.
                     publishes += 1;
+                    if publishes.is_multiple_of(8) && !ctx.refused.is_empty() {
+                        ctx.retry_refused(&mut w).await;
+                    }
                     if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
                         if let Err(e) = daemon::write_status(&dir, &ctx.status(&w)) {
                             log::warn!("{e:#}");

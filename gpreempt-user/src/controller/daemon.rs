@@ -122,6 +122,9 @@ pub struct Status {
     /// Set while event records are being lost in the kernel: the map leans on sampling.
     #[serde(default)]
     pub events_degraded: Option<String>,
+    /// Set while audit records cannot be written (e.g. a full file system), with the count lost.
+    #[serde(default)]
+    pub audit_failing: Option<String>,
     /// NVIDIA TSG timeslices changed by the controller: (pid, TSG, original us, current us).
     #[serde(default)]
     pub timeslices: Vec<(u32, u32, u64, u64)>,

@@ -45,7 +45,7 @@ impl Class {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub fn parse(s: &str) -> Option<Self> {
         match s {
             "online" => Some(Self::Online),
             "offline" => Some(Self::Offline),

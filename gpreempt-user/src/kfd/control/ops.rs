@@ -53,17 +53,53 @@ fn tracer_of(pid: u32) -> Option<(u32, String)> {
     })
 }
 
-/// Why PTRACE_SEIZE failed; `tracer` (read only on EPERM) names whoever traces the process.
-pub(super) fn seize_error(e: Errno, tracer: impl FnOnce() -> Option<(u32, String)>) -> TargetError {
+/// Why PTRACE_SEIZE failed; `tracer` (read only on EPERM) names whoever traces the process,
+/// `why` (read only on EPERM when nobody does) the cause this host shows.
+pub(super) fn seize_error(
+    e: Errno,
+    tracer: impl FnOnce() -> Option<(u32, String)>,
+    why: impl FnOnce() -> String,
+) -> TargetError {
     match e {
         Errno::ESRCH => TargetError::Gone,
         Errno::EPERM => match tracer() {
             Some((tracer, comm)) => TargetError::Traced { tracer, comm },
-            None => TargetError::NotPermitted(format!(
-                "PTRACE_SEIZE: {e} (run as root; check kernel.yama.ptrace_scope)"
-            )),
+            None => TargetError::NotPermitted(format!("PTRACE_SEIZE: {e}: {}", why())),
         },
         e => TargetError::Other(format!("PTRACE_SEIZE: {e}")),
+    }
+}
+
+/// What this host says about an EPERM from PTRACE_SEIZE of `pid`, under `root` (/ or a fake
+/// tree): a kernel thread, Yama's setting only where Yama exists, our capabilities; else that
+/// nothing visible explains it.
+pub(super) fn seize_eperm_cause(root: &std::path::Path, pid: u32) -> String {
+    let status =
+        std::fs::read_to_string(root.join(format!("proc/{pid}/status"))).unwrap_or_default();
+    let field = |k: &str| crate::observe::procinfo::status_field(&status, k).map(str::trim);
+    if field("Kthread") == Some("1") || field("PPid") == Some("2") || pid == 2 {
+        return format!("pid {pid} is a kernel thread: the kernel never lets one be traced");
+    }
+    let me = std::fs::read_to_string(root.join("proc/self/status")).unwrap_or_default();
+    let has_ptrace = crate::observe::procinfo::status_field(&me, "CapEff")
+        .and_then(|c| u64::from_str_radix(c.trim(), 16).ok())
+        .map(|c| c & (1 << crate::observe::host::CAP_SYS_PTRACE) != 0);
+    let yama = std::fs::read_to_string(root.join("proc/sys/kernel/yama/ptrace_scope"))
+        .ok()
+        .map(|v| v.trim().to_string());
+    match (yama.as_deref(), has_ptrace) {
+        (Some("3"), _) => "kernel.yama.ptrace_scope is 3: no process may attach to another until \
+             the next boot"
+            .into(),
+        (_, Some(false)) => "this process lacks CAP_SYS_PTRACE: run it as root".into(),
+        (Some(v), _) if v != "0" => format!(
+            "kernel.yama.ptrace_scope is {v} and yet it was refused: an LSM (SELinux, AppArmor) \
+             policy or a user namespace boundary may forbid it"
+        ),
+        _ => "the kernel refused with nothing this host shows to explain it (no Yama \
+              restriction, CAP_SYS_PTRACE held): an LSM (SELinux, AppArmor) policy, or a target \
+              in another user namespace"
+            .into(),
     }
 }
 
@@ -100,7 +136,11 @@ impl Thread {
         }
         let p = Pid::from_raw(pid as i32);
         if let Err(e) = ptrace::seize(p, ptrace::Options::empty()) {
-            return Err(seize_error(e, || tracer_of(pid)));
+            return Err(seize_error(
+                e,
+                || tracer_of(pid),
+                || seize_eperm_cause(std::path::Path::new("/"), pid),
+            ));
         }
         let (rd, wr) = match nix::unistd::pipe2(
             nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,

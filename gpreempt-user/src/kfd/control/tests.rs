@@ -272,21 +272,24 @@ fn a_snapshot_names_new_queues_and_forgets_holds_of_gone_ones() {
 #[test]
 fn kernel_errors_map_to_target_errors() {
     use nix::errno::Errno;
-    assert_eq!(seize_error(Errno::ESRCH, || None), TargetError::Gone);
     assert_eq!(
-        seize_error(Errno::EPERM, || Some((42, "rocgdb".into()))),
+        seize_error(Errno::ESRCH, || None, String::new),
+        TargetError::Gone
+    );
+    assert_eq!(
+        seize_error(Errno::EPERM, || Some((42, "rocgdb".into())), String::new),
         TargetError::Traced {
             tracer: 42,
             comm: "rocgdb".into()
         }
     );
     assert!(matches!(
-        seize_error(Errno::EPERM, || None),
-        TargetError::NotPermitted(s) if s.contains("ptrace_scope")
+        seize_error(Errno::EPERM, || None, || "the cause".into()),
+        TargetError::NotPermitted(s) if s == "PTRACE_SEIZE: EPERM: Operation not permitted: the cause"
     ));
     // The tracer is looked up only when it can explain the refusal.
     assert!(matches!(
-        seize_error(Errno::EIO, || panic!("not asked")),
+        seize_error(Errno::EIO, || panic!("not asked"), || panic!("not asked")),
         TargetError::Other(s) if s.starts_with("PTRACE_SEIZE")
     ));
     let io = |e: Errno| std::io::Error::from_raw_os_error(e as i32);
@@ -526,4 +529,33 @@ fn ids_with_status_bits_never_reach_the_kernel() {
         let e = holds::no_status_bits(&[0, bad]).unwrap_err().to_string();
         assert!(e.contains("carries status bits"), "{e}");
     }
+}
+
+#[test]
+fn a_refused_seize_names_the_cause_this_host_shows() {
+    use super::ops::seize_eperm_cause;
+    let root = std::env::temp_dir().join(format!("gpreempt-eperm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let put = |p: &str, t: &str| {
+        let p = root.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, t).unwrap();
+    };
+    let root_caps = "CapEff:\t000001ffffffffff\n";
+    put("proc/self/status", root_caps);
+    put("proc/7/status", "Name:\tkworker\nPPid:\t2\n");
+    assert!(seize_eperm_cause(&root, 7).contains("is a kernel thread"));
+    put("proc/9/status", "Name:\tapp\nPPid:\t1\n");
+    // No Yama on this host: Yama is not blamed.
+    let c = seize_eperm_cause(&root, 9);
+    assert!(
+        c.contains("no Yama restriction") && !c.contains("ptrace_scope is"),
+        "{c}"
+    );
+    put("proc/sys/kernel/yama/ptrace_scope", "3\n");
+    assert!(seize_eperm_cause(&root, 9).contains("ptrace_scope is 3"));
+    put("proc/sys/kernel/yama/ptrace_scope", "1\n");
+    put("proc/self/status", "CapEff:\t0000000000000000\n");
+    assert!(seize_eperm_cause(&root, 9).contains("lacks CAP_SYS_PTRACE"));
+    std::fs::remove_dir_all(&root).unwrap();
 }
