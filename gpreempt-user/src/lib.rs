@@ -11,6 +11,8 @@ pub mod clock;
 pub mod cmd;
 pub mod controller;
 pub mod doctor;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod kfd;
 pub mod model;
 pub mod nv;
