@@ -65,6 +65,55 @@ struct thread_info {
 	u32 cpu;
 };
 
+/* The fd -> file -> inode chain the ioctl programs follow (include/linux/fdtable.h, fs.h). */
+struct file;
+#if defined(__clang__) && defined(__BPF__)
+/* As the kernel builds with BTF: the resolver must see through TYPE_TAG. */
+#define __rcu __attribute__((btf_type_tag("rcu")))
+#else
+#define __rcu
+#endif
+typedef u32 dev_t;
+
+struct super_block {
+	struct list_head s_list;
+	dev_t s_dev;
+	unsigned char s_blocksize_bits;
+	unsigned long s_blocksize;
+};
+
+struct inode {
+	unsigned short i_mode;
+	unsigned short i_opflags;
+	u32 i_uid;
+	u32 i_gid;
+	unsigned int i_flags;
+	const void *i_op;
+	struct super_block *i_sb;
+	void *i_mapping;
+	unsigned long i_ino;
+	union {
+		const unsigned int i_nlink;
+		unsigned int __i_nlink;
+	};
+	dev_t i_rdev;
+	long long i_size;
+};
+
+struct fdtable {
+	unsigned int max_fds;
+	struct file __rcu **fd;
+	unsigned long *close_on_exec;
+	unsigned long *open_fds;
+};
+
+struct files_struct {
+	int count;
+	bool resize_in_progress;
+	struct fdtable __rcu *fdt;
+	struct fdtable fdtab;
+};
+
 /* tgid deep inside, as in the kernel (never at offset 0). */
 struct task_struct {
 	struct thread_info thread_info;
@@ -77,11 +126,16 @@ struct task_struct {
 	pid_t tgid;
 	struct task_struct *real_parent;
 	char comm[16];
+	struct files_struct *files;
 };
 
 struct file_operations;
 struct address_space;
-struct inode;
+
+/* Emitted in full (the kfd-*.c globals reach them only through pointers). */
+struct files_struct g_files;
+struct inode g_inode;
+struct super_block g_sb;
 
 /* 6.x: f_llist/f_pipe share an anonymous union. */
 struct file {

@@ -318,15 +318,44 @@ fn this_kernel_vmlinux_btf() {
     );
     match module {
         None => {
-            // No amdgpu here: every amdkfd field is missing, saying why.
+            // No amdgpu here: every amdkfd field is missing, saying why; the vmlinux ones (tgid,
+            // private_data, the fd -> inode chain of the ioctl filter) resolve.
+            let vmlinux_fields = |id: usize| {
+                [field::TASK_TGID, field::FILE_PRIVATE_DATA].contains(&id)
+                    || field::FILE_CHAIN & (1 << id) != 0
+            };
             for f in FIELDS.iter() {
-                if [field::TASK_TGID, field::FILE_PRIVATE_DATA].contains(&f.id) {
+                if vmlinux_fields(f.id) {
+                    assert!(
+                        res.offsets.is_known(f.id),
+                        "{f:?}: {:?}",
+                        reason(&res, f.id)
+                    );
                     continue;
                 }
                 let r = reason(&res, f.id).unwrap_or_else(|| panic!("{f:?} resolved"));
                 assert!(r.contains("no amdgpu module BTF"), "{f:?}: {r}");
             }
-            assert_eq!(res.missing.len(), field::COUNT - 2);
+            assert_eq!(res.missing.len(), field::COUNT - 11);
+            // The sizes the filter's reads assume.
+            for (id, size) in [
+                (field::TASK_FILES, 8),
+                (field::FILES_FDT, 8),
+                (field::FDT_MAX_FDS, 4),
+                (field::FDT_FD, 8),
+                (field::FILE_INODE, 8),
+                (field::INODE_RDEV, 4),
+                (field::INODE_INO, 8),
+                (field::INODE_SB, 8),
+                (field::SB_DEV, 4),
+            ] {
+                assert_eq!(
+                    res.offsets.get(id).map(|(_, s)| s),
+                    Some(size),
+                    "{:?}",
+                    FIELDS[id]
+                );
+            }
         }
         Some(amdgpu) => {
             // amdgpu loaded with BTF: the queue identity fields must resolve.

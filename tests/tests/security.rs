@@ -334,8 +334,10 @@ kill -INT $A $B; wait $A $B || true
     let other = ev(&s1, "kernel_other_file") - ev(&s0, "kernel_other_file");
     assert!(other >= 1_000_000, "dropped in the kernel: {other}");
     let seen = ev(&s1, "kernel_seen") - ev(&s0, "kernel_seen");
+    // The pair's own ioctls and the controller's DBG_TRAP calls go on meanwhile (tens of
+    // thousands on a loaded host); a flood that got through would add a million.
     assert!(
-        seen < 10_000,
+        seen < 200_000,
         "the flood reached the ring buffer: {seen} records"
     );
     assert_eq!(ev(&s1, "kernel_lost"), 0, "{err}");

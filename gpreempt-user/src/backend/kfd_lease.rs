@@ -56,6 +56,18 @@ impl KfdLease {
         })
     }
 
+    /// The controller is done: the guardian exits (it holds nothing), and its journal files
+    /// go with it so a clean exit leaves nothing in the run directory.
+    pub fn finish(self, dir: &Path) {
+        if let Err(e) = self.guardian.shutdown(Duration::from_secs(2)) {
+            log::warn!("KFD lease guardian: {e:#}");
+            return;
+        }
+        for f in ["kfd-journal", "kfd-journal.lock"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+
     pub fn lease(&self) -> Duration {
         self.guardian.lease().unwrap_or(MIN_LEASE)
     }

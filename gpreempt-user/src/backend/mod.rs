@@ -393,6 +393,8 @@ impl Backend for KfdBackend {
         Box::pin(async move {
             let out = self.control.shutdown().await;
             let _ = rundir::write_targets(&self.dir, &[]);
+            let Self { lease, dir, .. } = *self;
+            lease.finish(&dir);
             out
         })
     }

@@ -85,9 +85,6 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     }
     procinfo::start_time(Path::new("/proc"), a.pid)
         .with_context(|| format!("pid {} does not exist", a.pid))?;
-    // Before it is seized (which interrupts its system calls): a process with no GPU open has
-    // nothing to suspend.
-    gpu_user(a.pid, &g.kfd_device)?;
     // Before anything is attached: a bad id must not reach the kernel.
     crate::controller::requests::check_queues(
         &State::new(),
@@ -97,6 +94,9 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     )
     .map_err(|e| anyhow::anyhow!("pid {}: {e}", a.pid))?;
     let lock = daemon::Lock::acquire(&dir)?;
+    // Before it is seized (which interrupts its system calls): a process with no GPU open has
+    // nothing to suspend. After the run directory's checks, which come first.
+    gpu_user(a.pid, &g.kfd_device)?;
     let max = a.max_suspend.0;
     let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max).await?;
     let mut notices = backends.notices.take();
@@ -225,8 +225,8 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     // resume everything, detach. Only a process with a GPU open can have queues at all.
     procinfo::start_time(Path::new("/proc"), a.pid)
         .with_context(|| format!("pid {} does not exist", a.pid))?;
-    gpu_user(a.pid, &g.kfd_device)?;
     let lock = daemon::Lock::acquire(&dir)?;
+    gpu_user(a.pid, &g.kfd_device)?;
     let mut backends =
         Backends::kfd_only(&g.kfd_device, lock.dir(), Limits::default().max_suspend).await?;
     let state = State::new();

@@ -1,6 +1,7 @@
 //! The guardian's journal of held entries (one JSON line each, fsynced, lock-owned) and
 //! recovery from a journal a dead guardian left behind.
 
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::{
     ffi::OsString,
     fs::{File, OpenOptions},
@@ -51,12 +52,8 @@ impl Journal {
     /// returned lock, or when its holder dies.
     pub fn lock(&self) -> Result<Flock<File>> {
         let path = self.sibling(".lock");
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        // Fixed mode whatever the umask, never through a planted link.
+        let f = crate::rundir::open_private(&path, crate::rundir::PRIVATE_MODE)?;
         Flock::lock(f, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| match e {
             Errno::EWOULDBLOCK => anyhow!(
                 "a live guardian owns {} (it resumes what it holds when its controller goes)",
@@ -101,8 +98,11 @@ impl Journal {
         let mut f = OpenOptions::new()
             .append(true)
             .create(true)
+            .mode(crate::rundir::PRIVATE_MODE)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&self.path)
             .with_context(|| format!("opening {}", self.path.display()))?;
+        f.set_permissions(std::fs::Permissions::from_mode(crate::rundir::PRIVATE_MODE))?;
         f.write_all(&line)
             .and_then(|_| f.sync_data())
             .with_context(|| format!("writing {}", self.path.display()))
@@ -117,7 +117,18 @@ impl Journal {
             text.push(b'\n');
         }
         let write = || -> io::Result<()> {
-            let mut f = File::create(&tmp)?;
+            // A fresh file at the temporary name (whatever was there, a link included, goes).
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(crate::rundir::PRIVATE_MODE)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.set_permissions(std::fs::Permissions::from_mode(crate::rundir::PRIVATE_MODE))?;
             f.write_all(&text)?;
             f.sync_all()?;
             std::fs::rename(&tmp, &self.path)?;
