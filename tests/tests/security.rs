@@ -343,7 +343,9 @@ kill -INT $A $B; wait $A $B || true
     assert_eq!(ev(&s1, "kernel_lost"), 0, "{err}");
     // The /dev/kfd flood: throttled, named, nothing lost.
     let f = num(&t.path("f.pid"));
-    assert!(ev(&s2, "kernel_rate_limited") > 10_000, "{}", s2["events"]);
+    // 100,000 calls through FUSE take seconds: what exceeds 32,768 + 8,192/s is dropped (how
+    // much depends on the host's speed).
+    assert!(ev(&s2, "kernel_rate_limited") > 1_000, "{}", s2["events"]);
     assert_eq!(ev(&s2, "kernel_lost"), 0, "{err}");
     assert!(
         err.contains(&format!("pid {f} (")) && err.contains("floods its GPU file"),
@@ -544,4 +546,41 @@ fn a_process_without_a_gpu_is_refused_before_it_is_touched() {
     );
     let _ = sleeper.kill();
     let _ = sleeper.wait();
+}
+
+/// `[control] group`: members of the named group may steer the controller too (the socket is
+/// 0660 root:group), anyone else is still refused. Group `users` (gid 100) exists on Debian.
+/// Emulated.
+#[test]
+fn members_of_the_control_group_may_steer_and_others_may_not() {
+    let _one = serial();
+    let t = TempDir::new("group");
+    let d = t.0.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+NGP=$GP
+setpriv --reuid 65534 --regid 65534 --clear-groups test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+$GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & B=$!
+printf '[control]\ngroup = "users"\n\n[[rule]]\nclass = "offline"\ncomm = "resnet50_b1024"\nuid = 0\n' > {d}/p.toml
+$GP run --policy {d}/p.toml 2>{d}/run.err & R=$!
+while [ ! -S $GPREEMPT_RUN_DIR/control.sock ]; do sleep 0.1; done
+sleep 1
+stat -c '%a %g' $GPREEMPT_RUN_DIR/control.sock > {d}/sock
+rc=0; setpriv --reuid 65534 --regid 65534 --groups 100 $NGP suspend --pid $B > {d}/member.out 2>&1 || rc=$?; echo $rc > {d}/member.rc
+rc=0; setpriv --reuid 65534 --regid 65534 --groups 100 $NGP resume --pid $B >> {d}/member.out 2>&1 || rc=$?; echo $rc >> {d}/member.rc
+rc=0; setpriv --reuid 65534 --regid 65534 --clear-groups $NGP suspend --pid $B > {d}/plain.out 2>&1 || rc=$?; echo $rc > {d}/plain.rc
+kill -INT $R; wait $R
+kill -INT $B; wait $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    assert_eq!(text(&t.path("sock")).trim(), "660 100");
+    let member = text(&t.path("member.out"));
+    assert_eq!(text(&t.path("member.rc")).trim(), "0\n0", "{member}");
+    assert!(member.contains("suspended queue(s) 0"), "{member}");
+    let plain = text(&t.path("plain.out"));
+    assert_eq!(num(&t.path("plain.rc")), 1, "{plain}");
+    assert!(plain.contains("ermission denied"), "{plain}");
+    assert_nothing_left();
 }

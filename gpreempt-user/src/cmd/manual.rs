@@ -127,7 +127,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
         backends.shutdown().await;
         return Ok(ExitCode::FAILURE);
     }
-    let mut requests = daemon::serve(lock.dir())?;
+    let mut requests = daemon::serve(lock.dir(), daemon::Access::default())?;
     let status = |held: &std::collections::BTreeSet<u32>| Status {
         controller_pid: std::process::id(),
         mode: "suspend".into(),

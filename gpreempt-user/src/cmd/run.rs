@@ -493,6 +493,29 @@ impl Ctx {
     }
 }
 
+/// Who may steer this controller: root, and the policy's `[control] group` if it names one
+/// (it must exist: a typo would silently lock its members out).
+fn control_access(p: &Policy) -> Result<daemon::Access> {
+    let Some(name) = &p.control_group else {
+        return Ok(daemon::Access::default());
+    };
+    let g = nix::unistd::Group::from_name(name)
+        .with_context(|| format!("looking up group {name:?}"))?
+        .with_context(|| {
+            format!(
+                "{}: [control] group {name:?} does not exist (getent group {name})",
+                p.source
+            )
+        })?;
+    log::info!(
+        "control socket: root and group {name} (gid {}) may send requests",
+        g.gid
+    );
+    Ok(daemon::Access {
+        group: Some(g.gid.as_raw()),
+    })
+}
+
 pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     crate::observe::probe::preflight()?;
     // Signals first: from here on nothing ends the process without the cleanup below.
@@ -586,7 +609,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         pending: BTreeMap::new(),
         status_dirty: true,
     };
-    let mut requests = daemon::serve(&dir)?;
+    let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
     let mut tick = tokio::time::interval(ms(args.tick));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut publish = tokio::time::interval(ms(250));
@@ -616,6 +639,12 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                     Ok(p) => {
                         reloading = false;
                         eprintln!("policy reloaded: {}", p.summary());
+                        if p.control_group != ctx.engine.policy().control_group {
+                            eprintln!(
+                                "policy: [control] group changes take effect at the next start \
+                                 (the socket keeps its owner and mode)"
+                            );
+                        }
                         for w in p.trust_warnings() {
                             log::warn!("{w}");
                         }

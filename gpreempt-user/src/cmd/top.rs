@@ -88,7 +88,7 @@ impl Top {
             let Some(notices) = backends.notices.take() else {
                 anyhow::bail!("the KFD backend has no notice channel");
             };
-            let requests = daemon::serve(&dir)?;
+            let requests = daemon::serve(&dir, daemon::Access::default())?;
             self.local = Some(Local {
                 _lock: lock,
                 backends,

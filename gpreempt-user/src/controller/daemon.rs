@@ -15,7 +15,7 @@ use std::{
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use super::socket::{ask, serve, Incoming};
+pub use super::socket::{ask, serve, Access, Incoming};
 use crate::{
     outcome::OpReport,
     rundir::{self, PRIVATE_MODE, PUBLIC_MODE},

@@ -49,26 +49,96 @@ impl Default for Limits {
     }
 }
 
-/// Which peer uids may send requests.
-pub(crate) type Gate = fn(u32) -> bool;
+/// A connecting process: its uid, its gid and its supplementary groups.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
 
-fn root_only(uid: u32) -> bool {
-    uid == 0
+/// Who may send requests: root, and the members of the operator's group when one is named
+/// (`[control] group` in the policy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Access {
+    pub group: Option<u32>,
+}
+
+impl Access {
+    pub fn allows(&self, p: &Peer) -> bool {
+        p.uid == 0
+            || self
+                .group
+                .is_some_and(|g| p.gid == g || p.groups.contains(&g))
+    }
+
+    /// "root", or "root and group 1234": for refusals.
+    fn who(&self) -> String {
+        match self.group {
+            Some(g) => format!("root and members of group {g}"),
+            None => "root".into(),
+        }
+    }
+
+    /// The socket's mode: group-writable only when a group may connect.
+    fn mode(&self) -> u32 {
+        if self.group.is_some() {
+            0o660
+        } else {
+            SOCKET_MODE
+        }
+    }
+}
+
+/// Which peers may send requests (tests use closures).
+pub(crate) type Gate = std::sync::Arc<dyn Fn(&Peer) -> bool + Send + Sync>;
+
+/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+); empty when unavailable.
+fn peer_groups(s: &UnixStream) -> Vec<u32> {
+    use std::os::fd::AsRawFd as _;
+    let mut buf = vec![0u32; 256];
+    let mut len = (buf.len() * 4) as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `buf`, which is that large, and sets
+    // `len` to what it wrote (or what it needs, with ERANGE).
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Vec::new();
+    }
+    buf.truncate(len as usize / 4);
+    buf
 }
 
 /// Distinct refused uids logged (each once); more are refused without a log line.
 const REFUSALS_LOGGED: usize = 1024;
 
 /// Serves the socket: each request is handed to the owner's loop through the returned channel.
-pub fn serve(dir: &Path) -> Result<mpsc::Receiver<Incoming>> {
-    serve_with(dir, root_only, Limits::default())
+pub fn serve(dir: &Path, access: Access) -> Result<mpsc::Receiver<Incoming>> {
+    let who = access.who();
+    serve_with(
+        dir,
+        std::sync::Arc::new(move |p: &Peer| access.allows(p)),
+        (access.mode(), access.group),
+        &who,
+        Limits::default(),
+    )
 }
 
 pub(crate) fn serve_with(
     dir: &Path,
     allow: Gate,
+    (mode, group): (u32, Option<u32>),
+    who: &str,
     limits: Limits,
 ) -> Result<mpsc::Receiver<Incoming>> {
+    let who = who.to_string();
     let path = dir.join("control.sock");
     let fresh = dir.join("control.sock.new");
     // Stale sockets of a dead controller (we hold the lock, so no live one owns them).
@@ -77,7 +147,11 @@ pub(crate) fn serve_with(
     let listener =
         UnixListener::bind(&fresh).with_context(|| format!("listening on {}", fresh.display()))?;
     // bind honours the umask: the mode is fixed before the socket is reachable at its name.
-    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(SOCKET_MODE))
+    if let Some(g) = group {
+        std::os::unix::fs::chown(&fresh, Some(0), Some(g))
+            .with_context(|| format!("chgrp {g} {}", fresh.display()))?;
+    }
+    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {}", fresh.display()))?;
     std::fs::rename(&fresh, &path).with_context(|| format!("renaming to {}", path.display()))?;
     let (tx, rx) = mpsc::channel(16);
@@ -102,18 +176,23 @@ pub(crate) fn serve_with(
                 }
             };
             let uid = cred.uid();
-            if !allow(uid) {
+            let peer = Peer {
+                uid,
+                gid: cred.gid(),
+                groups: peer_groups(&stream),
+            };
+            if !allow(&peer) {
                 if refused.len() < REFUSALS_LOGGED && refused.insert(uid) {
                     log::warn!(
-                        "control socket: refused uid {uid} (pid {}): only root may send requests \
-                         (logged once per uid)",
+                        "control socket: refused uid {uid} (pid {}): only {who} may send \
+                         requests (logged once per uid)",
                         cred.pid().map_or("?".into(), |p| p.to_string())
                     );
                 }
                 turn_away(
                     stream,
                     format!(
-                        "permission denied: only root may send requests to the gpreempt-ebpf \
+                        "permission denied: only {who} may send requests to the gpreempt-ebpf \
                          controller (you are uid {uid})"
                     ),
                 );

@@ -5,18 +5,37 @@ use tokio::io::AsyncReadExt as _;
 use super::*;
 use crate::rundir::tests::Scratch;
 
-fn anyone(_: u32) -> bool {
-    true
+fn anyone() -> Gate {
+    std::sync::Arc::new(|_: &Peer| true)
 }
 
-fn nobody(_: u32) -> bool {
-    false
+fn nobody() -> Gate {
+    std::sync::Arc::new(|_: &Peer| false)
 }
 
 /// A server on a fresh run directory, and a task answering every request it hands over.
 fn server(s: &Scratch, allow: Gate, limits: Limits) -> mpsc::Receiver<Incoming> {
     crate::rundir::prepare(&s.run()).unwrap();
-    serve_with(&s.run(), allow, limits).unwrap()
+    serve_with(&s.run(), allow, (SOCKET_MODE, None), "root", limits).unwrap()
+}
+
+#[test]
+fn root_and_the_named_group_may_steer() {
+    let root_only = Access::default();
+    let peer = |uid, gid, groups: &[u32]| Peer {
+        uid,
+        gid,
+        groups: groups.to_vec(),
+    };
+    assert!(root_only.allows(&peer(0, 0, &[])));
+    assert!(!root_only.allows(&peer(1000, 990, &[990])));
+    let admins = Access { group: Some(990) };
+    assert!(admins.allows(&peer(1000, 990, &[])), "primary group");
+    assert!(admins.allows(&peer(1000, 100, &[27, 990])), "supplementary");
+    assert!(!admins.allows(&peer(1000, 100, &[27])));
+    assert_eq!(admins.mode(), 0o660);
+    assert_eq!(root_only.mode(), 0o600);
+    assert_eq!(admins.who(), "root and members of group 990");
 }
 
 fn answer_all(mut rx: mpsc::Receiver<Incoming>) -> tokio::task::JoinHandle<usize> {
@@ -52,7 +71,7 @@ const STATUS: &[u8] = b"{\"op\":\"status\"}\n";
 #[tokio::test]
 async fn a_request_is_answered_and_the_socket_is_roots() {
     let s = Scratch::new("sock-ok");
-    let rx = server(&s, anyone, Limits::default());
+    let rx = server(&s, anyone(), Limits::default());
     let path = s.run().join("control.sock");
     assert_eq!(
         std::fs::metadata(&path).unwrap().mode() & 0o777,
@@ -68,7 +87,7 @@ async fn a_request_is_answered_and_the_socket_is_roots() {
 #[tokio::test]
 async fn a_refused_peer_is_told_why_and_nothing_is_handed_on() {
     let s = Scratch::new("sock-peer");
-    let mut rx = server(&s, nobody, Limits::default());
+    let mut rx = server(&s, nobody(), Limits::default());
     let path = s.run().join("control.sock");
     let suspend = b"{\"op\":\"suspend\",\"pid\":1,\"queues\":null,\"grace\":null}\n";
     let r = exchange(&path, suspend).await;
@@ -83,7 +102,7 @@ async fn a_refused_peer_is_told_why_and_nothing_is_handed_on() {
 #[tokio::test]
 async fn a_long_request_is_refused_without_buffering_it() {
     let s = Scratch::new("sock-long");
-    let rx = server(&s, anyone, Limits::default());
+    let rx = server(&s, anyone(), Limits::default());
     let served = answer_all(rx);
     let path = s.run().join("control.sock");
     // No newline, far past the limit: the server stops reading at the limit and answers.
@@ -118,7 +137,7 @@ async fn connections_past_the_limit_are_closed_with_a_reason() {
         idle: Duration::from_secs(600),
         ..Limits::default()
     };
-    let rx = server(&s, anyone, limits);
+    let rx = server(&s, anyone(), limits);
     let served = answer_all(rx);
     let path = s.run().join("control.sock");
     // Two idle connections hold both slots (accepted in order: the third comes after them).

@@ -182,3 +182,23 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod control_tests {
+    use super::*;
+
+    #[test]
+    fn the_control_group_is_parsed_and_checked() {
+        let p = Policy::parse("[control]\ngroup = \"gpu-admins\"\n", "p.toml").unwrap();
+        assert_eq!(p.control_group.as_deref(), Some("gpu-admins"));
+        assert_eq!(Policy::parse("", "p.toml").unwrap().control_group, None);
+        let e = Policy::parse("[control]\ngroup = \"a b\"\n", "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a group name"), "{e}");
+        let e = Policy::parse("[control]\nowner = \"x\"\n", "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[control]: unknown key \"owner\""), "{e}");
+    }
+}

@@ -73,6 +73,15 @@ impl Policy {
     }
 }
 
+/// A POSIX-ish group name (what `groupadd` accepts).
+fn is_group_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && !s.starts_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
 /// Largest policy file accepted (a policy is a few KiB; 100,000 rules fit).
 pub const MAX_POLICY_BYTES: u64 = 16 << 20;
 
@@ -211,6 +220,7 @@ impl Parser<'_> {
         let mut timeslice: Option<(&DeTable, usize)> = None;
         let mut adaptive: Option<(&DeTable, usize)> = None;
         let mut nvidia: Option<&DeTable> = None;
+        let mut control: Option<&DeTable> = None;
         let mut rules: Option<&Val> = None;
         for (k, v) in doc.get_ref().iter() {
             match k.get_ref().as_ref() {
@@ -220,12 +230,13 @@ impl Parser<'_> {
                 }
                 "adaptive" => adaptive = self.table(v, "[adaptive]").map(|t| (t, v.span().start)),
                 "nvidia" => nvidia = self.table(v, "[nvidia]"),
+                "control" => control = self.table(v, "[control]"),
                 "rule" => rules = Some(v),
                 other => self.err(
                     k.span().start,
                     format!(
                         "unknown key {other:?} (expected [policy], [timeslice], [adaptive], \
-                         [nvidia] or [[rule]])"
+                         [nvidia], [control] or [[rule]])"
                     ),
                 ),
             }
@@ -353,6 +364,24 @@ impl Parser<'_> {
         }
         if let Some(t) = nvidia {
             self.nvidia(t, &mut policy.nvidia);
+        }
+        if let Some(t) = control {
+            for (k, v) in t.iter() {
+                match k.get_ref().as_ref() {
+                    "group" => match self.string(v, "group") {
+                        Some(g) if is_group_name(g) => policy.control_group = Some(g.to_string()),
+                        Some(g) => self.err(
+                            v.span().start,
+                            format!("group: {g:?} is not a group name (letters, digits, _ . -)"),
+                        ),
+                        None => {}
+                    },
+                    other => self.err(
+                        k.span().start,
+                        format!("[control]: unknown key {other:?} (expected group)"),
+                    ),
+                }
+            }
         }
         if let Some(v) = rules {
             self.rules(v, &mut policy.rules);

@@ -186,6 +186,8 @@ pub struct Policy {
     pub launch_hints: bool,
     /// How NVIDIA offline processes yield.
     pub nvidia: NvPolicy,
+    /// `[control] group`: members of this group may send requests too (root always may).
+    pub control_group: Option<String>,
 }
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
@@ -213,6 +215,7 @@ impl Default for Policy {
             rules: Vec::new(),
             launch_hints: true,
             nvidia: NvPolicy::default(),
+            control_group: None,
         }
     }
 }

@@ -323,7 +323,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("\n[polcy]\n"),
         "policy.toml:2: unknown key \"polcy\" (expected [policy], [timeslice], [adaptive], \
-         [nvidia] or [[rule]])"
+         [nvidia], [control] or [[rule]])"
     );
     assert_eq!(
         one_err(
