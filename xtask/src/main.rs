@@ -71,18 +71,22 @@ fn setup() -> Result<()> {
 /// conformance test), util-linux (setpriv, the non-root test), tmux and procps (the `top`
 /// end-to-end test drives it in a tmux pane and signals it with pkill).
 fn test_packages() -> Result<()> {
-    let have = |p: &str| Path::new(p).exists();
-    let missing: Vec<&str> = [
+    ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
         ("linux-libc-dev", "/usr/include/linux/kfd_ioctl.h"),
         ("util-linux", "/usr/bin/setpriv"),
         ("tmux", "/usr/bin/tmux"),
         ("procps", "/usr/bin/pkill"),
-    ]
-    .into_iter()
-    .filter(|(_, f)| !have(f))
-    .map(|(p, _)| p)
-    .collect();
+    ])
+}
+
+/// Installs the Debian packages (name, a file it provides) whose file is missing.
+pub fn ensure_packages(pkgs: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .filter(|(_, f)| !Path::new(f).exists())
+        .map(|(p, _)| *p)
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }

@@ -69,28 +69,12 @@ fn newest(pattern: &str) -> Result<(String, String)> {
     })
 }
 
-fn apt_install(pkgs: &[&str]) -> Result<()> {
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-qq"])
-        .args(pkgs)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
-}
-
 pub fn setup() -> Result<()> {
-    let have = |p: &str| Path::new(p).exists();
-    let missing: Vec<&str> = [
+    crate::ensure_packages(&[
         ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
         ("busybox-static", "/bin/busybox"),
         ("kmod", "/sbin/depmod"),
-    ]
-    .into_iter()
-    .filter(|(_, f)| !have(f))
-    .map(|(p, _)| p)
-    .collect();
-    if !missing.is_empty() {
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
-        apt_install(&missing)?;
-    }
+    ])?;
     let dir = root().join(".tools/vm");
     std::fs::create_dir_all(dir.join("debs"))?;
     let venv = dir.join("venv");

@@ -39,16 +39,7 @@ impl std::error::Error for PolicyError {}
 impl Policy {
     /// Parses and validates a policy file's text; `source` names it in messages.
     pub fn parse(text: &str, source: &str) -> Result<Policy, PolicyError> {
-        let mut p = Parser {
-            text,
-            newlines: text
-                .bytes()
-                .enumerate()
-                .filter(|&(_, b)| b == b'\n')
-                .map(|(i, _)| i)
-                .collect(),
-            problems: Vec::new(),
-        };
+        let mut p = Parser::new(text);
         let policy = p.document(source);
         if p.problems.is_empty() {
             if let Some(policy) = policy {
@@ -185,7 +176,20 @@ struct Parser<'t> {
     problems: Vec<(usize, String)>,
 }
 
-impl Parser<'_> {
+impl<'t> Parser<'t> {
+    fn new(text: &'t str) -> Self {
+        Self {
+            text,
+            newlines: text
+                .bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i)
+                .collect(),
+            problems: Vec::new(),
+        }
+    }
+
     /// 1-based line of a byte offset: newlines before it, by binary search (a scan per rule
     /// made large policies quadratic: 40,000 rules took 8 s).
     fn line(&self, offset: usize) -> usize {
@@ -822,16 +826,7 @@ mod file_tests {
     #[test]
     fn line_numbers_by_search_match_counting() {
         let text = "a\n\nbc\nd\n\n\nef";
-        let p = Parser {
-            text,
-            newlines: text
-                .bytes()
-                .enumerate()
-                .filter(|&(_, b)| b == b'\n')
-                .map(|(i, _)| i)
-                .collect(),
-            problems: Vec::new(),
-        };
+        let p = Parser::new(text);
         for off in 0..=text.len() + 3 {
             let end = off.min(text.len());
             let want = text.as_bytes()[..end]
