@@ -91,11 +91,18 @@ impl Losses {
         })
     }
 
-    /// A process's count of rate-limited records: Some(text) the first time it is seen.
-    pub fn limited(&mut self, pid: u32, dropped: u32, who: &str) -> Option<String> {
+    /// A process's count of rate-limited records: Some(text) the first time it is seen; `who`
+    /// (a /proc read) is asked only then.
+    pub fn limited(
+        &mut self,
+        pid: u32,
+        dropped: u32,
+        who: impl FnOnce() -> String,
+    ) -> Option<String> {
         if self.limited.insert(pid, dropped).is_some() {
             return None;
         }
+        let who = who();
         Some(format!(
             "pid {pid} ({who}) floods its GPU file: {dropped} ioctl records dropped by the \
              per-process rate limit so far; its queues are kept from sysfs"
@@ -142,13 +149,15 @@ mod tests {
     #[test]
     fn a_flooding_process_is_named_once() {
         let mut l = Losses::default();
-        let w = l.limited(42, 1000, "uid 65534, comm poke").unwrap();
+        let w = l
+            .limited(42, 1000, || "uid 65534, comm poke".into())
+            .unwrap();
         assert!(
             w.contains("pid 42 (uid 65534, comm poke)") && w.contains("1000"),
             "{w}"
         );
-        assert_eq!(l.limited(42, 5000, "x"), None);
+        assert_eq!(l.limited(42, 5000, || unreachable!("asked once")), None);
         l.forget(42);
-        assert!(l.limited(42, 1, "x").is_some());
+        assert!(l.limited(42, 1, || "x".into()).is_some());
     }
 }

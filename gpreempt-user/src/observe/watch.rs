@@ -447,7 +447,7 @@ impl Watcher {
             if let Event::ProcessExit(x) = &ev {
                 if x.rate_limited > 0 {
                     let n = u32::try_from(x.rate_limited).unwrap_or(u32::MAX);
-                    if let Some(w) = self.losses.limited(x.origin.pid, n, "exited") {
+                    if let Some(w) = self.losses.limited(x.origin.pid, n, || "exited".into()) {
                         log::warn!("{w}");
                     }
                 }
@@ -608,7 +608,7 @@ impl Watcher {
         }
         self.state.events_degraded = self.losses.degraded();
         for (pid, dropped) in limited {
-            let who = match crate::observe::procinfo::read(std::path::Path::new("/proc"), pid) {
+            let who = || match crate::observe::procinfo::read(std::path::Path::new("/proc"), pid) {
                 Ok(p) => format!(
                     "uid {}, comm {}",
                     p.uid.map_or("?".into(), |u| u.to_string()),
@@ -616,7 +616,7 @@ impl Watcher {
                 ),
                 Err(_) => "exited".into(),
             };
-            if let Some(w) = self.losses.limited(pid, dropped, &who) {
+            if let Some(w) = self.losses.limited(pid, dropped, who) {
                 log::warn!("{w}");
                 self.state.apply(Update::Warning {
                     ts_ns: now,
