@@ -65,6 +65,9 @@ pub mod file_kind {
     pub const NVIDIA: u32 = 2;
     /// A [`super::GpuFile`] rule that excludes (a node sharing a GPU major, e.g. nvidia-modeset).
     pub const NONE: u32 = 3;
+    /// amdkfd's own nodes while the kprobe pair on `kfd_ioctl` reports their calls: the syscall
+    /// tracepoints leave them alone.
+    pub const KPROBED: u32 = 4;
 }
 
 /// How a [`GpuFile`] rule matches the inode behind an fd.
@@ -120,6 +123,10 @@ pub mod config_flag {
     /// Select ioctls by the file behind the fd ([`super::Config::files`]), any type byte, as the
     /// drivers dispatch them; without it, by the type byte ('K', 'F'), which a caller chooses.
     pub const FILTER_FILES: u32 = 2;
+    /// KFD ioctls come from the kprobe + kretprobe pair on `kfd_ioctl`. With [`FILTER_FILES`]
+    /// the rules say which files are amdkfd's ([`super::file_kind::KPROBED`]); without it the
+    /// syscall tracepoints leave every 'K' call to the pair.
+    pub const KFD_BY_KPROBE: u32 = 4;
 }
 
 /// The programs' configuration, index 0 of the `CONFIG` array map, written by user space before attach.

@@ -1,5 +1,7 @@
-//! KFD ioctls (and NVIDIA RM escapes) through the syscall tracepoints (present on every kernel; the
-//! floor of observation).
+//! GPU driver ioctls: KFD through a kprobe + kretprobe pair on `kfd_ioctl` where kprobes work
+//! (only KFD calls ever run these programs), else, with NVIDIA RM escapes, through the syscall
+//! tracepoints (present on every kernel, the floor of observation, but every ioctl on the host
+//! runs the filter). Both produce the same [`IoctlRecord`]s; the kprobe pair has no fd (-1).
 //!
 //! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone, whatever the type byte
 //! (docs/kfd.md), so the programs select by the file behind the fd: fd -> `struct file` ->
@@ -13,8 +15,8 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_probe_read_kernel, generated,
     },
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::{kprobe, kretprobe, tracepoint},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::{debug, warn};
@@ -183,9 +185,7 @@ fn enter(ctx: &TracePointContext) {
     }
     let Some(cfg) = config() else { return };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    let tid = pid_tgid as u32;
-    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != tgid {
+    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
         return;
     }
     let typed = (ty == kfd::AMDKFD_IOCTL_BASE && kfd_nr) || (ty == nv::NV_IOCTL_MAGIC && rm_nr);
@@ -193,8 +193,9 @@ fn enter(ctx: &TracePointContext) {
     // Which decoder: KFD (true) or RM (false).
     let (file, is_kfd) = if cfg.flags & config_flag::FILTER_FILES != 0 {
         let (k, regular) = file_kind_of(fd, cfg);
-        // Calls the VFS answers never reach the driver, whatever their nr.
-        if vfs::answers(cmd, regular) {
+        // Calls the VFS answers never reach the driver, whatever their nr; amdkfd's own node is
+        // the kprobe pair's when it is live.
+        if k == file_kind::KPROBED || vfs::answers(cmd, regular) {
             return;
         }
         if k == file_kind::KFD && kfd_nr {
@@ -212,6 +213,62 @@ fn enter(ctx: &TracePointContext) {
     } else {
         return;
     };
+    // Unchecked files: 'K' calls are the kprobe pair's when it is live.
+    if file == file_kind::UNCHECKED && is_kfd && cfg.flags & config_flag::KFD_BY_KPROBE != 0 {
+        return;
+    }
+    begin(
+        ctx,
+        cfg,
+        pid_tgid,
+        fd,
+        cmd,
+        field::<u64>(ctx, ENTER_ARG),
+        file,
+        is_kfd,
+    );
+}
+
+/// `long kfd_ioctl(struct file *filep, unsigned int cmd, unsigned long arg)`: the file is KFD's
+/// by construction, any type byte, and calls the VFS answers never get here.
+#[kprobe]
+pub fn kfd_ioctl_entry(ctx: ProbeContext) -> u32 {
+    let cmd = ctx.arg::<u64>(1).unwrap_or(0) as u32;
+    if !kfd::is_kfd_nr(kfd::ioc_nr(cmd)) {
+        return 0;
+    }
+    let Some(cfg) = config() else { return 0 };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
+        return 0;
+    }
+    let arg = ctx.arg::<u64>(2).unwrap_or(0);
+    begin(&ctx, cfg, pid_tgid, -1, cmd, arg, file_kind::KFD, true);
+    0
+}
+
+#[kretprobe]
+pub fn kfd_ioctl_return(ctx: RetProbeContext) -> u32 {
+    finish(&ctx, ctx.ret::<i64>());
+    0
+}
+
+/// Records the call's entry (rate limit, argument copy) for [`finish`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn begin<C: EbpfContext>(
+    ctx: &C,
+    cfg: &Config,
+    pid_tgid: u64,
+    fd: i32,
+    cmd: u32,
+    arg: u64,
+    file: u32,
+    is_kfd: bool,
+) {
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    let nr = kfd::ioc_nr(cmd);
     // The kernel's copy size of each struct: KFD by its table; NVIDIA RM escapes by theirs.
     let ksize = if is_kfd {
         kfd::arg_size(nr)
@@ -232,7 +289,6 @@ fn enter(ctx: &TracePointContext) {
     let Some(inflight) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    let arg = field::<u64>(ctx, ENTER_ARG);
     // SAFETY: a per-CPU slot, used only between here and the insert below, with preemption off.
     let inflight = unsafe { &mut *inflight };
     inflight.arg = arg;
@@ -273,6 +329,12 @@ pub fn gpu_ioctl_exit(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn exit(ctx: &TracePointContext) {
+    finish(ctx, field::<i64>(ctx, EXIT_RET));
+}
+
+/// Emits the record of this thread's call in flight, if any, with the kernel's answer.
+#[inline(always)]
+fn finish<C: EbpfContext>(ctx: &C, ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let Some(inflight) = INFLIGHT.get_ptr(tid) else {
@@ -301,7 +363,7 @@ fn exit(ctx: &TracePointContext) {
         (*rec).hdr.comm = bpf_get_current_comm().unwrap_or([0; 16]);
         (*rec).fd = inf.fd;
         (*rec).cmd = inf.cmd;
-        (*rec).ret = field::<i64>(ctx, EXIT_RET);
+        (*rec).ret = ret;
         (*rec).duration_ns = now.wrapping_sub(inf.ts_ns);
         (*rec).arg = inf.arg;
         (*rec).args_len = inf.args_len;

@@ -30,6 +30,16 @@ pub struct Global {
         value_name = "PATH"
     )]
     pub nvidia_device: Vec<PathBuf>,
+    /// Where KFD ioctl events come from: `auto` takes the kprobe pair on kfd_ioctl where kprobes
+    /// reach it (no other ioctl on the host runs a program), else the syscall tracepoints.
+    #[arg(
+        long,
+        global = true,
+        env = "GPREEMPT_IOCTL_SOURCE",
+        value_enum,
+        default_value_t = crate::observe::probe::IoctlSource::Auto
+    )]
+    pub ioctl_source: crate::observe::probe::IoctlSource,
     /// More diagnostics on stderr (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -41,6 +51,7 @@ impl Global {
         crate::observe::probe::ProbeOptions {
             kfd_device: self.kfd_device.clone(),
             nvidia_devices: self.nvidia_device.clone(),
+            ioctl_source: self.ioctl_source,
             ..Default::default()
         }
     }

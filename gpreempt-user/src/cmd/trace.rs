@@ -105,6 +105,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         nvidia_devices: g.nvidia_device.clone(),
         // A trace is what the operator asked to see: every record (losses are counted).
         rate_limit: args.rate_limit,
+        ioctl_source: g.ioctl_source,
     })?;
     let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&g.kfd_device))
         .context("watching the ring buffer")?;

@@ -169,6 +169,38 @@ pub fn ioctl_filter_check(facts: &HostProbeFacts, devices: &str) -> Check {
     )
 }
 
+/// Check 4d: where KFD ioctl events come from: the kprobe pair on `kfd_ioctl` (only KFD calls
+/// run a program) or the syscall tracepoints (every ioctl on the host runs the filter).
+pub fn ioctl_source_check(
+    facts: &HostProbeFacts,
+    devices: &crate::observe::gpufiles::Devices,
+) -> Check {
+    const NAME: &str = "ioctl-source";
+    match facts.kfd_pair() {
+        Ok(()) => {
+            let mut f = "KFD ioctls from a kprobe + kretprobe on kfd_ioctl: no other ioctl on the \
+                         host runs a program"
+                .to_string();
+            if let Some(why) = devices.beyond_amdkfd() {
+                f += &format!("; the syscall ioctl tracepoints stay attached for {why}");
+            }
+            Check::ok(NAME, f)
+        }
+        Err(why) => Check::warn(
+            NAME,
+            format!(
+                "KFD ioctls from the syscall tracepoints ({why}): every ioctl on the host runs \
+                 the filter"
+            ),
+            if facts.kprobes.is_err() {
+                "a kernel with CONFIG_KPROBES makes kfd_ioctl the source"
+            } else {
+                "load amdgpu before starting gpreempt-ebpf (modprobe amdgpu)"
+            },
+        ),
+    }
+}
+
 // -------------------------------------------------------------------------------------------
 // 6. debugfs
 

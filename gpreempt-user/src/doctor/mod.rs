@@ -29,7 +29,8 @@ pub mod nvidia;
 
 use amd::{
     amdgpu_params_checks, btf_amdgpu_check, btf_offsets_check, debugfs_check, gpu_checks,
-    ioctl_filter_check, kernel_probe_checks, kfd_check, kfd_get_version, pc_sampling_check,
+    ioctl_filter_check, ioctl_source_check, kernel_probe_checks, kfd_check, kfd_get_version,
+    pc_sampling_check,
 };
 use generic::{
     bpf_check, btf_vmlinux_check, controller_check, ebpf_programs_check, kprobes_check,
@@ -156,11 +157,14 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     checks.push(btf_amdgpu_check(root));
     let facts = HostProbeFacts::read(&root.base);
     checks.push(btf_offsets_check(&facts));
-    let (rules, _) = crate::observe::gpufiles::Devices::read(kfd_device, &[]).rules();
+    let mut devices = crate::observe::gpufiles::Devices::read(kfd_device, &[]);
+    devices.kprobed = facts.kfd_pair().is_ok();
+    let (rules, _) = devices.rules();
     checks.push(ioctl_filter_check(
         &facts,
         &crate::observe::gpufiles::describe(&rules),
     ));
+    checks.push(ioctl_source_check(&facts, &devices));
     checks.push(kprobes_check(root));
     checks.extend(kernel_probe_checks(&facts));
     checks.push(launch_uprobes_check(root));

@@ -68,17 +68,43 @@ pub struct Devices {
     pub kfd_major: Option<u32>,
     /// Further NVIDIA nodes that are not recognised by number (`--nvidia-device` stand-ins).
     pub nvidia: Vec<FileId>,
+    /// The NVIDIA driver is loaded (its major in /proc/devices).
+    pub nvidia_loaded: bool,
+    /// amdkfd's calls come from the kprobe pair on `kfd_ioctl`: its major's rule says
+    /// [`file_kind::KPROBED`].
+    pub kprobed: bool,
 }
 
 impl Devices {
     /// Reads the host: `kfd_device`, /proc/devices, `nvidia`.
     pub fn read(kfd_device: &Path, nvidia: &[PathBuf]) -> Self {
+        let devices = std::fs::read_to_string("/proc/devices").unwrap_or_default();
         Self {
             kfd: FileId::of(kfd_device),
-            kfd_major: std::fs::read_to_string("/proc/devices")
-                .ok()
-                .and_then(|t| char_major(&t, "kfd")),
+            kfd_major: char_major(&devices, "kfd"),
             nvidia: nvidia.iter().filter_map(|p| FileId::of(p)).collect(),
+            nvidia_loaded: char_major(&devices, "nvidia-frontend").is_some()
+                || char_major(&devices, "nvidia").is_some(),
+            kprobed: false,
+        }
+    }
+
+    /// Why GPU files beyond amdkfd's own nodes need the syscall tracepoints (None: the kprobe
+    /// pair on `kfd_ioctl` sees every GPU call here, and no other ioctl runs a program).
+    pub fn beyond_amdkfd(&self) -> Option<String> {
+        if self.nvidia_loaded || !self.nvidia.is_empty() {
+            return Some("NVIDIA devices".into());
+        }
+        self.kfd_stand_in()
+            .then(|| "a KFD node amdkfd does not serve (a stand-in)".into())
+    }
+
+    /// The KFD node is not amdkfd's own (the emulator's, or another driver's).
+    pub fn kfd_stand_in(&self) -> bool {
+        match (&self.kfd, self.kfd_major) {
+            (Some(id), Some(m)) => id.rdev.is_none_or(|r| r & MAJOR_MASK != mkdev(m, 0)),
+            (Some(_), None) => true,
+            (None, _) => false,
         }
     }
 
@@ -126,7 +152,12 @@ impl Devices {
             }
         }
         if let Some(m) = self.kfd_major {
-            v.push(major(file_kind::KFD, m));
+            let kind = if self.kprobed {
+                file_kind::KPROBED
+            } else {
+                file_kind::KFD
+            };
+            v.push(major(kind, m));
         }
         v.extend(self.nvidia.iter().map(|id| exact(file_kind::NVIDIA, id)));
         let dropped = v.len().saturating_sub(MAX_GPU_FILES);
@@ -146,7 +177,7 @@ pub fn opens_gpu(proc_root: &Path, pid: u32, kfd_device: &Path) -> std::io::Resu
     let (rules, _) = Devices {
         kfd,
         kfd_major,
-        nvidia: Vec::new(),
+        ..Devices::default()
     }
     .rules();
     for e in std::fs::read_dir(proc_root.join(pid.to_string()).join("fd"))? {
@@ -174,6 +205,7 @@ pub fn describe(rules: &[GpuFile]) -> String {
         let what = match r.kind {
             file_kind::KFD => "KFD",
             file_kind::NVIDIA => "NVIDIA",
+            file_kind::KPROBED => "KFD (kprobe kfd_ioctl)",
             _ => "not GPU",
         };
         let (maj, min) = (r.dev >> 20, r.dev & !MAJOR_MASK);
@@ -211,6 +243,7 @@ mod tests {
             }),
             kfd_major: Some(510),
             nvidia: vec![],
+            ..Devices::default()
         };
         let (r, dropped) = d.rules();
         assert_eq!(dropped, 0);
@@ -234,6 +267,7 @@ mod tests {
                 dev: mkdev(0, 40),
                 ino: 3,
             }],
+            ..Devices::default()
         };
         let (r, _) = d.rules();
         assert_eq!(r[2].kind, file_kind::KFD);
@@ -255,6 +289,7 @@ mod tests {
             }),
             kfd_major: Some(510),
             nvidia: vec![],
+            ..Devices::default()
         };
         assert_eq!(
             describe(&d.rules().0),
@@ -273,10 +308,44 @@ mod tests {
             kfd: Some(id),
             kfd_major: Some(510),
             nvidia: vec![id; 4],
+            ..Devices::default()
         };
         let (r, dropped) = d.rules();
         assert_eq!(r.len(), MAX_GPU_FILES);
         assert_eq!(dropped, 2);
+    }
+
+    #[test]
+    fn with_the_kprobe_pair_only_other_gpu_files_need_the_tracepoints() {
+        let kfd = |rdev| {
+            Some(FileId {
+                rdev,
+                dev: 5,
+                ino: 9,
+            })
+        };
+        let mut d = Devices {
+            kfd: kfd(Some(mkdev(510, 0))),
+            kfd_major: Some(510),
+            kprobed: true,
+            ..Devices::default()
+        };
+        assert_eq!(d.beyond_amdkfd(), None);
+        assert_eq!(
+            describe(&d.rules().0),
+            "not GPU 195:254, NVIDIA major 195, KFD (kprobe kfd_ioctl) major 510"
+        );
+        d.nvidia_loaded = true;
+        assert_eq!(d.beyond_amdkfd().as_deref(), Some("NVIDIA devices"));
+        d.nvidia_loaded = false;
+        // The emulator's node (no device, or another driver's) is no kfd_ioctl call.
+        d.kfd = kfd(None);
+        assert!(d.beyond_amdkfd().unwrap().contains("stand-in"));
+        d.kfd = kfd(Some(mkdev(1, 3)));
+        assert!(d.beyond_amdkfd().unwrap().contains("stand-in"));
+        // No KFD node at all: nothing beyond amdkfd.
+        d.kfd = None;
+        assert_eq!(d.beyond_amdkfd(), None);
     }
 
     #[test]

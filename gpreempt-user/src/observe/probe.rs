@@ -44,6 +44,21 @@ pub struct ProbeOptions {
     pub nvidia_devices: Vec<PathBuf>,
     /// Per-process limit of ioctl records: (per second, burst); None: unlimited.
     pub rate_limit: Option<(u32, u32)>,
+    /// Where KFD ioctl records come from.
+    pub ioctl_source: IoctlSource,
+}
+
+/// Where KFD ioctl records come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoctlSource {
+    /// The kprobe pair where kprobes reach `kfd_ioctl`, else the syscall tracepoints.
+    #[default]
+    Auto,
+    /// The kprobe + kretprobe pair on `kfd_ioctl` (amdkfd's own dispatcher: no other ioctl on
+    /// the host runs a program); an error where it cannot attach.
+    Kprobe,
+    /// The syscall tracepoints (every ioctl on the host runs the filter).
+    Tracepoint,
 }
 
 impl Default for ProbeOptions {
@@ -56,6 +71,7 @@ impl Default for ProbeOptions {
             kfd_device: PathBuf::from("/dev/kfd"),
             nvidia_devices: Vec::new(),
             rate_limit: Some(RATE_LIMIT),
+            ioctl_source: IoctlSource::Auto,
         }
     }
 }
@@ -229,6 +245,15 @@ impl HostProbeFacts {
             .collect()
     }
 
+    /// Whether the kprobe pair on `kfd_ioctl` can be the KFD ioctl source; Err: why not.
+    pub fn kfd_pair(&self) -> Result<(), String> {
+        self.kprobes.clone()?;
+        if !self.kallsyms.contains("kfd_ioctl") {
+            return Err("kfd_ioctl is not in /proc/kallsyms (amdgpu not loaded)".into());
+        }
+        Ok(())
+    }
+
     fn verdict(&self, spec: &ProbeSpec) -> Result<Vec<&'static str>, String> {
         if spec.id == kprobe::id::KFD_IOCTL && self.kfd_ioctl_in_vmlinux && self.kprobes.is_err() {
             return Ok(vec!["kfd_ioctl"]); // fentry needs no kprobes
@@ -286,6 +311,10 @@ pub struct Probes {
     /// Err: why launch uprobes cannot be used (a program failed to load).
     launch_ready: Result<(), String>,
     filter: IoctlFilter,
+    /// KFD ioctls come from the kprobe pair on `kfd_ioctl` (else the syscall tracepoints).
+    kfd_pair: bool,
+    /// The syscall ioctl tracepoints are attached (the floor, or for GPU files beyond amdkfd).
+    ioctl_tracepoints: bool,
 }
 
 /// Counters the programs keep, summed over CPUs.
@@ -571,6 +600,66 @@ fn attach_kprobe(ebpf: &mut Ebpf, program: &str, functions: &[&str]) -> Result<u
     }
 }
 
+/// Writes the programs' configuration: `config` plus the file rules (or the type-byte fallback)
+/// and whether the kprobe pair has amdkfd's calls.
+fn configure(
+    ebpf: &mut Ebpf,
+    mut config: Config,
+    filter: &IoctlFilter,
+    rules: &[gpreempt_common::record::GpuFile],
+    kprobed: bool,
+) -> Result<()> {
+    match filter {
+        IoctlFilter::ByFile(rules_text) => {
+            config.flags |= config_flag::FILTER_FILES;
+            config.files[..rules.len()].copy_from_slice(rules);
+            log::info!("GPU ioctls selected by file: {rules_text}");
+        }
+        IoctlFilter::ByType(why) => log::warn!(
+            "GPU ioctls selected by type byte only ({why}): a process can hide its calls \
+             with another type byte, and ioctls on other files cost user-space checks"
+        ),
+    }
+    if kprobed {
+        config.flags |= config_flag::KFD_BY_KPROBE;
+    }
+    let mut cfg_map: Array<_, Config> =
+        Array::try_from(ebpf.map_mut("CONFIG").context("map CONFIG missing")?)?;
+    cfg_map
+        .set(0, config, 0)
+        .context("writing the probe configuration")
+}
+
+/// The kprobe pair's programs, entry then return.
+const KFD_PAIR: [&str; 2] = ["kfd_ioctl_entry", "kfd_ioctl_return"];
+
+fn load_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
+    for program in KFD_PAIR {
+        let kp: &mut KProbe = ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+            .try_into()
+            .map_err(|e| format!("{program}: {e}"))?;
+        kp.load()
+            .map_err(|e| format!("the verifier rejected {program}: {}", verifier_text(&e)))?;
+    }
+    Ok(())
+}
+
+/// Return first: an entry without its return would leave calls in flight.
+fn attach_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
+    for program in KFD_PAIR.iter().rev() {
+        let kp: &mut KProbe = ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("program {program} missing"))?
+            .try_into()
+            .map_err(|e| format!("{program}: {e}"))?;
+        kp.attach("kfd_ioctl", 0)
+            .map_err(|e| format!("attaching {program} to kfd_ioctl: {e}"))?;
+    }
+    Ok(())
+}
+
 fn attach_fentry_kfd_ioctl(ebpf: &mut Ebpf) -> Result<()> {
     let btf = aya::Btf::from_sys_fs().context("reading vmlinux BTF")?;
     let fe: &mut FEntry = ebpf
@@ -626,9 +715,18 @@ impl Probes {
         // BTF first: the ioctl programs need the fd -> inode offsets before they attach.
         let facts = HostProbeFacts::read(Path::new("/"));
         let offsets_written = write_offsets(&mut ebpf, &facts.offsets);
-        let devices =
+        let mut devices =
             crate::observe::gpufiles::Devices::read(&opts.kfd_device, &opts.nvidia_devices);
-        let (filter, rules) = choose_filter(&facts, &offsets_written, &devices);
+        // The KFD source: the kprobe pair where it can attach (loaded here, attached once the
+        // configuration that tells the tracepoints to leave amdkfd's node alone is written).
+        let pair = match opts.ioctl_source {
+            IoctlSource::Tracepoint => Err("--ioctl-source tracepoint".to_string()),
+            _ => facts.kfd_pair().and_then(|()| load_kfd_pair(&mut ebpf)),
+        };
+        if let (IoctlSource::Kprobe, Err(why)) = (opts.ioctl_source, &pair) {
+            bail!("--ioctl-source kprobe: the kprobe pair on kfd_ioctl cannot be used: {why}");
+        }
+        devices.kprobed = pair.is_ok();
         let mut config = Config {
             launch_gap_ns: opts.launch_gap_ns,
             ..Config::default()
@@ -640,25 +738,50 @@ impl Probes {
         if let Some((rate, burst)) = opts.rate_limit {
             (config.rate_per_s, config.rate_burst) = (rate, burst.max(1));
         }
-        match &filter {
-            IoctlFilter::ByFile(rules_text) => {
-                config.flags |= config_flag::FILTER_FILES;
-                config.files[..rules.len()].copy_from_slice(&rules);
-                log::info!("GPU ioctls selected by file: {rules_text}");
+        let (mut filter, mut rules) = choose_filter(&facts, &offsets_written, &devices);
+        let pair = match (&filter, pair) {
+            // Without the file rules the tracepoints cannot tell a stand-in from amdkfd's node.
+            (IoctlFilter::ByType(_), Ok(())) if devices.kfd_stand_in() => {
+                devices.kprobed = false;
+                Err("the KFD node is a stand-in and files cannot be told apart".into())
             }
-            IoctlFilter::ByType(why) => log::warn!(
-                "GPU ioctls selected by type byte only ({why}): a process can hide its calls \
-                 with another type byte, and ioctls on other files cost user-space checks"
-            ),
-        }
-        let mut cfg_map: Array<_, Config> =
-            Array::try_from(ebpf.map_mut("CONFIG").context("map CONFIG missing")?)?;
-        cfg_map
-            .set(0, config, 0)
-            .context("writing the probe configuration")?;
-
+            (_, p) => p,
+        };
+        configure(&mut ebpf, config, &filter, &rules, devices.kprobed)?;
         let mut sources = Vec::new();
+        let kfd_pair = match pair.and_then(|()| attach_kfd_pair(&mut ebpf)) {
+            Ok(()) => {
+                sources.push(SourceStatus {
+                    name: "kfd_ioctl entry/return".into(),
+                    kind: SourceKind::Kprobe,
+                    live: true,
+                    detail: "KFD ioctls".into(),
+                });
+                true
+            }
+            Err(why) => {
+                if devices.kprobed {
+                    // Loaded but not attached: back to the tracepoints for amdkfd's node too.
+                    log::warn!("the kprobe pair on kfd_ioctl did not attach ({why}): KFD ioctls come from the syscall tracepoints");
+                    devices.kprobed = false;
+                    (filter, rules) = choose_filter(&facts, &offsets_written, &devices);
+                    configure(&mut ebpf, config, &filter, &rules, false)?;
+                } else {
+                    log::info!("KFD ioctls from the syscall tracepoints: {why}");
+                }
+                false
+            }
+        };
+        // With the pair live, the ioctl tracepoints only serve GPU files amdkfd does not.
+        let beyond = devices.beyond_amdkfd();
+        let ioctl_tracepoints = !kfd_pair || beyond.is_some();
+        if let (true, Some(why)) = (kfd_pair, &beyond) {
+            log::info!("the syscall ioctl tracepoints stay attached for {why}");
+        }
         for (prog, category, name) in TRACEPOINTS {
+            if !ioctl_tracepoints && category == "syscalls" {
+                continue;
+            }
             let tp: &mut TracePoint = ebpf
                 .program_mut(prog)
                 .with_context(|| format!("program {prog} missing from the eBPF object"))?
@@ -710,6 +833,8 @@ impl Probes {
             launch_links: HashMap::new(),
             launch_ready,
             filter,
+            kfd_pair,
+            ioctl_tracepoints,
         })
     }
 
@@ -721,10 +846,28 @@ impl Probes {
     /// [`summarize`] plus how ioctls are selected, for logs and `top`.
     pub fn summary(&self) -> String {
         let how = match &self.filter {
-            IoctlFilter::ByFile(_) => "ioctls by device",
-            IoctlFilter::ByType(_) => "ioctls by TYPE BYTE (evadable)",
+            IoctlFilter::ByFile(_) => "by device",
+            IoctlFilter::ByType(_) => "by TYPE BYTE (evadable)",
         };
-        format!("{}, {how}", summarize(&self.sources))
+        let ioctls = match (self.kfd_pair, self.ioctl_tracepoints) {
+            (true, false) => {
+                "KFD ioctls from kprobe kfd_ioctl (no other ioctl runs a program)".into()
+            }
+            (true, true) => format!(
+                "KFD ioctls from kprobe kfd_ioctl, other GPU ioctls from syscall tracepoints {how}"
+            ),
+            _ => format!("ioctls from syscall tracepoints {how}"),
+        };
+        format!("{}, {ioctls}", summarize(&self.sources))
+    }
+
+    /// Where KFD ioctl records come from.
+    pub fn kfd_source(&self) -> IoctlSource {
+        if self.kfd_pair {
+            IoctlSource::Kprobe
+        } else {
+            IoctlSource::Tracepoint
+        }
     }
 
     /// Processes whose ioctl records the rate limit dropped, with the count so far.
