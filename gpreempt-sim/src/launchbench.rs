@@ -88,7 +88,10 @@ pub fn measure_round(calls: u64) -> f64 {
 /// Writes `path` (with this pid) and waits until it is deleted: the harness's signal that its
 /// probes are attached.
 fn wait_ready(path: &Path, timeout: Duration) -> Result<()> {
-    std::fs::write(path, format!("{}\n", std::process::id()))
+    // Written aside and renamed: a harness polling for the file never reads it half-written.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&tmp, path))
         .with_context(|| format!("writing {}", path.display()))?;
     let start = Instant::now();
     while path.exists() {

@@ -191,6 +191,7 @@ fn doctor_on_this_host_without_amdgpu() {
         ("bpf", "ok"),
         ("tracefs", "warn"), // not mounted here: `trace`, `top` and `run` mount it themselves
         ("debugfs", "warn"), // no amdgpu: no /sys/kernel/debug/kfd, mounted or not
+        ("ioctl-source", "warn"), // no kprobes: the syscall tracepoints
         ("kfd", "fail"),
         ("pc-sampling", "ok"),
         ("amdgpu", "warn"),
@@ -230,7 +231,7 @@ fn doctor_on_this_host_without_amdgpu() {
     );
     // Every line is printed (traced depends on what else runs here).
     verdict(&c, "traced");
-    assert_eq!(c.len(), 17 + PROBES.len(), "{:?}", c.keys());
+    assert_eq!(c.len(), 18 + PROBES.len(), "{:?}", c.keys());
     assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
 
     // The text form: same exit code, a summary line.

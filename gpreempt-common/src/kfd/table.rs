@@ -387,8 +387,10 @@ pub const fn ioctl_name(nr: u32) -> Option<&'static str> {
 }
 
 /// Kernel argument size by nr, as an array: the eBPF side indexes it (no loops, no jump tables).
-pub const ARG_SIZE: [u16; AMDKFD_COMMAND_END_2 as usize] = {
-    let mut t = [0u16; AMDKFD_COMMAND_END_2 as usize];
+/// One slot per possible nr (a byte), so that the index needs no bounds check the compiler could
+/// apply to another register than the one the verifier tracks.
+pub const ARG_SIZE: [u16; 256] = {
+    let mut t = [0u16; 256];
     let mut i = 0;
     while i < IOCTLS.len() {
         t[IOCTLS[i].nr as usize] = IOCTLS[i].size as u16;
@@ -400,11 +402,10 @@ pub const ARG_SIZE: [u16; AMDKFD_COMMAND_END_2 as usize] = {
 /// The kernel's argument struct size for `nr` (0 when unknown).
 #[inline(always)]
 pub const fn arg_size(nr: u32) -> u32 {
-    if (nr as usize) < ARG_SIZE.len() {
-        ARG_SIZE[nr as usize] as u32
-    } else {
-        0
+    if nr > 0xff {
+        return 0;
     }
+    ARG_SIZE[(nr & 0xff) as usize] as u32
 }
 
 /// The full `AMDKFD_IOC_*` command values, as the newest header defines them.

@@ -69,8 +69,16 @@ impl Kfd {
         if !self.procs.contains_key(&tpid) {
             return err(libc::ESRCH, out.as_bytes());
         }
-        if tpid != caller.tgid && a.op != dbg_op::DISABLE && !traced_by_caller {
+        // The permission rule covers every op, DISABLE included (the 2025 fix; earlier kernels
+        // exempted DISABLE): the ptrace parent, or the process whose ENABLE made the session.
+        if tpid != caller.tgid
+            && !traced_by_caller
+            && self.procs[&tpid].debugger_process != Some(caller.tgid)
+        {
             return err(libc::EPERM, out.as_bytes());
+        }
+        if a.op == dbg_op::ENABLE && tpid != caller.tgid {
+            self.process_mut(tpid).debugger_process = Some(caller.tgid);
         }
         let target = &self.procs[&tpid];
         if a.op != dbg_op::ENABLE && target.debug.is_none() {
@@ -186,6 +194,7 @@ impl Kfd {
             self.resume_all(tpid, now);
         }
         let t = self.process_mut(tpid);
+        t.debugger_process = None;
         let debugger = t.debug.take().map(|d| d.debugger);
         t.exception_status = 0;
         for d in t.pdds.values_mut() {

@@ -188,6 +188,10 @@ pub struct Process {
     pub exception_status: u64,
     /// How many processes this one debugs.
     pub debugged_count: u32,
+    /// `debugger_process`: the last other process whose ENABLE passed the permission check
+    /// (set even when the ENABLE then fails), cleared by DISABLE. It keeps its permission after
+    /// PTRACE_DETACH.
+    pub debugger_process: Option<u32>,
     /// Index of the process's doorbell slice in the doorbell BAR.
     pub doorbell_slice: u32,
     /// Creation order.
@@ -338,6 +342,7 @@ impl Kfd {
                     exception_enable_mask: 0,
                     exception_status: 0,
                     debugged_count: 0,
+                    debugger_process: None,
                     doorbell_slice: slice,
                     serial,
                 },

@@ -7,6 +7,8 @@
 //!        kfd-poke PATH script-x the same with type byte 'X' instead of 'K' (the kernel dispatches
 //!                               KFD calls by nr alone: a caller hiding from a type-byte filter)
 //!        kfd-poke PATH nv       NVIDIA RM escapes (see `script_nv`), after a line on stdin
+//!        kfd-poke PATH diff     the differential sequence (see `differential`): one line per step
+//!        kfd-poke PATH intrude PID  a second debugger: PTRACE_SEIZE and DBG_TRAP ENABLE on PID
 //!        kfd-poke PATH flood N  issue N CREATE_QUEUE ioctls as fast as possible, after a line on stdin
 //!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
 //! Each mode prints "ready" when the file is open, waits for one line on stdin, runs, prints
@@ -150,6 +152,263 @@ pub fn script_nv(fd: i32) {
     ioctl(fd, nv::iowr(0xC8, 8), &mut junk);
 }
 
+/// `ioctl` with the kernel's answer as one number: the value, or -errno.
+fn call<T>(fd: i32, cmd: u32, arg: &mut T) -> i64 {
+    let r = ioctl(fd, cmd, arg);
+    if r < 0 {
+        -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        r
+    }
+}
+
+/// One line of the differential sequence: the step, the answer, the outputs that matter.
+fn say(step: &str, ret: i64, outs: &[u64]) {
+    let outs: Vec<String> = outs.iter().map(|v| format!("{v:#x}")).collect();
+    println!("{step} {ret} {}", outs.join(" "));
+}
+
+/// The differential sequence (tests/tests/vm.rs and sim.rs run it on the real kernel and on the
+/// emulator and compare the lines): every path a kernel without a GPU takes. A child opens
+/// `path` (a KFD process of its own) and enables its runtime; this process then probes the
+/// argument checks, the debug-trap permission rules, and a debugger's life cycle on the child.
+pub fn differential(path: &str, fd: i32) {
+    use kfd::{cmd, dbg_op, DbgTrapArgs};
+    let mut ready = [0i32; 2];
+    let mut hold = [0i32; 2];
+    // SAFETY: pipe(2) fills the two-element arrays.
+    unsafe {
+        libc::pipe(ready.as_mut_ptr());
+        libc::pipe(hold.as_mut_ptr());
+    }
+    let _ = std::io::stdout().flush();
+    // SAFETY: single-threaded here; the child only makes system calls and exits.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        let f = OpenOptions::new().read(true).write(true).open(path);
+        let cfd = f.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+        let mut rt = kfd::RuntimeEnableArgs {
+            r_debug: 0x1000,
+            mode_mask: kfd::KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK,
+            capabilities_mask: 0,
+        };
+        let r1 = call(cfd, cmd::RUNTIME_ENABLE, &mut rt);
+        let r2 = call(cfd, cmd::RUNTIME_ENABLE, &mut rt);
+        let msg = [r1 as u8, r2 as u8];
+        let mut b = [0u8; 1];
+        // SAFETY: plain reads and writes of live buffers on the pipes.
+        unsafe {
+            libc::close(hold[1]);
+            libc::write(ready[1], msg.as_ptr().cast(), 2);
+            // Until the parent exits: the pipe's write end closes then.
+            while libc::read(hold[0], b.as_mut_ptr().cast(), 1) > 0 {}
+            libc::_exit(0);
+        }
+    }
+    let mut msg = [0u8; 2];
+    // SAFETY: reading into a live 2-byte buffer.
+    unsafe {
+        libc::close(ready[1]);
+        libc::close(hold[0]);
+        libc::read(ready[0], msg.as_mut_ptr().cast(), 2);
+    }
+    say("child_runtime_enable", i64::from(msg[0] as i8), &[]);
+    say("child_runtime_enable_again", i64::from(msg[1] as i8), &[]);
+    let c = child as u32;
+
+    let mut v = kfd::GetVersionArgs::default();
+    let r = call(fd, cmd::GET_VERSION, &mut v);
+    say("get_version", r, &[u64::from(v.major_version)]);
+    // TCGETS: nr 1 with no size: dispatched as GET_VERSION, nothing copied.
+    let mut t = [0u8; 64];
+    say("tcgets", call(fd, libc::TCGETS as u32, &mut t), &[]);
+    let mut junk = [0u8; 8];
+    say(
+        "k_out_of_range",
+        call(fd, kfd::iowr(0x50, 8), &mut junk),
+        &[],
+    );
+    let mut cq = kfd::CreateQueueArgs {
+        ring_base_address: 0x7f00_0000_1000,
+        write_pointer_address: 0x7f00_0000_2038,
+        read_pointer_address: 0x7f00_0000_2080,
+        ring_size: 65536,
+        gpu_id: 0x1234,
+        queue_type: kfd::queue_type::COMPUTE_AQL,
+        queue_percentage: 100,
+        queue_priority: 7,
+        ..Default::default()
+    };
+    say(
+        "create_queue_unknown_gpu",
+        call(fd, cmd::CREATE_QUEUE, &mut cq),
+        &[],
+    );
+    let mut dq = kfd::DestroyQueueArgs {
+        queue_id: 3,
+        ..Default::default()
+    };
+    say(
+        "destroy_queue_missing",
+        call(fd, cmd::DESTROY_QUEUE, &mut dq),
+        &[],
+    );
+    let mut uq = kfd::UpdateQueueArgs {
+        queue_id: 3,
+        ring_size: 65536,
+        queue_percentage: 100,
+        queue_priority: 7,
+        ring_base_address: 0x7f00_0000_1000,
+    };
+    say(
+        "update_queue_missing",
+        call(fd, cmd::UPDATE_QUEUE, &mut uq),
+        &[],
+    );
+    let mut ap = kfd::GetProcessAperturesNewArgs::default();
+    let r = call(fd, cmd::GET_PROCESS_APERTURES_NEW, &mut ap);
+    say("apertures_count", r, &[u64::from(ap.num_of_nodes)]);
+    let mut rt = kfd::RuntimeEnableArgs {
+        r_debug: 0,
+        mode_mask: 0,
+        capabilities_mask: 0,
+    };
+    say(
+        "runtime_disable_never_enabled",
+        call(fd, cmd::RUNTIME_ENABLE, &mut rt),
+        &[],
+    );
+
+    let dbg = |a: &mut DbgTrapArgs| call(fd, cmd::DBG_TRAP, a);
+    let enable = |ev: i32, rinfo: &mut kfd::RuntimeInfo, pid: u32| {
+        DbgTrapArgs::new(
+            pid,
+            kfd::DbgTrapEnableArgs {
+                exception_mask: 0,
+                rinfo_ptr: rinfo as *mut _ as u64,
+                rinfo_size: std::mem::size_of::<kfd::RuntimeInfo>() as u32,
+                dbg_fd: ev as u32,
+            },
+        )
+    };
+    // SAFETY: eventfd(2) with no preconditions.
+    let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    let mut rinfo = kfd::RuntimeInfo::default();
+    let gone = 0x3fff_fff0u32;
+    say(
+        "enable_no_such_pid",
+        dbg(&mut enable(ev, &mut rinfo, gone)),
+        &[],
+    );
+    say(
+        "enable_pid1_no_kfd",
+        dbg(&mut enable(ev, &mut rinfo, 1)),
+        &[],
+    );
+    say(
+        "enable_not_traced",
+        dbg(&mut enable(ev, &mut rinfo, c)),
+        &[],
+    );
+    say(
+        "disable_not_traced",
+        dbg(&mut DbgTrapArgs::bare(c, dbg_op::DISABLE)),
+        &[],
+    );
+    // SAFETY: PTRACE_SEIZE of our own child; no memory is passed.
+    let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, child, 0, 0) };
+    say("ptrace_seize", seized, &[]);
+    let mut q = [0u32; 1];
+    let suspend = |n: u32, q: &mut [u32; 1]| {
+        DbgTrapArgs::new(
+            c,
+            kfd::DbgTrapSuspendQueuesArgs {
+                exception_mask: 0,
+                queue_array_ptr: q.as_mut_ptr() as u64,
+                num_queues: n,
+                grace_period: 0,
+            },
+        )
+    };
+    say("suspend_before_enable", dbg(&mut suspend(0, &mut q)), &[]);
+    let r = dbg(&mut enable(ev, &mut rinfo, c));
+    say(
+        "enable_traced",
+        r,
+        &[rinfo.r_debug, u64::from(rinfo.runtime_state)],
+    );
+    say("enable_again", dbg(&mut enable(ev, &mut rinfo, c)), &[]);
+    let mut snap = [0u8; 64];
+    let mut a = DbgTrapArgs::new(
+        c,
+        kfd::DbgTrapQueueSnapshotArgs {
+            exception_mask: 0,
+            snapshot_buf_ptr: snap.as_mut_ptr() as u64,
+            num_queues: 0,
+            entry_size: 0,
+        },
+    );
+    let r = dbg(&mut a);
+    let s: kfd::DbgTrapQueueSnapshotArgs = a.payload();
+    say("queue_snapshot", r, &[u64::from(s.num_queues)]);
+    say("suspend_zero_queues", dbg(&mut suspend(0, &mut q)), &[]);
+    let mut a = DbgTrapArgs::new(
+        c,
+        kfd::DbgTrapResumeQueuesArgs {
+            queue_array_ptr: q.as_mut_ptr() as u64,
+            num_queues: 0,
+            pad: 0,
+        },
+    );
+    say("resume_zero_queues", dbg(&mut a), &[]);
+    let mut a = DbgTrapArgs::new(
+        c,
+        kfd::DbgTrapSetExceptionsEnabledArgs { exception_mask: 0 },
+    );
+    say("set_exceptions_enabled", dbg(&mut a), &[]);
+    let mut a = DbgTrapArgs::new(c, kfd::DbgTrapQueryDebugEventArgs::default());
+    say("query_debug_event_none", dbg(&mut a), &[]);
+    say(
+        "disable",
+        dbg(&mut DbgTrapArgs::bare(c, dbg_op::DISABLE)),
+        &[],
+    );
+    say(
+        "disable_again",
+        dbg(&mut DbgTrapArgs::bare(c, dbg_op::DISABLE)),
+        &[],
+    );
+    say(
+        "enable_after_disable",
+        dbg(&mut enable(ev, &mut rinfo, c)),
+        &[],
+    );
+    // Detaching needs a ptrace-stop: interrupt, wait for it, detach.
+    // SAFETY: ptrace requests on our own seized child, waitpid on it; no memory is passed.
+    let r = unsafe {
+        libc::ptrace(libc::PTRACE_INTERRUPT, child, 0, 0);
+        libc::waitpid(child, std::ptr::null_mut(), libc::__WALL);
+        libc::ptrace(libc::PTRACE_DETACH, child, 0, 0)
+    };
+    say("ptrace_detach", r, &[]);
+    // Detached while enabled: the debugger is no longer its ptrace parent.
+    let mut a = DbgTrapArgs::new(
+        c,
+        kfd::DbgTrapSetExceptionsEnabledArgs { exception_mask: 0 },
+    );
+    say("op_after_detach", dbg(&mut a), &[]);
+    say(
+        "disable_after_detach",
+        dbg(&mut DbgTrapArgs::bare(c, dbg_op::DISABLE)),
+        &[],
+    );
+    // SAFETY: closing our end of the pipe lets the child exit; then reap it.
+    unsafe {
+        libc::close(hold[1]);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
@@ -174,6 +433,32 @@ fn main() {
         "script" => script(fd, None),
         "script-x" => script(fd, Some(b'X')),
         "nv" => script_nv(fd),
+        "diff" => differential(&args[1], fd),
+        "intrude" => {
+            // A second debugger: ptrace, then the KFD ENABLE, on a target someone else debugs.
+            let pid: i32 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            // SAFETY: PTRACE_SEIZE names a pid only; no memory is passed.
+            let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) };
+            let r = if r < 0 {
+                -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+            } else {
+                r
+            };
+            say("ptrace_seize", r, &[]);
+            let mut rinfo = kfd::RuntimeInfo::default();
+            // SAFETY: eventfd(2) with no preconditions.
+            let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            let mut a = kfd::DbgTrapArgs::new(
+                pid as u32,
+                kfd::DbgTrapEnableArgs {
+                    exception_mask: 0,
+                    rinfo_ptr: &mut rinfo as *mut _ as u64,
+                    rinfo_size: std::mem::size_of::<kfd::RuntimeInfo>() as u32,
+                    dbg_fd: ev as u32,
+                },
+            );
+            say("enable", call(fd, kfd::cmd::DBG_TRAP, &mut a), &[]);
+        }
         "flood" => {
             let mut cq = kfd::CreateQueueArgs::default();
             for i in 0..n {
