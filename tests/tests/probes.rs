@@ -30,6 +30,8 @@ fn every_program_passes_the_verifier() {
         "gpu_ioctl_exit",
         "gpu_process_exit",
         "fe_kfd_ioctl",
+        "kfd_ioctl_entry",
+        "kfd_ioctl_return",
     ] {
         assert!(names.contains(&want), "{want} missing: {names:?}");
     }

@@ -14,7 +14,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{bin, require_root, serial, TempDir};
+use tests::{bin, require_root, serial, sim, TempDir};
 
 struct Kernel {
     version: String,
@@ -104,21 +104,69 @@ fn boot(k: &Kernel, t: &TempDir, script: &str) -> PathBuf {
     out
 }
 
-/// Everything one boot does: load amdgpu, `doctor --json`, then `trace` while kfd-poke runs its
-/// script on the real /dev/kfd (type 'K', then 'X') and on /dev/null.
+/// Everything one boot does: load amdgpu, `doctor --json`; `trace` with the default KFD source
+/// (the kprobe pair on kfd_ioctl) and again with the syscall tracepoints while kfd-poke runs its
+/// script on the real /dev/kfd (type 'K', then 'X') and on /dev/null; both sources timed; the
+/// controller's life cycle on a KFD process without queues (`suspend`, `run`, a second debugger,
+/// the debugger killed, `suspend` again) under a trace; the differential sequence.
 const STEPS: &str = r#"set -ex
 modprobe amdgpu
 test -c /dev/kfd
 stat -c '%t:%T' /dev/kfd > $O/kfd-rdev
 cat /sys/class/kfd/kfd/topology/nodes/0/properties > $O/node0
 $B/gpreempt-ebpf doctor --json > $O/doctor.json || true
-$B/gpreempt-ebpf trace --json --output $O/trace.jsonl 2> $O/trace.err & T=$!
-for i in $(seq 300); do grep -q "tracing KFD" $O/trace.err && break; sleep 0.2; done
-echo go | $B/kfd-poke /dev/kfd script > /dev/null & P1=$!; wait $P1; echo $P1 > $O/pid-k
-echo go | $B/kfd-poke /dev/kfd script-x > /dev/null & P2=$!; wait $P2; echo $P2 > $O/pid-x
-echo go | $B/kfd-poke /dev/null script > /dev/null & P3=$!; wait $P3; echo $P3 > $O/pid-null
+traced() { # $1: output name, $2...: global options
+  n=$1; shift
+  $B/gpreempt-ebpf "$@" trace --json --output $O/$n.jsonl 2> $O/$n.err & T=$!
+  for i in $(seq 300); do grep -q "tracing KFD" $O/$n.err && break; sleep 0.2; done
+  echo go | $B/kfd-poke /dev/kfd script > /dev/null & P1=$!; wait $P1; echo $P1 > $O/$n.pid-k
+  echo go | $B/kfd-poke /dev/kfd script-x > /dev/null & P2=$!; wait $P2; echo $P2 > $O/$n.pid-x
+  echo go | $B/kfd-poke /dev/null script > /dev/null & P3=$!; wait $P3; echo $P3 > $O/$n.pid-null
+  sleep 1
+  kill -INT $T; wait $T
+}
+traced trace
+traced trace-tp --ioctl-source tracepoint
+for src in none tracepoint kprobe; do
+  if [ $src != none ]; then
+    $B/gpreempt-ebpf --ioctl-source $src trace --output /dev/null 2> $O/bench.err & T=$!
+    for i in $(seq 300); do grep -q "tracing KFD" $O/bench.err && break; sleep 0.2; done
+  fi
+  echo "$src other $(echo go | $B/kfd-poke /dev/null bench 200000 other | grep ns_per)" >> $O/bench
+  echo "$src kfd $(echo go | $B/kfd-poke /dev/kfd bench 200000 kfd | grep ns_per)" >> $O/bench
+  if [ $src != none ]; then kill -INT $T; wait $T; fi
+done
+cat > $O/policy.toml <<'P'
+[policy]
+strategy = "priority"
+default = "ignore"
+[[rule]]
+class = "online"
+comm = "no-such-service"
+uid = 0
+[[rule]]
+class = "offline"
+comm = "kfd-poke"
+uid = 0
+P
+(echo go; sleep 120) | $B/kfd-poke /dev/kfd script > /dev/null &
+sleep 1; P=$(pgrep -n kfd-poke); echo $P > $O/target
+$B/gpreempt-ebpf trace --json --output $O/life.jsonl 2> $O/life.err & T=$!
+for i in $(seq 300); do grep -q "tracing KFD" $O/life.err && break; sleep 0.2; done
+rc=0; $B/gpreempt-ebpf suspend --pid $P --for 1s > $O/suspend1.out 2>&1 || rc=$?; echo $rc > $O/suspend1.rc
+grep TracerPid /proc/$P/status > $O/tracer1
+$B/gpreempt-ebpf run --policy $O/policy.toml > $O/run.out 2>&1 & R=$!; echo $R > $O/run.pid
+for i in $(seq 150); do grep -q "^TracerPid:[[:space:]]*[1-9]" /proc/$P/status && break; grep -q "debug API" $O/run.out && break; sleep 0.2; done
+grep TracerPid /proc/$P/status > $O/tracer2
+echo go | $B/kfd-poke /dev/kfd intrude $P > $O/intrude.txt 2>&1
+kill -9 $R 2>/dev/null || true; rc=0; wait $R || rc=$?; echo $rc > $O/run.rc
 sleep 1
-kill -INT $T; wait $T
+grep TracerPid /proc/$P/status > $O/tracer3
+rc=0; $B/gpreempt-ebpf suspend --pid $P --for 1s > $O/suspend2.out 2>&1 || rc=$?; echo $rc > $O/suspend2.rc
+kill -0 $P; echo alive > $O/target-alive
+sleep 1; kill -INT $T; wait $T
+echo go | $B/kfd-poke /dev/kfd diff > $O/diff.txt 2>&1
+dmesg > $O/dmesg
 "#;
 
 fn read(out: &Path, f: &str) -> String {
@@ -151,7 +199,20 @@ fn run_tier(series: &str, debug_api: bool) {
     require_root();
     let k = kernel(series);
     let t = TempDir::new(&format!("vm-{series}"));
-    let out = boot(&k, &t, STEPS);
+    // The boot's outputs stay in target/vm-SERIES for inspection; GPREEMPT_VM_REUSE=1 asserts
+    // on them again without booting (while changing the assertions only).
+    let kept = bin("gpreempt-ebpf")
+        .parent()
+        .unwrap()
+        .join(format!("../vm-{series}"));
+    let out = if std::env::var_os("GPREEMPT_VM_REUSE").is_some() {
+        kept
+    } else {
+        let out = boot(&k, &t, STEPS);
+        let _ = std::fs::remove_dir_all(&kept);
+        let _ = Command::new("cp").arg("-r").arg(&out).arg(&kept).status();
+        out
+    };
     let v = &k.version;
 
     // doctor on the real kernel: kprobes, module BTF, every program through this verifier, and
@@ -172,7 +233,7 @@ fn run_tier(series: &str, debug_api: bool) {
     assert!(
         line(&c, "ioctl-filter")
             .1
-            .contains(&format!("KFD major {major}")),
+            .contains(&format!("KFD (kprobe kfd_ioctl) major {major}")),
         "Linux {v}: {}",
         line(&c, "ioctl-filter").1
     );
@@ -200,53 +261,19 @@ fn run_tier(series: &str, debug_api: bool) {
         );
     }
 
-    // trace on the real character device.
+    // trace on the real character device, from both KFD sources.
+    let kp = traced(&out, "trace", v);
+    let tp = traced(&out, "trace-tp", v);
     let err = read(&out, "trace.err");
-    assert!(err.contains("ioctls by device"), "Linux {v}: {err}");
-    let events: Vec<Value> = read(&out, "trace.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let pid = |f: &str| read(&out, f).trim().parse::<u64>().unwrap();
-    let (pk, px, pnull) = (pid("pid-k"), pid("pid-x"), pid("pid-null"));
-    let of = |p: u64, kprobe: bool| -> Vec<&Value> {
-        events
-            .iter()
-            .filter(|e| e["pid"] == p && e["event"] != "process_exit")
-            .filter(|e| (e["source"] == "kprobe") == kprobe)
-            .collect()
-    };
-    // amdkfd saw every call with a KFD nr or not (kfd_ioctl fired for each), whatever its type
-    // byte: create_queue twice, destroy_queue, dbg_trap, FIONREAD, the out-of-range 'K', and
-    // runtime_enable.
-    let cmds = |p: u64| -> Vec<u64> {
-        of(p, true)
-            .iter()
-            .filter(|e| e["event"] == "kfd_ioctl")
-            .map(|e| e["cmd"].as_u64().unwrap())
-            .collect()
-    };
-    let (ck, cx) = (cmds(pk), cmds(px));
-    assert_eq!(ck.len(), 7, "Linux {v}: kfd_ioctl hits {ck:x?}");
-    assert_eq!(cx.len(), 7, "Linux {v}: kfd_ioctl hits {cx:x?}");
     assert!(
-        ck.iter().zip(&cx).all(|(k, x)| k & 0xff == x & 0xff),
-        "Linux {v}: same nrs: {ck:x?} {cx:x?}"
+        err.contains("KFD ioctls from kprobe kfd_ioctl (no other ioctl runs a program)"),
+        "Linux {v}: {err}"
     );
-    assert_eq!((cx[0] >> 8) & 0xff, u64::from(b'X'), "Linux {v}");
-    // The tracepoint path decoded the same calls for both, by nr, with the kernel's answers.
-    let calls = |p: u64| -> Vec<(String, i64)> {
-        of(p, false)
-            .iter()
-            .map(|e| {
-                (
-                    e["event"].as_str().unwrap().to_string(),
-                    e["ret"].as_i64().unwrap(),
-                )
-            })
-            .collect()
-    };
-    let (tk, tx) = (calls(pk), calls(px));
+    let err_tp = read(&out, "trace-tp.err");
+    assert!(
+        err_tp.contains("ioctls from syscall tracepoints by device"),
+        "Linux {v}: {err_tp}"
+    );
     // Without the debug API (KFD < 1.13) DBG_TRAP and RUNTIME_ENABLE are beyond the command
     // table: ENOTTY. With it, DBG_TRAP on a pid that does not exist is ESRCH.
     let (dbg_ret, rt_ret) = if debug_api { (-3, 0) } else { (-25, -25) };
@@ -262,17 +289,249 @@ fn run_tier(series: &str, debug_api: bool) {
     .iter()
     .map(|(n, r)| (n.to_string(), *r))
     .collect();
-    assert_eq!(tk, want, "Linux {v}: 'K' calls");
-    assert_eq!(
-        tx, want,
-        "Linux {v}: 'X' calls (the kernel dispatches by nr)"
-    );
-    // /dev/null: nothing reported, the 'K' calls counted as dropped in the kernel.
+    for (name, t) in [("kprobe pair", &kp), ("tracepoints", &tp)] {
+        // amdkfd saw every call with a KFD nr or not (kfd_ioctl fired for each), whatever its
+        // type byte: create_queue twice, destroy_queue, dbg_trap, FIONREAD, the out-of-range
+        // 'K', and runtime_enable.
+        assert_eq!(
+            t.hits_k.len(),
+            7,
+            "Linux {v} {name}: kfd_ioctl hits {:x?}",
+            t.hits_k
+        );
+        assert_eq!(
+            t.hits_x.len(),
+            7,
+            "Linux {v} {name}: kfd_ioctl hits {:x?}",
+            t.hits_x
+        );
+        assert!(
+            t.hits_k
+                .iter()
+                .zip(&t.hits_x)
+                .all(|(k, x)| k & 0xff == x & 0xff),
+            "Linux {v} {name}: same nrs: {:x?} {:x?}",
+            t.hits_k,
+            t.hits_x
+        );
+        assert_eq!((t.hits_x[0] >> 8) & 0xff, u64::from(b'X'), "Linux {v}");
+        let calls = |c: &[Value]| -> Vec<(String, i64)> {
+            c.iter()
+                .map(|e| {
+                    (
+                        e["event"].as_str().unwrap().to_string(),
+                        e["ret"].as_i64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(calls(&t.calls_k), want, "Linux {v} {name}: 'K' calls");
+        assert_eq!(
+            calls(&t.calls_x),
+            want,
+            "Linux {v} {name}: 'X' calls (the kernel dispatches by nr)"
+        );
+        assert!(
+            t.null_seen == 0,
+            "Linux {v} {name}: /dev/null calls reported"
+        );
+    }
+    // The two sources decode to the same events, field for field (but the fd: the kprobe pair
+    // sees the file, not the number; and the stack addresses of two runs).
+    let strip = |e: &Value| {
+        let mut e = e.clone();
+        let o = e.as_object_mut().unwrap();
+        for k in ["ts_ns", "pid", "tid", "duration_ns", "fd", "arg"] {
+            o.remove(k);
+        }
+        o.retain(|k, _| !k.ends_with("_ptr"));
+        e
+    };
+    let a: Vec<Value> = kp.calls_k.iter().chain(&kp.calls_x).map(strip).collect();
+    let b: Vec<Value> = tp.calls_k.iter().chain(&tp.calls_x).map(strip).collect();
+    assert_eq!(a, b, "Linux {v}: the sources disagree");
+    // /dev/null: the tracepoints drop the 'K' calls in the kernel and count them; with the
+    // kprobe pair they never run a program at all.
     assert!(
-        events.iter().all(|e| e["pid"] != pnull),
-        "Linux {v}: /dev/null calls reported"
+        err_tp.contains("dropped_other_file=5"),
+        "Linux {v}: {err_tp}"
     );
-    assert!(err.contains("dropped_other_file=5"), "Linux {v}: {err}");
+    assert!(err.contains("dropped_other_file=0"), "Linux {v}: {err}");
+    let bench = read(&out, "bench");
+    let ns = |src: &str, kind: &str| -> f64 {
+        bench
+            .lines()
+            .find(|l| l.starts_with(&format!("{src} {kind} ")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("Linux {v}: no {src} {kind} figure in {bench}"))
+    };
+    println!(
+        "Linux {v} (TCG: ratios only): per ioctl, relative to no tracing: other files {:.2}x with \
+         the tracepoints, {:.2}x with the kprobe pair; KFD {:.2}x / {:.2}x",
+        ns("tracepoint", "other") / ns("none", "other"),
+        ns("kprobe", "other") / ns("none", "other"),
+        ns("tracepoint", "kfd") / ns("none", "kfd"),
+        ns("kprobe", "kfd") / ns("none", "kfd"),
+    );
+
+    lifecycle(&out, v, debug_api);
+}
+
+/// One trace run's records (see STEPS' `traced`).
+struct Traced {
+    hits_k: Vec<u64>,
+    hits_x: Vec<u64>,
+    calls_k: Vec<Value>,
+    calls_x: Vec<Value>,
+    null_seen: usize,
+}
+
+fn traced(out: &Path, name: &str, v: &str) -> Traced {
+    let events: Vec<Value> = read(out, &format!("{name}.jsonl"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let pid = |f: &str| {
+        read(out, &format!("{name}.{f}"))
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let (pk, px, pnull) = (pid("pid-k"), pid("pid-x"), pid("pid-null"));
+    let of = |p: u64, kprobe: bool| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["pid"] == p && e["event"] != "process_exit")
+            .filter(|e| (e["source"] == "kprobe") == kprobe)
+            .cloned()
+            .collect()
+    };
+    let hits = |p: u64| -> Vec<u64> {
+        of(p, true)
+            .iter()
+            .filter(|e| e["event"] == "kfd_ioctl")
+            .map(|e| e["cmd"].as_u64().unwrap())
+            .collect()
+    };
+    let t = Traced {
+        hits_k: hits(pk),
+        hits_x: hits(px),
+        calls_k: of(pk, false),
+        calls_x: of(px, false),
+        null_seen: events.iter().filter(|e| e["pid"] == pnull).count(),
+    };
+    assert!(!t.calls_k.is_empty(), "Linux {v} {name}: no records");
+    t
+}
+
+/// The controller on the real kernel, on a KFD process without queues.
+fn lifecycle(out: &Path, v: &str, debug_api: bool) {
+    let rc = |f: &str| read(out, f).trim().parse::<i32>().unwrap();
+    let tracer = |f: &str| read(out, f).split_whitespace().nth(1).unwrap().to_string();
+    let s1 = read(out, "suspend1.out");
+    assert_eq!(read(out, "target-alive").trim(), "alive", "Linux {v}");
+    assert_eq!(tracer("tracer1"), "0", "Linux {v}: left traced");
+    assert_eq!(tracer("tracer3"), "0", "Linux {v}: left traced");
+    if !debug_api {
+        // KFD 1.11: `suspend` and `run` refuse, naming the missing debug API.
+        assert_eq!(rc("suspend1.rc"), 1, "Linux {v}: {s1}");
+        assert!(s1.contains("1.13"), "Linux {v}: {s1}");
+        let run = read(out, "run.out");
+        assert!(run.contains("1.13"), "Linux {v}: {run}");
+        return;
+    }
+    // KFD 1.17: seize, ENABLE, the runtime event, snapshots, nothing to suspend, DISABLE,
+    // detach; `suspend` then says there is nothing to hold.
+    assert_eq!(rc("suspend1.rc"), 1, "Linux {v}: {s1}");
+    assert!(s1.contains("no queues"), "Linux {v}: {s1}");
+    let life: Vec<Value> = read(out, "life.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &Value| e["event"] == "dbg_trap")
+        .collect();
+    let run_pid: u64 = read(out, "run.pid").trim().parse().unwrap();
+    // Controllers in order of their first call: suspend, run, the intruder, suspend again.
+    let mut pids: Vec<u64> = Vec::new();
+    for e in &life {
+        let p = e["pid"].as_u64().unwrap();
+        if !pids.contains(&p) {
+            pids.push(p);
+        }
+    }
+    assert_eq!(pids.len(), 4, "Linux {v}: {life:#?}");
+    assert_eq!(pids[1], run_pid, "Linux {v}");
+    let ops = |p: u64| -> Vec<(String, i64)> {
+        life.iter()
+            .filter(|e| e["pid"] == p)
+            .map(|e| {
+                (
+                    e["op"].as_str().unwrap().to_string(),
+                    e["ret"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    for p in [pids[0], pids[3]] {
+        let o = ops(p);
+        assert_eq!(
+            o.first().map(|x| x.0.as_str()),
+            Some("enable"),
+            "Linux {v}: {o:?}"
+        );
+        assert_eq!(
+            o.last().map(|x| x.0.as_str()),
+            Some("disable"),
+            "Linux {v}: {o:?}"
+        );
+        assert!(o.iter().all(|x| x.1 == 0), "Linux {v}: {o:?}");
+        assert!(
+            o.iter().any(|x| x.0 == "get_queue_snapshot"),
+            "Linux {v}: {o:?}"
+        );
+    }
+    // `run` attached ahead: ENABLE succeeded and it was the tracer, then it was killed.
+    assert_eq!(
+        ops(run_pid).first(),
+        Some(&("enable".to_string(), 0)),
+        "Linux {v}"
+    );
+    assert_ne!(tracer("tracer2"), "0", "Linux {v}: run did not attach");
+    assert_eq!(rc("run.rc"), 137, "Linux {v}");
+    // A second debugger while `run` held it: ptrace and KFD both refuse.
+    let intrude = read(out, "intrude.txt");
+    assert!(intrude.contains("ptrace_seize -1 "), "Linux {v}: {intrude}");
+    assert!(intrude.contains("enable -1 "), "Linux {v}: {intrude}");
+    assert_eq!(ops(pids[2]), vec![("enable".to_string(), -1)], "Linux {v}");
+    // The kernel ended the killed debugger's session: the next ENABLE is no EALREADY.
+    let s2 = read(out, "suspend2.out");
+    assert_eq!(rc("suspend2.rc"), 1, "Linux {v}: {s2}");
+    assert!(s2.contains("no queues"), "Linux {v}: {s2}");
+
+    // The differential sequence, against the emulator (KFD 1.18, the debug API).
+    let real = read(out, "diff.txt");
+    let kp = bin("kfd-poke");
+    let emulated = sim(
+        &format!("echo go | {} /dev/kfd diff", kp.display()),
+        Duration::from_secs(120),
+    );
+    let emulated = String::from_utf8_lossy(&emulated.stdout);
+    let steps = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains(' '))
+            .map(|l| l.trim_end().to_string())
+            .collect()
+    };
+    let (r, e) = (steps(&real), steps(&emulated));
+    assert!(r.len() > 25, "Linux {v}: {real}");
+    for (a, b) in r.iter().zip(&e) {
+        assert_eq!(a, b, "Linux {v}: the emulator differs from the kernel\nkernel:\n{real}\nemulator:\n{emulated}");
+    }
+    assert_eq!(
+        r.len(),
+        e.len(),
+        "Linux {v}\nkernel:\n{real}\nemulator:\n{emulated}"
+    );
 }
 
 #[test]

@@ -540,8 +540,12 @@ fn disable_after_detach_and_debugger_death_resume_everything() {
         assert!(w.suspended(TARGET, 0));
         assert_eq!(w.suspend(OTHER, TARGET, &q, 0).0, -libc::EPERM, "{how}");
         let disable = |w: &mut World, who| {
-            w.call(who, nr::DBG_TRAP, &DbgTrapArgs::bare(TARGET, dbg_op::DISABLE))
-                .0
+            w.call(
+                who,
+                nr::DBG_TRAP,
+                &DbgTrapArgs::bare(TARGET, dbg_op::DISABLE),
+            )
+            .0
         };
         // Since the 2025 fix (Debian 6.12.117 has it) DISABLE is no exception to the rule.
         assert_eq!(disable(&mut w, OTHER), -libc::EPERM, "{how}");
