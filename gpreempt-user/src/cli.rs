@@ -49,6 +49,54 @@ pub enum Command {
     /// A CUDA process of our own that the controller pauses and resumes at start (self-test).
     #[command(hide = true)]
     NvSelftestTarget(crate::nv::selftest::TargetArgs),
+    /// Man pages or shell completions, from these very definitions (used by `cargo xtask package`).
+    #[command(hide = true, subcommand)]
+    Generate(Generate),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Generate {
+    /// One man page per command into DIR (gpreempt-ebpf.1, gpreempt-ebpf-run.1, ...).
+    Man { dir: std::path::PathBuf },
+    /// The completion script for SHELL on stdout.
+    Completions { shell: clap_complete::Shell },
+}
+
+/// Writes the man pages or the completions `g` asks for.
+fn generate(g: &Generate) -> Result<ExitCode> {
+    use clap::CommandFactory as _;
+    let mut cmd = Cli::command();
+    match g {
+        Generate::Man { dir } => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            cmd.build();
+            let mut pages = vec![(cmd.get_name().to_string(), cmd.clone())];
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                pages.push((
+                    format!("{}-{}", cmd.get_name(), sub.get_name()),
+                    sub.clone()
+                        .name(format!("{}-{}", cmd.get_name(), sub.get_name())),
+                ));
+            }
+            for (name, page) in pages {
+                let path = dir.join(format!("{name}.1"));
+                let mut out = Vec::new();
+                clap_mangen::Man::new(page).render(&mut out)?;
+                std::fs::write(&path, out)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        Generate::Completions { shell } => {
+            clap_complete::generate(*shell, &mut cmd, "gpreempt-ebpf", &mut std::io::stdout());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Under systemd (stderr is the journal's stream) each line starts with its syslog priority, so
+/// `journalctl -p` filters by level.
+fn journald() -> bool {
+    std::env::var_os("JOURNAL_STREAM").is_some()
 }
 
 pub fn main() -> Result<ExitCode> {
@@ -60,7 +108,8 @@ pub fn main() -> Result<ExitCode> {
         _ => log::LevelFilter::Debug,
     };
     let ebpf_log = matches!(&cli.command, Command::Trace(t) if t.ebpf_log);
-    env_logger::Builder::new()
+    let mut logger = env_logger::Builder::new();
+    logger
         .filter_level(if ebpf_log {
             log::LevelFilter::Debug
         } else {
@@ -68,8 +117,20 @@ pub fn main() -> Result<ExitCode> {
         })
         // -vv: timestamps, to line debug output up with other tools' clocks.
         .format_timestamp((g.verbose >= 2).then_some(env_logger::TimestampPrecision::Micros))
-        .target(env_logger::Target::Stderr)
-        .init();
+        .target(env_logger::Target::Stderr);
+    if journald() {
+        logger.format(|f, r| {
+            use std::io::Write as _;
+            let prio = match r.level() {
+                log::Level::Error => 3,
+                log::Level::Warn => 4,
+                log::Level::Info => 6,
+                _ => 7,
+            };
+            writeln!(f, "<{prio}>{}: {}", r.target(), r.args())
+        });
+    }
+    logger.init();
     if matches!(
         cli.command,
         Command::Run(_) | Command::Suspend(_) | Command::Resume(_) | Command::Top(_)
@@ -96,5 +157,6 @@ pub fn main() -> Result<ExitCode> {
         Command::NvGuardian(args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(args) => rt()?.block_on(crate::nv::pausetest::main(args)),
         Command::NvSelftestTarget(args) => crate::nv::selftest::target_main(args),
+        Command::Generate(g) => generate(g),
     }
 }

@@ -446,14 +446,21 @@ until_running() {{
 }}
 $GP sim workload {OFFLINE} --duration 90 >/dev/null 2>&1 & B=$!
 sleep 1
+# Waits (bounded) for pid $1 to end; its exit code, or 255 after 30 s (then it is killed, so a
+# guardian that failed shows as an assertion with the outputs, not as a hung test).
+reap() {{
+  for i in $(seq 300); do kill -0 $1 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $1 2>/dev/null; then kill -9 $1; wait $1 || true; echo 255; return; fi
+  rc=0; wait $1 || rc=$?; echo $rc
+}}
 for SIG in STOP TSTP; do
   $GP suspend --pid $B --for 60s > {d}/hold-$SIG.out 2>&1 & H=$!
-  while ! grep -q holding {d}/hold-$SIG.out; do sleep 0.1; done
+  for i in $(seq 300); do grep -q holding {d}/hold-$SIG.out && break; sleep 0.1; done
   suspended > {d}/held-$SIG
   T=$(ms); kill -$SIG $H
   sleep 0.3; cut -d' ' -f3 /proc/$H/stat > {d}/state-$SIG 2>/dev/null || true
   until_running $T > {d}/took-$SIG
-  rc=0; wait $H || rc=$?; echo $rc > {d}/rc-$SIG
+  reap $H > {d}/rc-$SIG
 done
 $GP sim workload --profile resnet18_b1 --rate 200 --priority 15 --duration 60 >/dev/null 2>&1 & A=$!
 for SIG in STOP TSTP; do
@@ -465,7 +472,7 @@ for SIG in STOP TSTP; do
   T=$(ms); kill -$SIG $R
   sleep 0.3; cut -d' ' -f3 /proc/$R/stat > {d}/rstate-$SIG 2>/dev/null || true
   until_running $T > {d}/rtook-$SIG
-  rc=0; wait $R || rc=$?; echo $rc > {d}/rrc-$SIG
+  reap $R > {d}/rrc-$SIG
 done
 kill -INT $A $B; wait $A $B || true
 "#

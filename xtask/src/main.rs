@@ -8,6 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod package;
 mod vm;
 
 #[derive(Parser)]
@@ -38,6 +39,13 @@ enum Task {
     Demo,
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
+    /// Build the Debian package (target/debian/gpreempt-ebpf_VERSION_amd64.deb): the binary, the
+    /// systemd unit, example policies, man pages, shell completions.
+    Package {
+        /// Package the debug build instead of the release build.
+        #[arg(long)]
+        debug: bool,
+    },
 }
 
 pub fn root() -> PathBuf {
@@ -69,7 +77,8 @@ fn setup() -> Result<()> {
 
 /// Debian packages the tests use, installed when missing: gcc + linux-libc-dev (the KFD header
 /// conformance test), util-linux (setpriv, the non-root test), tmux and procps (the `top`
-/// end-to-end test drives it in a tmux pane and signals it with pkill).
+/// end-to-end test drives it in a tmux pane and signals it with pkill), and for the service
+/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -77,6 +86,10 @@ fn test_packages() -> Result<()> {
         ("util-linux", "/usr/bin/setpriv"),
         ("tmux", "/usr/bin/tmux"),
         ("procps", "/usr/bin/pkill"),
+        ("dpkg", "/usr/bin/dpkg-deb"),
+        ("binutils", "/usr/bin/objdump"),
+        ("systemd", "/usr/bin/systemd-analyze"),
+        ("prometheus", "/usr/bin/prometheus"),
     ])
 }
 
@@ -119,6 +132,8 @@ fn main() -> Result<()> {
             vm::setup()?;
             // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
             run(cargo().args(["build", "--bins"]))?;
+            // The service test installs the package (of this debug build: no second build).
+            package::package("debug")?;
             run(cargo()
                 .args([
                     "test",
@@ -152,6 +167,10 @@ fn main() -> Result<()> {
                 bail!("the VM tier installs packages and links /lib/modules: sudo -E cargo xtask vm-setup");
             }
             vm::setup()
+        }
+        Task::Package { debug } => {
+            setup()?;
+            package::package(if debug { "debug" } else { "release" }).map(|_| ())
         }
         Task::Demo => {
             setup()?;

@@ -57,6 +57,9 @@ pub struct Args {
     /// How often to read debugfs `hqds` (ms).
     #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub hqd_interval: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; off by default).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Decisions kept for the status file.
@@ -86,6 +89,13 @@ struct Ctx {
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
+    metrics_addr: Option<String>,
+    unit: Option<String>,
+    /// The metrics and the page the HTTP task serves (with --metrics).
+    metrics: Option<(
+        crate::controller::metrics::Metrics,
+        crate::controller::metrics::Page,
+    )>,
 }
 
 impl Ctx {
@@ -127,10 +137,15 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
+            metrics: self.metrics_addr.clone(),
+            unit: self.unit.clone(),
         }
     }
 
     fn record(&mut self, v: serde_json::Value) {
+        if let Some((m, _)) = &mut self.metrics {
+            m.record(&v);
+        }
         if let Some(a) = &mut self.audit {
             if let Some(said) = a.record(&v) {
                 log::warn!("{said}");
@@ -608,7 +623,17 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         refused: BTreeMap::new(),
         pending: BTreeMap::new(),
         status_dirty: true,
+        metrics_addr: None,
+        unit: daemon::own_unit(),
+        metrics: None,
     };
+    if let Some(addr) = args.metrics {
+        let page = crate::controller::metrics::Page::default();
+        let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
+        eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
+        ctx.metrics_addr = Some(bound.to_string());
+        ctx.metrics = Some((crate::controller::metrics::Metrics::new()?, page));
+    }
     let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
     let mut tick = tokio::time::interval(ms(args.tick));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -638,6 +663,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 Some(r) = reloaded.recv() => match r {
                     Ok(p) => {
                         reloading = false;
+                        if let Some((m, _)) = &ctx.metrics {
+                            m.reloaded(true);
+                        }
                         eprintln!("policy reloaded: {}", p.summary());
                         if p.control_group != ctx.engine.policy().control_group {
                             eprintln!(
@@ -656,6 +684,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                     }
                     Err(e) => {
                         reloading = false;
+                        if let Some((m, _)) = &ctx.metrics {
+                            m.reloaded(false);
+                        }
                         eprintln!("policy NOT reloaded, keeping the old one: {e:#}");
                     }
                 },
@@ -674,8 +705,15 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                         ctx.retry_refused(&mut w).await;
                     }
                     if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
-                        if let Err(e) = daemon::write_status(&dir, &ctx.status(&w)) {
+                        let status = ctx.status(&w);
+                        if let Err(e) = daemon::write_status(&dir, &status) {
                             log::warn!("{e:#}");
+                        }
+                        if let (Some((m, page)), true) = (&mut ctx.metrics, publishes.is_multiple_of(4)) {
+                            let text = m.render(&w.state, &status, monotonic_ns());
+                            if let Ok(mut p) = page.write() {
+                                *p = text;
+                            }
                         }
                     }
                 }

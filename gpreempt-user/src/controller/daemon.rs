@@ -131,6 +131,21 @@ pub struct Status {
     /// Per GPU under the adaptive strategy: the online goal and what the tuner measured.
     #[serde(default)]
     pub adaptive: Vec<crate::policy::AdaptiveView>,
+    /// Where the metrics are served (`run --metrics`).
+    #[serde(default)]
+    pub metrics: Option<String>,
+    /// The systemd unit the controller runs in, when it does (from its cgroup).
+    #[serde(default)]
+    pub unit: Option<String>,
+}
+
+/// The systemd service this process runs in: the `.service` component of its cgroup path.
+pub fn own_unit() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = crate::observe::procinfo::cgroup_path(&text);
+    path.rsplit('/')
+        .find(|c| c.ends_with(".service"))
+        .map(str::to_owned)
 }
 
 pub fn write_status(dir: &Path, s: &Status) -> Result<()> {

@@ -4,5 +4,6 @@
 //! ([`requests`], through the backend seam).
 pub mod audit;
 pub mod daemon;
+pub mod metrics;
 pub mod requests;
 pub mod socket;

@@ -6,6 +6,7 @@ pub mod events;
 pub mod gpufiles;
 pub mod hints;
 pub mod host;
+pub mod k8s;
 pub mod launch;
 pub mod losses;
 pub mod probe;

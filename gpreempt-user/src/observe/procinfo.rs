@@ -29,6 +29,9 @@ pub struct ProcInfo {
     pub cgroup: String,
     /// Container id (first 12 hex chars) derived from the cgroup file.
     pub container: Option<String>,
+    /// The Kubernetes pod, when the cgroup is under kubelet's `kubepods` hierarchy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<crate::observe::k8s::Pod>,
     /// `starttime` (field 22 of `/proc/P/stat`), clock ticks since boot.
     pub start_time: u64,
 }
@@ -56,6 +59,7 @@ pub fn read(proc_root: &Path, pid: u32) -> io::Result<ProcInfo> {
     let (cgroup, container) = read_lossy(&dir.join("cgroup"))
         .map(|s| (cgroup_path(&s), container_id(&s)))
         .unwrap_or_default();
+    let pod = crate::observe::k8s::attribute(&cgroup, container.as_deref());
     Ok(ProcInfo {
         comm,
         cmdline,
@@ -65,6 +69,7 @@ pub fn read(proc_root: &Path, pid: u32) -> io::Result<ProcInfo> {
         ns_pid,
         cgroup,
         container,
+        pod,
         start_time,
     })
 }
@@ -219,7 +224,7 @@ fn parse_status(status: &str) -> Status {
 }
 
 /// The cgroup v2 path (`0::<path>`), else the first line's path (cgroup v1 / hybrid).
-fn cgroup_path(text: &str) -> String {
+pub fn cgroup_path(text: &str) -> String {
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .or_else(|| text.lines().next().and_then(|l| l.splitn(3, ':').nth(2)))
@@ -307,6 +312,7 @@ mod tests {
                 ns_pid: Some(7),
                 cgroup: format!("/system.slice/docker-{ID}.scope"),
                 container: Some("4f1c8a2b9d3e".to_owned()),
+                pod: None,
                 start_time: 987654,
             }
         );

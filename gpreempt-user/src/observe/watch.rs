@@ -323,16 +323,24 @@ impl Watcher {
             .map(|v| (v.gpu_id, v.to_string()))
             .collect();
         self.state.controller = Some(format!(
-            "controller: {} pid {}{}, {} held{}",
+            "controller: {} pid {}{}{}, {} held{}{}",
             s.mode,
             s.controller_pid,
+            s.unit
+                .as_ref()
+                .map(|u| format!(" ({u})"))
+                .unwrap_or_default(),
             if s.dry_run { " (dry run)" } else { "" },
             s.held.len(),
             if s.fenced.is_empty() {
                 String::new()
             } else {
                 format!(", {} GPU(s) fenced", s.fenced.len())
-            }
+            },
+            s.metrics
+                .as_ref()
+                .map(|m| format!(", metrics http://{m}/metrics"))
+                .unwrap_or_default()
         ));
         self.controller = Some(s);
     }

@@ -22,6 +22,18 @@ impl Rule {
                 .cmdline
                 .as_ref()
                 .is_none_or(|r| r.is_match(&info.cmdline))
+            && self.k8s_namespace.as_ref().is_none_or(|g| {
+                info.pod
+                    .as_ref()
+                    .and_then(|p| p.namespace.as_deref())
+                    .is_some_and(|n| g.matches(n))
+            })
+            && self.pod.as_ref().is_none_or(|g| {
+                info.pod
+                    .as_ref()
+                    .and_then(|p| p.name.as_deref())
+                    .is_some_and(|n| g.matches(n))
+            })
     }
 }
 
@@ -39,13 +51,16 @@ impl Policy {
 
 impl Rule {
     /// Whether the rule pins something the process cannot choose for itself: its uid or group
-    /// (set by root at login), its cgroup or container (set by root or the runtime), or a pid
+    /// (set by root at login), its cgroup, container or pod (set by root, the runtime or
+    /// kubelet), or a pid
     /// (the operator's). `comm` and `cmdline` a process sets itself (prctl, argv).
     pub fn pins_identity(&self) -> bool {
         self.uid.is_some()
             || self.gid.is_some()
             || self.cgroup.is_some()
             || self.container.is_some()
+            || self.k8s_namespace.is_some()
+            || self.pod.is_some()
             || self.pid.is_some()
     }
 }

@@ -700,6 +700,8 @@ impl<'t> Parser<'t> {
                 gid: None,
                 cgroup: None,
                 container: None,
+                k8s_namespace: None,
+                pod: None,
                 pid: None,
             };
             let mut class = None;
@@ -714,13 +716,15 @@ impl<'t> Parser<'t> {
                         class = self.class(v, &ctx);
                         class.is_some()
                     }
-                    "comm" | "cgroup" | "container" => {
+                    "comm" | "cgroup" | "container" | "k8s_namespace" | "pod" => {
                         let g = self.string(v, &ctx).map(|s| (s, Glob::new(s)));
                         match g {
                             Some((_, Ok(g))) => {
                                 *match key {
                                     "comm" => &mut rule.comm,
                                     "cgroup" => &mut rule.cgroup,
+                                    "k8s_namespace" => &mut rule.k8s_namespace,
+                                    "pod" => &mut rule.pod,
                                     _ => &mut rule.container,
                                 } = Some(g);
                                 true
@@ -760,7 +764,7 @@ impl<'t> Parser<'t> {
                             k.span().start,
                             format!(
                                 "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
-                                 uid, gid, cgroup, container or pid)"
+                                 uid, gid, cgroup, container, k8s_namespace, pod or pid)"
                             ),
                         );
                         false
@@ -785,7 +789,8 @@ impl<'t> Parser<'t> {
                     header,
                     format!(
                         "rule {n}: no matcher: it would match every process (add comm, cmdline, \
-                         uid, gid, cgroup, container or pid; use `default` for everything else)"
+                         uid, gid, cgroup, container, k8s_namespace, pod or pid; use `default` \
+                         for everything else)"
                     ),
                 );
             }

@@ -161,6 +161,9 @@ pub struct Rule {
     pub gid: Option<u32>,
     pub cgroup: Option<Glob>,
     pub container: Option<Glob>,
+    /// Kubernetes namespace and pod name of the process's pod (observe::k8s).
+    pub k8s_namespace: Option<Glob>,
+    pub pod: Option<Glob>,
     pub pid: Option<u32>,
 }
 

@@ -318,7 +318,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[[rule]]\nclass = \"online\"\ncomm = \"x\"\nexe = \"y\"\n"),
         "policy.toml:4: rule 1: unknown key \"exe\" (expected class, comm, cmdline, uid, gid, cgroup, \
-         container or pid)"
+         container, k8s_namespace, pod or pid)"
     );
     assert_eq!(
         one_err("\n[polcy]\n"),
@@ -378,7 +378,7 @@ fn rule_without_matcher_is_an_error() {
     assert_eq!(
         one_err("[policy]\n\n[[rule]]\nclass = \"offline\"\n"),
         "policy.toml:3: rule 1: no matcher: it would match every process (add comm, cmdline, uid, \
-         gid, cgroup, container or pid; use `default` for everything else)"
+         gid, cgroup, container, k8s_namespace, pod or pid; use `default` for everything else)"
     );
 }
 
@@ -1702,4 +1702,46 @@ fn adaptive_undoes_an_escalation_that_buys_nothing() {
         "{} suspends: {notes:?}",
         g.suspends - before
     );
+}
+
+#[test]
+fn kubernetes_rules_match_namespace_and_pod_names_kubelet_gave() {
+    use crate::observe::k8s::Pod;
+    let p = Policy::parse(
+        "[[rule]]\nclass = \"online\"\nk8s_namespace = \"inference\"\npod = \"triton-*\"\n\
+         [[rule]]\nclass = \"offline\"\nk8s_namespace = \"batch\"\n",
+        "p.toml",
+    )
+    .unwrap();
+    let in_pod = |ns: &str, name: &str| ProcInfo {
+        comm: "python3".into(),
+        pod: Some(Pod {
+            uid: "1a2b3c4d-5e6f-4a8b-9c0d-112233445566".into(),
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            container: Some("server".into()),
+        }),
+        ..ProcInfo::default()
+    };
+    assert_eq!(
+        p.classify(&in_pod("inference", "triton-0"), 1).0,
+        Class::Online
+    );
+    assert_eq!(
+        p.classify(&in_pod("inference", "other"), 1).0,
+        Class::Ignore
+    );
+    assert_eq!(p.classify(&in_pod("batch", "job-7"), 1).0, Class::Offline);
+    // Outside Kubernetes (or a pod kubelet has not named yet) no pod rule matches.
+    assert_eq!(p.classify(&ProcInfo::default(), 1).0, Class::Ignore);
+    let unnamed = ProcInfo {
+        pod: Some(Pod {
+            uid: "1a2b3c4d-5e6f-4a8b-9c0d-112233445566".into(),
+            ..Pod::default()
+        }),
+        ..ProcInfo::default()
+    };
+    assert_eq!(p.classify(&unnamed, 1).0, Class::Ignore);
+    // Pod identity is kubelet's, not the process's: no trust warning for these rules.
+    assert!(p.trust_warnings().is_empty(), "{:?}", p.trust_warnings());
 }

@@ -237,6 +237,7 @@ fn proc_info(i: u32) -> ProcInfo {
         ns_pid: Some(1 + i % 64),
         cgroup: format!("/system.slice/docker-{container}0123456789abcdef.scope"),
         container: Some(container),
+        pod: None,
         start_time: 1_000_000 + u64::from(i),
     }
 }

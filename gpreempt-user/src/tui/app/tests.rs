@@ -56,6 +56,7 @@ pub(crate) fn info(comm: &str, cmdline: &str, container: Option<&str>) -> ProcIn
         ns_pid: container.map(|_| 7),
         cgroup: "/system.slice/x.scope".into(),
         container: container.map(Into::into),
+        pod: None,
         start_time: 42,
     }
 }

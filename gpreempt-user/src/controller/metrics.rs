@@ -1,0 +1,437 @@
+//! Prometheus metrics of `run`: per GPU, per process (with class, container and pod labels),
+//! and the controller's own health, served as text exposition on the address `--metrics` names.
+//!
+//! The control loop owns every figure: it feeds each audit record to [`Metrics::record`] as it
+//! is written and renders a snapshot of the map once a second ([`Metrics::render`]); the HTTP
+//! task only hands out the last rendering, so a slow or hostile scraper never touches the loop.
+//! Processes that exit leave the per-process families at the next rendering: label cardinality is
+//! bounded by the processes alive.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use prometheus::{
+    Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::model::{QueueState, State};
+
+/// Per-process labels, in order.
+const PROC_LABELS: [&str; 7] = [
+    "pid",
+    "comm",
+    "class",
+    "container",
+    "namespace",
+    "pod",
+    "pod_container",
+];
+
+/// Suspension bookkeeping of one process, from the audit records.
+#[derive(Clone, Copy, Debug, Default)]
+struct Held {
+    suspends: u64,
+    resumes: u64,
+    /// Since when it holds at least one queue (the first done suspend), if it does.
+    since_ns: Option<u64>,
+    total_ns: u64,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    gpu_queues: IntGaugeVec,
+    gpu_suspended: IntGaugeVec,
+    gpu_hqds_used: IntGaugeVec,
+    gpu_hqds_total: IntGaugeVec,
+    gpu_runlists: IntCounterVec,
+    gpu_unmaps: IntCounterVec,
+    gpu_fenced: IntGaugeVec,
+    proc_queues: IntGaugeVec,
+    proc_suspended: IntGaugeVec,
+    proc_dispatches: IntCounterVec,
+    proc_backlog: IntGaugeVec,
+    proc_suspends: IntCounterVec,
+    proc_resumes: IntCounterVec,
+    proc_suspended_seconds: prometheus::GaugeVec,
+    proc_timeslice: IntGaugeVec,
+    actions: IntCounterVec,
+    decision_latency: HistogramVec,
+    events: IntCounterVec,
+    events_degraded: IntGauge,
+    audit_failing: IntGauge,
+    refused: IntGauge,
+    reloads: IntCounterVec,
+    online_goal: prometheus::GaugeVec,
+    online_service: prometheus::GaugeVec,
+    offline_kept: prometheus::GaugeVec,
+    held: BTreeMap<u32, Held>,
+    /// Dispatches per queue seen so far ((pid, queue) -> last read id - first read id).
+    dispatched: BTreeMap<(u32, u32), (u64, u64)>,
+}
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn fgauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<prometheus::GaugeVec> {
+    let g = prometheus::GaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self> {
+        let r = Registry::new_custom(Some("gpreempt".into()), None)?;
+        let p = &PROC_LABELS[..];
+        let m = Self {
+            gpu_queues: gauge(&r, "gpu_queues", "Live compute queues on the GPU.", &["gpu"])?,
+            gpu_suspended: gauge(&r, "gpu_queues_suspended", "Queues suspended on the GPU.", &["gpu"])?,
+            gpu_hqds_used: gauge(&r, "gpu_hqds_used", "Hardware queue slots with a mapped queue (last debugfs read).", &["gpu"])?,
+            gpu_hqds_total: gauge(&r, "gpu_hqds_total", "Compute hardware queue slots the driver owns.", &["gpu"])?,
+            gpu_runlists: counter(&r, "gpu_runlist_uploads_total", "HWS runlist uploads seen by the kernel probes.", &["gpu"])?,
+            gpu_unmaps: counter(&r, "gpu_unmaps_total", "HWS queue unmaps seen by the kernel probes.", &["gpu"])?,
+            gpu_fenced: gauge(&r, "gpu_fenced", "1 when the controller stopped preempting the GPU (see the log for why).", &["gpu"])?,
+            proc_queues: gauge(&r, "process_queues", "Live compute queues of the process.", p)?,
+            proc_suspended: gauge(&r, "process_queues_suspended", "Queues of the process suspended now.", p)?,
+            proc_dispatches: counter(&r, "process_dispatches_total", "AQL packets the process's queues consumed while observed (read-id progress).", p)?,
+            proc_backlog: gauge(&r, "process_backlog", "AQL packets written but not yet consumed, summed over the process's queues.", p)?,
+            proc_suspends: counter(&r, "process_suspends_total", "Suspend actions the controller completed on the process.", p)?,
+            proc_resumes: counter(&r, "process_resumes_total", "Resume actions the controller completed on the process.", p)?,
+            proc_suspended_seconds: fgauge(&r, "process_suspended_seconds", "Time the controller held queues of the process (cumulative).", p)?,
+            proc_timeslice: gauge(&r, "process_timeslice_microseconds", "Hardware timeslice the controller set on an NVIDIA TSG of the process.", &["pid", "tsg", "original"])?,
+            actions: counter(&r, "actions_total", "Controller actions by kind and outcome (done, partial, failed, dry_run).", &["action", "outcome"])?,
+            decision_latency: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "decision_latency_seconds",
+                        "From the evidence that triggered a decision to its ioctl being issued.",
+                    )
+                    .buckets(vec![5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1]),
+                    &["action"],
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
+            },
+            events: counter(&r, "events_total", "The event pipeline: records applied by kind, and the kernel side's counters (seen, lost, rate limited, dropped for other files).", &["kind"])?,
+            events_degraded: {
+                let g = IntGauge::new("events_degraded", "1 while kernel records are being lost and the map leans on sampling.")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            audit_failing: {
+                let g = IntGauge::new("audit_failing", "1 while audit records cannot be written.")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            refused: {
+                let g = IntGauge::new("processes_refused", "Processes the controller cannot act on (see the log).")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
+            online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
+            online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time p90, undisturbed (clean), disturbed (free) and under control (achieved).", &["gpu", "measure"])?,
+            offline_kept: fgauge(&r, "offline_kept_ratio", "Adaptive strategy: fraction of the time offline work was not held on the GPU.", &["gpu"])?,
+            registry: r,
+            held: BTreeMap::new(),
+            dispatched: BTreeMap::new(),
+        };
+        Ok(m)
+    }
+
+    /// One audit record as `run` writes it.
+    pub fn record(&mut self, rec: &serde_json::Value) {
+        let action = rec["action"].as_str().unwrap_or("?");
+        if !matches!(action, "suspend" | "resume") {
+            return;
+        }
+        let outcome = if rec["dry_run"] == true {
+            "dry_run"
+        } else if rec.get("failed").is_some() {
+            "failed"
+        } else if rec["done"].as_array().is_some_and(|d| !d.is_empty()) {
+            if rec["invalid"].as_array().is_some_and(|v| !v.is_empty())
+                || rec["error"].as_array().is_some_and(|v| !v.is_empty())
+            {
+                "partial"
+            } else {
+                "done"
+            }
+        } else {
+            "none"
+        };
+        self.actions.with_label_values(&[action, outcome]).inc();
+        if let Some(ns) = rec["decision_latency_ns"].as_u64() {
+            self.decision_latency
+                .with_label_values(&[action])
+                .observe(ns as f64 / 1e9);
+        }
+        let (Some(pid), Some(ts)) = (rec["pid"].as_u64(), rec["returned_ns"].as_u64()) else {
+            return;
+        };
+        if !matches!(outcome, "done" | "partial") {
+            return;
+        }
+        let h = self.held.entry(pid as u32).or_default();
+        if action == "suspend" {
+            h.suspends += 1;
+            h.since_ns.get_or_insert(ts);
+        } else {
+            h.resumes += 1;
+            if let Some(s) = h.since_ns.take() {
+                h.total_ns += ts.saturating_sub(s);
+            }
+        }
+    }
+
+    pub fn reloaded(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// The map and the controller's state now, as text exposition.
+    pub fn render(&mut self, state: &State, status: &super::daemon::Status, now_ns: u64) -> String {
+        for v in [
+            &self.gpu_queues,
+            &self.gpu_suspended,
+            &self.gpu_hqds_used,
+            &self.gpu_hqds_total,
+            &self.gpu_fenced,
+            &self.proc_queues,
+            &self.proc_suspended,
+            &self.proc_backlog,
+            &self.proc_timeslice,
+        ] {
+            v.reset();
+        }
+        for v in [
+            &self.gpu_runlists,
+            &self.gpu_unmaps,
+            &self.proc_dispatches,
+            &self.proc_suspends,
+            &self.proc_resumes,
+            &self.events,
+        ] {
+            v.reset();
+        }
+        for v in [
+            &self.proc_suspended_seconds,
+            &self.online_goal,
+            &self.online_service,
+            &self.offline_kept,
+        ] {
+            v.reset();
+        }
+        let gpu_label = |id: u32| format!("{id:#x}");
+        for g in &state.gpus {
+            let l = [gpu_label(g.node.gpu_id)];
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            self.gpu_hqds_total
+                .with_label_values(&l)
+                .set(i64::from(g.hqds_total));
+            if let Some(u) = g.hqds_used {
+                self.gpu_hqds_used.with_label_values(&l).set(i64::from(u));
+            }
+            self.gpu_runlists.with_label_values(&l).inc_by(g.runlists);
+            self.gpu_unmaps.with_label_values(&l).inc_by(g.unmaps);
+            self.gpu_queues.with_label_values(&l).set(0);
+            self.gpu_suspended.with_label_values(&l).set(0);
+        }
+        for (gpu, _) in &status.fenced {
+            self.gpu_fenced
+                .with_label_values(&[&gpu_label(*gpu)])
+                .set(1);
+        }
+        let mut live = std::collections::BTreeSet::new();
+        let mut seen_queues = std::collections::BTreeSet::new();
+        for p in state.procs.values().filter(|p| p.exited_ns.is_none()) {
+            live.insert(p.pid);
+            let pod = p.info.as_ref().and_then(|i| i.pod.as_ref());
+            let values = [
+                p.pid.to_string(),
+                p.comm().to_string(),
+                p.class.clone().unwrap_or_default(),
+                p.info
+                    .as_ref()
+                    .and_then(|i| i.container.clone())
+                    .unwrap_or_default(),
+                pod.and_then(|x| x.namespace.clone()).unwrap_or_default(),
+                pod.and_then(|x| x.name.clone()).unwrap_or_default(),
+                pod.and_then(|x| x.container.clone()).unwrap_or_default(),
+            ];
+            let l: Vec<&str> = values.iter().map(String::as_str).collect();
+            let live_queues: Vec<_> = p
+                .queues
+                .values()
+                .filter(|q| q.state != QueueState::Destroyed)
+                .collect();
+            let suspended = live_queues
+                .iter()
+                .filter(|q| q.state == QueueState::Suspended)
+                .count() as i64;
+            self.proc_queues
+                .with_label_values(&l)
+                .set(live_queues.len() as i64);
+            self.proc_suspended.with_label_values(&l).set(suspended);
+            let backlog: u64 = live_queues.iter().filter_map(|q| q.activity.backlog).sum();
+            self.proc_backlog.with_label_values(&l).set(backlog as i64);
+            let mut dispatched = 0u64;
+            for q in &live_queues {
+                let key = (p.pid, q.queue_id);
+                seen_queues.insert(key);
+                if let Some(r) = q.activity.read_dispatch_id {
+                    let e = self.dispatched.entry(key).or_insert((r, r));
+                    e.1 = e.1.max(r);
+                }
+                if let Some((first, last)) = self.dispatched.get(&key) {
+                    dispatched += last - first;
+                }
+                let gl = gpu_label(q.gpu_id);
+                self.gpu_queues.with_label_values(&[&gl]).inc();
+                if q.state == QueueState::Suspended {
+                    self.gpu_suspended.with_label_values(&[&gl]).inc();
+                }
+            }
+            self.proc_dispatches
+                .with_label_values(&l)
+                .inc_by(dispatched);
+            let h = self.held.get(&p.pid).copied().unwrap_or_default();
+            self.proc_suspends.with_label_values(&l).inc_by(h.suspends);
+            self.proc_resumes.with_label_values(&l).inc_by(h.resumes);
+            let held_ns = h.total_ns + h.since_ns.map_or(0, |s| now_ns.saturating_sub(s));
+            self.proc_suspended_seconds
+                .with_label_values(&l)
+                .set(held_ns as f64 / 1e9);
+        }
+        // Exited processes and destroyed queues leave the bookkeeping too.
+        self.held.retain(|pid, _| live.contains(pid));
+        self.dispatched.retain(|k, _| seen_queues.contains(k));
+        for (pid, tsg, original, current) in &status.timeslices {
+            self.proc_timeslice
+                .with_label_values(&[&pid.to_string(), &tsg.to_string(), &original.to_string()])
+                .set(*current as i64);
+        }
+        for (kind, v) in &status.events {
+            self.events.with_label_values(&[kind]).inc_by(*v);
+        }
+        self.events_degraded
+            .set(i64::from(status.events_degraded.is_some()));
+        self.audit_failing
+            .set(i64::from(status.audit_failing.is_some()));
+        self.refused.set(status.refused.len() as i64);
+        for a in &status.adaptive {
+            let g = gpu_label(a.gpu_id);
+            if let Some(t) = a.target_ns {
+                self.online_goal
+                    .with_label_values(&[&g])
+                    .set(t as f64 / 1e9);
+            }
+            for (m, v) in [
+                ("clean", a.clean_p90_ns),
+                ("free", a.free_p90_ns),
+                ("achieved", a.achieved_p90_ns),
+            ] {
+                if let Some(v) = v {
+                    self.online_service
+                        .with_label_values(&[&g, m])
+                        .set(v as f64 / 1e9);
+                }
+            }
+            self.offline_kept
+                .with_label_values(&[&g])
+                .set(a.offline_kept);
+        }
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            log::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The text the server hands out, replaced by the control loop.
+pub type Page = Arc<RwLock<String>>;
+
+/// Longest request head read, and how long a client may take to send it.
+const MAX_REQUEST: usize = 8192;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 16;
+
+/// Binds `addr` and serves `GET /metrics` from `page` until the runtime ends.
+pub async fn serve(addr: SocketAddr, page: Page) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+    let bound = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (conn, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    log::debug!("metrics accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let page = page.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(conn, page)).await;
+                drop(permit);
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// One HTTP/1.x exchange: the request head, then the page (or 404 / 405), then close.
+async fn answer(mut conn: tokio::net::TcpStream, page: Page) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await?;
+        if n == 0 || head.len() + n > MAX_REQUEST {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, path) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    let (status, body) = match (method, path) {
+        (b"GET", b"/metrics") => ("200 OK", page.read().map(|p| p.clone()).unwrap_or_default()),
+        (b"GET", _) => ("404 Not Found", "try /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", String::new()),
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(reply.as_bytes()).await?;
+    conn.shutdown().await
+}
