@@ -71,7 +71,10 @@ fn generate(g: &Generate) -> Result<ExitCode> {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             cmd.build();
             let mut pages = vec![(cmd.get_name().to_string(), cmd.clone())];
-            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            for sub in cmd
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+            {
                 pages.push((
                     format!("{}-{}", cmd.get_name(), sub.get_name()),
                     sub.clone()

@@ -125,6 +125,23 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
     ] {
         assert!(Path::new(f).exists(), "{f} not installed");
     }
+    // Under systemd (JOURNAL_STREAM set) log lines carry their syslog priority, no colour.
+    let out = sh(Command::new("/usr/bin/gpreempt-ebpf")
+        .args(["-v", "trace", "--duration", "0.3", "--output", "/dev/null"])
+        .env("JOURNAL_STREAM", "8:1234"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let logged: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("gpreempt_user::"))
+        .collect();
+    assert!(
+        !logged.is_empty()
+            && logged
+                .iter()
+                .all(|l| l.starts_with("<6>") || l.starts_with("<4>")),
+        "{err}"
+    );
+    assert!(!err.contains('\x1b'), "{err}");
     let out = sh(Command::new("systemd-analyze").arg("verify").arg(UNIT));
     assert!(
         out.status.success() && out.stderr.is_empty(),
@@ -170,8 +187,15 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
         ),
     )
     .unwrap();
+    // The cgroup v2 hierarchy (its path is what /proc/PID/cgroup's `0::` line shows).
+    let cg2 = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .expect("a cgroup v2 hierarchy");
     let cg = format!(
-        "/sys/fs/cgroup/kubepods.slice/kubepods-pod{}.slice",
+        "{cg2}/kubepods.slice/kubepods-pod{}.slice",
         UID.replace('-', "_")
     );
     let d = t.0.display();
@@ -182,7 +206,9 @@ export GPREEMPT_K8S_LOG_ROOT={logs}
 prometheus --config.file={prom} --storage.tsdb.path={d}/tsdb --web.listen-address=127.0.0.1:19190 > {d}/prom.log 2>&1 & P=$!
 sleep 2
 mkdir -p {cg}/cri-containerd-{CID}.scope
-(echo $(sh -c 'echo $PPID') > {cg}/cri-containerd-{CID}.scope/cgroup.procs; exec $GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 > /dev/null 2>&1) & A=$!
+# In the pod's container cgroup before it opens the GPU, as a container runtime would place it.
+sh -c 'echo $$ > {cg}/cri-containerd-{CID}.scope/cgroup.procs && exec "$@"' pod \
+  $GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 > /dev/null 2>&1 & A=$!
 $GP sim workload --profile resnet50_b1024 --offline --priority 0 --duration 40 > /dev/null 2>&1 & B=$!
 touch {d}/ready
 while [ ! -e {d}/done ]; do sleep 0.2; done
@@ -190,7 +216,7 @@ kill $A $B 2>/dev/null || true
 wait $A $B || true
 kill -TERM $R; wait $R || true
 kill $P; wait $P || true
-rmdir {cg}/cri-containerd-{CID}.scope {cg} /sys/fs/cgroup/kubepods.slice
+for i in $(seq 50); do rmdir {cg}/cri-containerd-{CID}.scope {cg} {cg2}/kubepods.slice 2>/dev/null && break; sleep 0.1; done
 "#,
         logs = logs.display(),
         prom = prom.display(),
@@ -303,6 +329,6 @@ rmdir {cg}/cri-containerd-{CID}.scope {cg} /sys/fs/cgroup/kubepods.slice
         "{page}"
     );
     assert!(run_err.contains("nothing is left suspended"), "{run_err}");
-    assert!(!Path::new("/sys/fs/cgroup/kubepods.slice").exists());
+    assert!(!Path::new(&format!("{cg2}/kubepods.slice")).exists());
     assert_nothing_left();
 }

@@ -102,7 +102,7 @@ impl Metrics {
             gpu_queues: gauge(&r, "gpu_queues", "Live compute queues on the GPU.", &["gpu"])?,
             gpu_suspended: gauge(&r, "gpu_queues_suspended", "Queues suspended on the GPU.", &["gpu"])?,
             gpu_hqds_used: gauge(&r, "gpu_hqds_used", "Hardware queue slots with a mapped queue (last debugfs read).", &["gpu"])?,
-            gpu_hqds_total: gauge(&r, "gpu_hqds_total", "Compute hardware queue slots the driver owns.", &["gpu"])?,
+            gpu_hqds_total: gauge(&r, "gpu_hqd_slots", "Compute hardware queue slots the driver owns.", &["gpu"])?,
             gpu_runlists: counter(&r, "gpu_runlist_uploads_total", "HWS runlist uploads seen by the kernel probes.", &["gpu"])?,
             gpu_unmaps: counter(&r, "gpu_unmaps_total", "HWS queue unmaps seen by the kernel probes.", &["gpu"])?,
             gpu_fenced: gauge(&r, "gpu_fenced", "1 when the controller stopped preempting the GPU (see the log for why).", &["gpu"])?,
@@ -434,4 +434,143 @@ async fn answer(mut conn: tokio::net::TcpStream, page: Page) -> std::io::Result<
     );
     conn.write_all(reply.as_bytes()).await?;
     conn.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        controller::daemon::Status,
+        model::Update,
+        observe::events::{Event, Origin, ProcessExit},
+        tui::app::tests::known_state,
+    };
+
+    /// The value of the series whose line starts with `head` (name and labels).
+    fn value(page: &str, head: &str) -> Option<f64> {
+        page.lines()
+            .find(|l| l.starts_with(head))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn the_page_has_gpus_processes_and_the_controllers_own_figures() {
+        let mut m = Metrics::new().unwrap();
+        let mut st = known_state();
+        let status = Status {
+            fenced: vec![(1001, "hung".into())],
+            events: [("kernel_lost".to_string(), 3)].into(),
+            ..Status::default()
+        };
+        // A suspend of pid 200 done at t=1 s and its resume at t=3 s; a failed resume.
+        for (action, ts, failed) in [
+            ("suspend", 1_000_000_000u64, false),
+            ("resume", 3_000_000_000, false),
+            ("resume", 4_000_000_000, true),
+        ] {
+            let mut rec = serde_json::json!({
+                "action": action, "pid": 200, "dry_run": false, "done": [0],
+                "invalid": [], "error": [], "returned_ns": ts, "decision_latency_ns": 20_000,
+            });
+            if failed {
+                rec["failed"] = "target gone".into();
+            }
+            m.record(&rec);
+        }
+        let page = m.render(&st, &status, 5_000_000_000);
+        let online = "gpreempt_process_queues{class=\"online\",comm=\"python\",container=\"abcdef123456\",namespace=\"\",pid=\"100\",pod=\"\",pod_container=\"\"}";
+        assert_eq!(value(&page, online), Some(2.0), "{page}");
+        assert_eq!(
+            value(&page, "gpreempt_gpu_fenced{gpu=\"0x3e9\"}"),
+            Some(1.0),
+            "{page}"
+        );
+        assert_eq!(
+            value(&page, "gpreempt_gpu_queues{gpu=\"0x3e9\"}"),
+            Some(3.0),
+            "{page}"
+        );
+        let off = |name: &str| {
+            format!("{name}{{class=\"offline\",comm=\"train\",container=\"\",namespace=\"\",pid=\"200\",pod=\"\",pod_container=\"\"}}")
+        };
+        assert_eq!(
+            value(&page, &off("gpreempt_process_suspends_total")),
+            Some(1.0),
+            "{page}"
+        );
+        assert_eq!(
+            value(&page, &off("gpreempt_process_resumes_total")),
+            Some(1.0),
+            "{page}"
+        );
+        assert_eq!(
+            value(&page, &off("gpreempt_process_suspended_seconds")),
+            Some(2.0),
+            "{page}"
+        );
+        assert_eq!(
+            value(
+                &page,
+                "gpreempt_actions_total{action=\"resume\",outcome=\"failed\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &page,
+                "gpreempt_decision_latency_seconds_count{action=\"suspend\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&page, "gpreempt_events_total{kind=\"kernel_lost\"}"),
+            Some(3.0)
+        );
+        // The process exits: its series leave the next page.
+        st.apply(Update::Event(Event::ProcessExit(ProcessExit {
+            origin: Origin {
+                ts_ns: 6_000_000_000,
+                pid: 200,
+                tid: 200,
+                comm: "train".into(),
+            },
+            rate_limited: 0,
+        })));
+        let page = m.render(&st, &status, 7_000_000_000);
+        assert!(!page.contains("pid=\"200\""), "{page}");
+        assert!(page.contains("pid=\"100\""), "{page}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_server_answers_metrics_and_nothing_else() {
+        let page = Page::default();
+        *page.write().unwrap() = "gpreempt_up 1\n".into();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), page).await.unwrap();
+        let ask = |req: &'static str| async move {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let ok = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(
+            ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ngpreempt_up 1\n"),
+            "{ok}"
+        );
+        assert!(ask("GET / HTTP/1.1\r\n\r\n")
+            .await
+            .starts_with("HTTP/1.1 404"));
+        assert!(ask("POST /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .starts_with("HTTP/1.1 405"));
+        // A head that never ends is cut off at the size limit, without an answer.
+        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}", "a".repeat(MAX_REQUEST));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = c.write_all(huge.as_bytes()).await;
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out).await;
+        assert!(out.is_empty(), "{out}");
+    }
 }

@@ -74,6 +74,20 @@ pub fn read(proc_root: &Path, pid: u32) -> io::Result<ProcInfo> {
     })
 }
 
+impl ProcInfo {
+    /// Where it runs, for one column: `namespace/pod` in Kubernetes (the uid's head while
+    /// kubelet has not named it), else the container id.
+    pub fn place(&self) -> Option<String> {
+        match &self.pod {
+            Some(p) => Some(match (&p.namespace, &p.name) {
+                (Some(ns), Some(name)) => format!("{ns}/{name}"),
+                _ => format!("pod {}", &p.uid[..8.min(p.uid.len())]),
+            }),
+            None => self.container.clone(),
+        }
+    }
+}
+
 /// Only the start time (cheap pid-reuse check).
 pub fn start_time(proc_root: &Path, pid: u32) -> io::Result<u64> {
     read_start_time(&pid_dir(proc_root, pid))

@@ -531,6 +531,7 @@ pub fn process_matches(p: &Process, needle: &str) -> bool {
         || p.info.as_ref().is_some_and(|i| {
             contains(&i.cmdline, needle)
                 || i.container.as_deref().is_some_and(|c| contains(c, needle))
+                || i.place().is_some_and(|c| contains(&c, needle))
         })
 }
 

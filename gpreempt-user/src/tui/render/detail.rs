@@ -149,6 +149,18 @@ fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
             info.and_then(|i| i.container.clone())
                 .unwrap_or_else(|| "-".into()),
         ),
+        (
+            "pod",
+            info.and_then(|i| i.pod.as_ref()).map_or("-".into(), |p| {
+                format!(
+                    "{}/{} container {} (uid {})",
+                    p.namespace.as_deref().unwrap_or("?"),
+                    p.name.as_deref().unwrap_or("?"),
+                    p.container.as_deref().unwrap_or("?"),
+                    p.uid
+                )
+            }),
+        ),
         ("debugger", opt(p.debugger)),
         ("source", source_label(p.source).to_string()),
         ("seen", ago(now, p.seen_ns)),

@@ -193,10 +193,7 @@ fn process_cell(c: Col, p: &Process, now: u64) -> Cell<'static> {
         }
         Col::Rate => Cell::from(fmt_rate(app::proc_rate(p))),
         Col::Age => Cell::from(fmt_age(app::age_ns(now, p.seen_ns))),
-        Col::Container => Cell::from(
-            info.and_then(|i| i.container.clone())
-                .unwrap_or_else(|| "-".into()),
-        ),
+        Col::Container => Cell::from(info.and_then(|i| i.place()).unwrap_or_else(|| "-".into())),
         Col::Cmdline => Cell::from(info.map(|i| i.cmdline.clone()).unwrap_or_default()),
         Col::Gpu | Col::Kind | Col::Prio | Col::Hqd | Col::Backlog => Cell::from(""),
     }
