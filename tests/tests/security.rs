@@ -474,7 +474,7 @@ for SIG in STOP TSTP; do
   until_running $T > {d}/rtook-$SIG
   reap $R > {d}/rrc-$SIG
 done
-kill -INT $A $B; wait $A $B || true
+kill -INT $A $B 2>/dev/null || true; wait $A $B || true
 "#
     );
     sim(&script, Duration::from_secs(180));

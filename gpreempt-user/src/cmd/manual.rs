@@ -135,6 +135,16 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
         ..Default::default()
     };
     daemon::write_status(lock.dir(), &status(&held))?;
+    // The lease is armed before the hold is announced: a stop right after the announcement is
+    // then bounded by the lease, not by the guardian's start-up grace.
+    let now = crate::clock::monotonic_ns();
+    for b in &mut backends.list {
+        for n in b.upkeep(&state, now) {
+            if let Notice::Problem { text, .. } = n {
+                eprintln!("{text}");
+            }
+        }
+    }
     println!(
         "holding them until Ctrl-C, `gpreempt-ebpf resume --pid {}`{}, or {} (watchdog)",
         a.pid,

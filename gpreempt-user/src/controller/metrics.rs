@@ -68,6 +68,7 @@ pub struct Metrics {
     audit_failing: IntGauge,
     refused: IntGauge,
     reloads: IntCounterVec,
+    watchdog: prometheus::IntCounter,
     online_goal: prometheus::GaugeVec,
     online_service: prometheus::GaugeVec,
     offline_kept: prometheus::GaugeVec,
@@ -144,6 +145,11 @@ impl Metrics {
                 g
             },
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
+            watchdog: {
+                let c = prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
             online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time p90, undisturbed (clean), disturbed (free) and under control (achieved).", &["gpu", "measure"])?,
             offline_kept: fgauge(&r, "offline_kept_ratio", "Adaptive strategy: fraction of the time offline work was not held on the GPU.", &["gpu"])?,
@@ -176,6 +182,13 @@ impl Metrics {
             "none"
         };
         self.actions.with_label_values(&[action, outcome]).inc();
+        if action == "resume"
+            && rec["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("max_suspend"))
+        {
+            self.watchdog.inc();
+        }
         if let Some(ns) = rec["decision_latency_ns"].as_u64() {
             self.decision_latency
                 .with_label_values(&[action])
@@ -475,6 +488,7 @@ mod tests {
             });
             if failed {
                 rec["failed"] = "target gone".into();
+                rec["reason"] = "max_suspend 1s reached".into();
             }
             m.record(&rec);
         }
@@ -527,6 +541,7 @@ mod tests {
             value(&page, "gpreempt_events_total{kind=\"kernel_lost\"}"),
             Some(3.0)
         );
+        assert_eq!(value(&page, "gpreempt_watchdog_resumes_total"), Some(1.0));
         // The process exits: its series leave the next page.
         st.apply(Update::Event(Event::ProcessExit(ProcessExit {
             origin: Origin {

@@ -29,11 +29,9 @@ fn ioctl<T>(fd: i32, cmd: u32, arg: &mut T) -> i64 {
     unsafe { libc::ioctl(fd, cmd as libc::c_ulong, arg as *mut T) as i64 }
 }
 
-/// The scripted sequence; tests/tests/trace.rs asserts exactly these values. `ty`: another
-/// type byte for the KFD commands.
-pub fn script(fd: i32, ty: Option<u8>) {
-    let c = |cmd: u32| ty.map_or(cmd, |t| (cmd & !0xff00) | u32::from(t) << 8);
-    let mut cq = kfd::CreateQueueArgs {
+/// An AQL queue on a GPU id no kernel or emulator has (0x1234): CREATE_QUEUE is EINVAL.
+fn unknown_gpu_queue() -> kfd::CreateQueueArgs {
+    kfd::CreateQueueArgs {
         ring_base_address: 0x7f00_0000_1000,
         write_pointer_address: 0x7f00_0000_2038,
         read_pointer_address: 0x7f00_0000_2080,
@@ -42,12 +40,34 @@ pub fn script(fd: i32, ty: Option<u8>) {
         queue_type: kfd::queue_type::COMPUTE_AQL,
         queue_percentage: 100,
         queue_priority: 7,
+        ..Default::default()
+    }
+}
+
+/// DBG_TRAP ENABLE of `pid` with runtime info into `rinfo` and events to `ev`.
+fn enable_args(pid: u32, rinfo: &mut kfd::RuntimeInfo, ev: i32) -> kfd::DbgTrapArgs {
+    kfd::DbgTrapArgs::new(
+        pid,
+        kfd::DbgTrapEnableArgs {
+            exception_mask: 0,
+            rinfo_ptr: rinfo as *mut _ as u64,
+            rinfo_size: std::mem::size_of::<kfd::RuntimeInfo>() as u32,
+            dbg_fd: ev as u32,
+        },
+    )
+}
+
+/// The scripted sequence; tests/tests/trace.rs asserts exactly these values. `ty`: another
+/// type byte for the KFD commands.
+pub fn script(fd: i32, ty: Option<u8>) {
+    let c = |cmd: u32| ty.map_or(cmd, |t| (cmd & !0xff00) | u32::from(t) << 8);
+    let mut cq = kfd::CreateQueueArgs {
         eop_buffer_address: 0x7f00_0000_3000,
         eop_buffer_size: 4096,
         ctx_save_restore_address: 0x7f00_0000_4000,
         ctx_save_restore_size: 0x20_0000,
         ctl_stack_size: 0x1000,
-        ..Default::default()
+        ..unknown_gpu_queue()
     };
     ioctl(fd, c(kfd::cmd::CREATE_QUEUE), &mut cq);
     // The pre-1.17 88-byte form (the kernel accepts both).
@@ -228,17 +248,7 @@ pub fn differential(path: &str, fd: i32) {
         call(fd, kfd::iowr(0x50, 8), &mut junk),
         &[],
     );
-    let mut cq = kfd::CreateQueueArgs {
-        ring_base_address: 0x7f00_0000_1000,
-        write_pointer_address: 0x7f00_0000_2038,
-        read_pointer_address: 0x7f00_0000_2080,
-        ring_size: 65536,
-        gpu_id: 0x1234,
-        queue_type: kfd::queue_type::COMPUTE_AQL,
-        queue_percentage: 100,
-        queue_priority: 7,
-        ..Default::default()
-    };
+    let mut cq = unknown_gpu_queue();
     say(
         "create_queue_unknown_gpu",
         call(fd, cmd::CREATE_QUEUE, &mut cq),
@@ -280,17 +290,7 @@ pub fn differential(path: &str, fd: i32) {
     );
 
     let dbg = |a: &mut DbgTrapArgs| call(fd, cmd::DBG_TRAP, a);
-    let enable = |ev: i32, rinfo: &mut kfd::RuntimeInfo, pid: u32| {
-        DbgTrapArgs::new(
-            pid,
-            kfd::DbgTrapEnableArgs {
-                exception_mask: 0,
-                rinfo_ptr: rinfo as *mut _ as u64,
-                rinfo_size: std::mem::size_of::<kfd::RuntimeInfo>() as u32,
-                dbg_fd: ev as u32,
-            },
-        )
-    };
+    let enable = |ev: i32, rinfo: &mut kfd::RuntimeInfo, pid: u32| enable_args(pid, rinfo, ev);
     // SAFETY: eventfd(2) with no preconditions.
     let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     let mut rinfo = kfd::RuntimeInfo::default();
@@ -448,15 +448,7 @@ fn main() {
             let mut rinfo = kfd::RuntimeInfo::default();
             // SAFETY: eventfd(2) with no preconditions.
             let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-            let mut a = kfd::DbgTrapArgs::new(
-                pid as u32,
-                kfd::DbgTrapEnableArgs {
-                    exception_mask: 0,
-                    rinfo_ptr: &mut rinfo as *mut _ as u64,
-                    rinfo_size: std::mem::size_of::<kfd::RuntimeInfo>() as u32,
-                    dbg_fd: ev as u32,
-                },
-            );
+            let mut a = enable_args(pid as u32, &mut rinfo, ev);
             say("enable", call(fd, kfd::cmd::DBG_TRAP, &mut a), &[]);
         }
         "flood" => {
