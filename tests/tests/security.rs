@@ -453,8 +453,12 @@ reap() {{
   if kill -0 $1 2>/dev/null; then kill -9 $1; wait $1 || true; echo 255; return; fi
   rc=0; wait $1 || rc=$?; echo $rc
 }}
+# Each controller in a process group of its own, as a shell with job control starts it: the
+# kernel discards SIGTSTP sent to an orphaned process group (this script's may be one, depending
+# on how the tests were started), as a terminal's Ctrl-Z never is.
+job() {{ exec perl -e 'setpgrp(0, 0); exec @ARGV or die "exec: $!"' -- "$@"; }}
 for SIG in STOP TSTP; do
-  $GP suspend --pid $B --for 60s > {d}/hold-$SIG.out 2>&1 & H=$!
+  job $GP suspend --pid $B --for 60s > {d}/hold-$SIG.out 2>&1 & H=$!
   for i in $(seq 300); do grep -q holding {d}/hold-$SIG.out && break; sleep 0.1; done
   suspended > {d}/held-$SIG
   T=$(ms); kill -$SIG $H
@@ -466,7 +470,7 @@ $GP sim workload --profile resnet18_b1 --rate 200 --priority 15 --duration 60 >/
 for SIG in STOP TSTP; do
   # A killed holder's status.json stays behind: wait for this controller's own.
   rm -f $S
-  $GP run --policy {policy} > {d}/run-$SIG.out 2>&1 & R=$!
+  job $GP run --policy {policy} > {d}/run-$SIG.out 2>&1 & R=$!
   for i in $(seq 300); do grep -q '"held":\[\[' $S 2>/dev/null && break; sleep 0.05; done
   grep -q '"held":\[\[' $S && echo 1 > {d}/rheld-$SIG || echo 0 > {d}/rheld-$SIG
   T=$(ms); kill -$SIG $R
