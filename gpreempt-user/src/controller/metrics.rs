@@ -59,7 +59,7 @@ pub struct Metrics {
     proc_backlog: IntGaugeVec,
     proc_suspends: IntCounterVec,
     proc_resumes: IntCounterVec,
-    proc_suspended_seconds: prometheus::GaugeVec,
+    proc_suspended_seconds: prometheus::CounterVec,
     proc_timeslice: IntGaugeVec,
     actions: IntCounterVec,
     decision_latency: HistogramVec,
@@ -113,7 +113,11 @@ impl Metrics {
             proc_backlog: gauge(&r, "process_backlog", "AQL packets written but not yet consumed, summed over the process's queues.", p)?,
             proc_suspends: counter(&r, "process_suspends_total", "Suspend actions the controller completed on the process.", p)?,
             proc_resumes: counter(&r, "process_resumes_total", "Resume actions the controller completed on the process.", p)?,
-            proc_suspended_seconds: fgauge(&r, "process_suspended_seconds", "Time the controller held queues of the process (cumulative).", p)?,
+            proc_suspended_seconds: {
+                let c = prometheus::CounterVec::new(Opts::new("process_suspended_seconds_total", "Time the controller held queues of the process."), p)?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             proc_timeslice: gauge(&r, "process_timeslice_microseconds", "Hardware timeslice the controller set on an NVIDIA TSG of the process.", &["pid", "tsg", "original"])?,
             actions: counter(&r, "actions_total", "Controller actions by kind and outcome (done, partial, failed, dry_run).", &["action", "outcome"])?,
             decision_latency: {
@@ -243,12 +247,8 @@ impl Metrics {
         ] {
             v.reset();
         }
-        for v in [
-            &self.proc_suspended_seconds,
-            &self.online_goal,
-            &self.online_service,
-            &self.offline_kept,
-        ] {
+        self.proc_suspended_seconds.reset();
+        for v in [&self.online_goal, &self.online_service, &self.offline_kept] {
             v.reset();
         }
         let gpu_label = |id: u32| format!("{id:#x}");
@@ -330,7 +330,7 @@ impl Metrics {
             let held_ns = h.total_ns + h.since_ns.map_or(0, |s| now_ns.saturating_sub(s));
             self.proc_suspended_seconds
                 .with_label_values(&l)
-                .set(held_ns as f64 / 1e9);
+                .inc_by(held_ns as f64 / 1e9);
         }
         // Exited processes and destroyed queues leave the bookkeeping too.
         self.held.retain(|pid, _| live.contains(pid));
@@ -519,7 +519,7 @@ mod tests {
             "{page}"
         );
         assert_eq!(
-            value(&page, &off("gpreempt_process_suspended_seconds")),
+            value(&page, &off("gpreempt_process_suspended_seconds_total")),
             Some(2.0),
             "{page}"
         );
