@@ -335,6 +335,10 @@ fn run_tier(series: &str, debug_api: bool) {
             t.null_seen == 0,
             "Linux {v} {name}: /dev/null calls reported"
         );
+        assert_eq!(
+            t.other_kernel, 0,
+            "Linux {v} {name}: kernel probes beyond kfd_ioctl fired"
+        );
     }
     // The two sources decode to the same events, field for field (but the fd: the kprobe pair
     // sees the file, not the number; and the stack addresses of two runs).
@@ -385,6 +389,8 @@ struct Traced {
     calls_k: Vec<Value>,
     calls_x: Vec<Value>,
     null_seen: usize,
+    /// Kernel-probe events other than kfd_ioctl (the ioctls here create no queue: none).
+    other_kernel: usize,
 }
 
 fn traced(out: &Path, name: &str, v: &str) -> Traced {
@@ -420,6 +426,10 @@ fn traced(out: &Path, name: &str, v: &str) -> Traced {
         calls_k: of(pk, false),
         calls_x: of(px, false),
         null_seen: events.iter().filter(|e| e["pid"] == pnull).count(),
+        other_kernel: events
+            .iter()
+            .filter(|e| e["source"] == "kprobe" && e["event"] != "kfd_ioctl")
+            .count(),
     };
     assert!(!t.calls_k.is_empty(), "Linux {v} {name}: no records");
     t
@@ -430,6 +440,7 @@ fn lifecycle(out: &Path, v: &str, debug_api: bool) {
     let rc = |f: &str| read(out, f).trim().parse::<i32>().unwrap();
     let tracer = |f: &str| read(out, f).split_whitespace().nth(1).unwrap().to_string();
     let s1 = read(out, "suspend1.out");
+    let target: u64 = read(out, "target").trim().parse().unwrap();
     assert_eq!(read(out, "target-alive").trim(), "alive", "Linux {v}");
     assert_eq!(tracer("tracer1"), "0", "Linux {v}: left traced");
     assert_eq!(tracer("tracer3"), "0", "Linux {v}: left traced");
@@ -503,6 +514,22 @@ fn lifecycle(out: &Path, v: &str, debug_api: bool) {
     assert!(intrude.contains("ptrace_seize -1 "), "Linux {v}: {intrude}");
     assert!(intrude.contains("enable -1 "), "Linux {v}: {intrude}");
     assert_eq!(ops(pids[2]), vec![("enable".to_string(), -1)], "Linux {v}");
+    // What else fires on the real kernel without queues: amdkfd's resume_queues, with no queue
+    // array, for the target (DISABLE and debugger death deactivate the session and resume
+    // everything), at least once per session (two `suspend`s and the killed `run`); nothing is
+    // ever suspended, and no other kernel probe fires.
+    let kernel: Vec<Value> = read(out, "life.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &Value| e["source"] == "kprobe" && e["event"] != "kfd_ioctl")
+        .collect();
+    assert!(
+        kernel.iter().all(|e| e["event"] == "resume_queues"
+            && e["target_pid"] == target
+            && e["num_queues"] == 0),
+        "Linux {v}: {kernel:#?}"
+    );
+    assert!(kernel.len() >= 3, "Linux {v}: {kernel:#?}");
     // The kernel ended the killed debugger's session: the next ENABLE is no EALREADY.
     let s2 = read(out, "suspend2.out");
     assert_eq!(rc("suspend2.rc"), 1, "Linux {v}: {s2}");
