@@ -296,6 +296,15 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     guard
 }
 
+/// Where the cgroup v2 hierarchy is mounted (its paths are what /proc/PID/cgroup's `0::` shows).
+pub fn cgroup2_root() -> Option<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()?
+        .lines()
+        .find(|l| l.contains(" - cgroup2 "))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
+}
+
 /// Traces of sims on this machine: scratch directories, cgroups and workload processes.
 #[derive(Default)]
 struct Leftovers {
@@ -313,11 +322,8 @@ impl Leftovers {
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(sim_name)
             .collect();
-        let cgroups = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(" - cgroup2 "))
-            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        let cgroups = cgroup2_root()
+            .into_iter()
             .flat_map(|root| std::fs::read_dir(root).into_iter().flatten())
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(sim_name)

@@ -187,13 +187,7 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
         ),
     )
     .unwrap();
-    // The cgroup v2 hierarchy (its path is what /proc/PID/cgroup's `0::` line shows).
-    let cg2 = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .find(|l| l.contains(" - cgroup2 "))
-        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
-        .expect("a cgroup v2 hierarchy");
+    let cg2 = tests::cgroup2_root().expect("a cgroup v2 hierarchy");
     let cg = format!(
         "{cg2}/kubepods.slice/kubepods-pod{}.slice",
         UID.replace('-', "_")

@@ -543,6 +543,16 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     }
     let dir = crate::rundir::run_dir();
     let _lock = daemon::Lock::acquire(&dir)?;
+    // Bound before any backend attaches: a busy address fails the start with nothing to undo.
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let page = crate::controller::metrics::Page::default();
+            let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
+            eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
+            Some((crate::controller::metrics::Metrics::new()?, page, bound))
+        }
+        None => None,
+    };
     let backends = if args.dry_run {
         Backends {
             list: Vec::new(),
@@ -623,17 +633,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         refused: BTreeMap::new(),
         pending: BTreeMap::new(),
         status_dirty: true,
-        metrics_addr: None,
         unit: daemon::own_unit(),
-        metrics: None,
+        metrics_addr: metrics.as_ref().map(|(_, _, a)| a.to_string()),
+        metrics: metrics.map(|(m, page, _)| (m, page)),
     };
-    if let Some(addr) = args.metrics {
-        let page = crate::controller::metrics::Page::default();
-        let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
-        eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
-        ctx.metrics_addr = Some(bound.to_string());
-        ctx.metrics = Some((crate::controller::metrics::Metrics::new()?, page));
-    }
     let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
     let mut tick = tokio::time::interval(ms(args.tick));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -77,22 +77,22 @@ pub struct Metrics {
     dispatched: BTreeMap<(u32, u32), (u64, u64)>,
 }
 
+/// Registers `m` and hands it back (the registry keeps a clone; both share the values).
+fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> Result<M> {
+    r.register(Box::new(m.clone()))?;
+    Ok(m)
+}
+
 fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
+    reg(r, IntGaugeVec::new(Opts::new(name, help), labels)?)
 }
 
 fn fgauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<prometheus::GaugeVec> {
-    let g = prometheus::GaugeVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
+    reg(r, prometheus::GaugeVec::new(Opts::new(name, help), labels)?)
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
+    reg(r, IntCounterVec::new(Opts::new(name, help), labels)?)
 }
 
 impl Metrics {
@@ -113,47 +113,23 @@ impl Metrics {
             proc_backlog: gauge(&r, "process_backlog", "AQL packets written but not yet consumed, summed over the process's queues.", p)?,
             proc_suspends: counter(&r, "process_suspends_total", "Suspend actions the controller completed on the process.", p)?,
             proc_resumes: counter(&r, "process_resumes_total", "Resume actions the controller completed on the process.", p)?,
-            proc_suspended_seconds: {
-                let c = prometheus::CounterVec::new(Opts::new("process_suspended_seconds_total", "Time the controller held queues of the process."), p)?;
-                r.register(Box::new(c.clone()))?;
-                c
-            },
+            proc_suspended_seconds: reg(&r, prometheus::CounterVec::new(Opts::new("process_suspended_seconds_total", "Time the controller held queues of the process."), p)?)?,
             proc_timeslice: gauge(&r, "process_timeslice_microseconds", "Hardware timeslice the controller set on an NVIDIA TSG of the process.", &["pid", "tsg", "original"])?,
             actions: counter(&r, "actions_total", "Controller actions by kind and outcome (done, partial, failed, dry_run).", &["action", "outcome"])?,
-            decision_latency: {
-                let h = HistogramVec::new(
+            decision_latency: reg(&r, HistogramVec::new(
                     HistogramOpts::new(
                         "decision_latency_seconds",
                         "From the evidence that triggered a decision to its ioctl being issued.",
                     )
                     .buckets(vec![5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1]),
                     &["action"],
-                )?;
-                r.register(Box::new(h.clone()))?;
-                h
-            },
+                )?)?,
             events: counter(&r, "events_total", "The event pipeline: records applied by kind, and the kernel side's counters (seen, lost, rate limited, dropped for other files).", &["kind"])?,
-            events_degraded: {
-                let g = IntGauge::new("events_degraded", "1 while kernel records are being lost and the map leans on sampling.")?;
-                r.register(Box::new(g.clone()))?;
-                g
-            },
-            audit_failing: {
-                let g = IntGauge::new("audit_failing", "1 while audit records cannot be written.")?;
-                r.register(Box::new(g.clone()))?;
-                g
-            },
-            refused: {
-                let g = IntGauge::new("processes_refused", "Processes the controller cannot act on (see the log).")?;
-                r.register(Box::new(g.clone()))?;
-                g
-            },
+            events_degraded: reg(&r, IntGauge::new("events_degraded", "1 while kernel records are being lost and the map leans on sampling.")?)?,
+            audit_failing: reg(&r, IntGauge::new("audit_failing", "1 while audit records cannot be written.")?)?,
+            refused: reg(&r, IntGauge::new("processes_refused", "Processes the controller cannot act on (see the log).")?)?,
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
-            watchdog: {
-                let c = prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?;
-                r.register(Box::new(c.clone()))?;
-                c
-            },
+            watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
             online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time p90, undisturbed (clean), disturbed (free) and under control (achieved).", &["gpu", "measure"])?,
             offline_kept: fgauge(&r, "offline_kept_ratio", "Adaptive strategy: fraction of the time offline work was not held on the GPU.", &["gpu"])?,

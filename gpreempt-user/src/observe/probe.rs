@@ -633,14 +633,17 @@ fn configure(
 /// The kprobe pair's programs, entry then return.
 const KFD_PAIR: [&str; 2] = ["kfd_ioctl_entry", "kfd_ioctl_return"];
 
+fn pair_program<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut KProbe, String> {
+    ebpf.program_mut(program)
+        .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+        .try_into()
+        .map_err(|e| format!("{program}: {e}"))
+}
+
 fn load_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
     for program in KFD_PAIR {
-        let kp: &mut KProbe = ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-            .try_into()
-            .map_err(|e| format!("{program}: {e}"))?;
-        kp.load()
+        pair_program(ebpf, program)?
+            .load()
             .map_err(|e| format!("the verifier rejected {program}: {}", verifier_text(&e)))?;
     }
     Ok(())
@@ -649,12 +652,8 @@ fn load_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
 /// Return first: an entry without its return would leave calls in flight.
 fn attach_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
     for program in KFD_PAIR.iter().rev() {
-        let kp: &mut KProbe = ebpf
-            .program_mut(program)
-            .ok_or_else(|| format!("program {program} missing"))?
-            .try_into()
-            .map_err(|e| format!("{program}: {e}"))?;
-        kp.attach("kfd_ioctl", 0)
+        pair_program(ebpf, program)?
+            .attach("kfd_ioctl", 0)
             .map_err(|e| format!("attaching {program} to kfd_ioctl: {e}"))?;
     }
     Ok(())
