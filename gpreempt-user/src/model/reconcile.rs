@@ -344,12 +344,17 @@ impl State {
             };
             let a = &mut q.activity;
             match s {
-                SampleRead::Ids { read, write } => {
+                SampleRead::Ids {
+                    read,
+                    write,
+                    packets,
+                } => {
                     let dt = ts.saturating_sub(a.sample_ns);
                     match (a.read_dispatch_id, a.write_dispatch_id) {
                         (Some(r0), Some(w0)) if dt > 0 && read >= r0 => {
                             a.dispatches_per_s = Some((read - r0) as f64 * 1e9 / dt as f64);
                             a.busy = Some(read != r0 || write != w0 || write > read);
+                            a.dispatches.consumed += read - r0;
                         }
                         _ => {
                             a.dispatches_per_s = None;
@@ -361,6 +366,23 @@ impl State {
                     a.write_dispatch_id = Some(write);
                     a.sample_ns = ts;
                     a.status = SampleStatus::Valid;
+                    // Each packet once: the window may overlap the previous tick's.
+                    for p in packets {
+                        if a.dispatch_cursor.is_some_and(|c| p.dispatch_id < c) {
+                            continue;
+                        }
+                        a.dispatch_cursor = Some(p.dispatch_id + 1);
+                        a.dispatches.add(&p);
+                        if let Some(f) = self.fresh_dispatches.as_mut() {
+                            f.push(super::FreshDispatch {
+                                ts_ns: ts,
+                                pid,
+                                gpu_id: q.gpu_id,
+                                queue_id: qid,
+                                packet: p,
+                            });
+                        }
+                    }
                 }
                 SampleRead::Invalid(why) => {
                     *a = Activity {

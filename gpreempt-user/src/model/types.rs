@@ -160,6 +160,11 @@ pub struct Activity {
     pub busy: Option<bool>,
     #[serde(skip)]
     pub sample_ns: u64,
+    /// The first dispatch id not decoded yet: where the sampler's ring window starts.
+    #[serde(skip)]
+    pub dispatch_cursor: Option<u64>,
+    /// What the decoded packets asked for.
+    pub dispatches: super::dispatch::DispatchMix,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -375,10 +380,23 @@ pub struct LogEntry {
     pub text: String,
 }
 
-/// One sample of a queue's dispatch ids (what the sampler read).
+/// One AQL packet read from a queue's ring while it was still pending (written, not consumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeenPacket {
+    /// The packet's index in the queue (its dispatch id).
+    pub dispatch_id: u64,
+    pub packet: gpreempt_common::aql::Packet,
+}
+
+/// One sample of a queue's dispatch ids (what the sampler read), with the pending packets it
+/// found in the ring window it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SampleRead {
-    Ids { read: u64, write: u64 },
+    Ids {
+        read: u64,
+        write: u64,
+        packets: Vec<SeenPacket>,
+    },
     Invalid(String),
     Unreadable(String),
 }
