@@ -305,6 +305,7 @@ mod tests {
             last_event_ns: 0,
             last_launch_ns: None,
             launches: 0,
+            kernel_names: Default::default(),
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

@@ -73,6 +73,15 @@ impl State {
         Self::default()
     }
 
+    /// The name of a kernel object of `pid`'s, when its code objects gave one.
+    pub fn kernel_name(&self, pid: u32, object: u64) -> Option<&str> {
+        self.procs
+            .get(&pid)?
+            .kernel_names
+            .get(&object)
+            .map(String::as_str)
+    }
+
     /// The packets decoded since the last call; the first call starts keeping them.
     pub fn take_dispatches(&mut self) -> Vec<FreshDispatch> {
         std::mem::replace(

@@ -289,6 +289,9 @@ pub struct Process {
     pub last_launch_ns: Option<u64>,
     /// Launches seen by the launch uprobes (reported and rate-limited ones).
     pub launches: u64,
+    /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
+    #[serde(skip)]
+    pub kernel_names: BTreeMap<u64, String>,
 }
 
 impl Process {
@@ -305,6 +308,7 @@ impl Process {
             last_event_ns: now,
             last_launch_ns: None,
             launches: 0,
+            kernel_names: BTreeMap::new(),
         }
     }
     pub fn comm(&self) -> &str {
