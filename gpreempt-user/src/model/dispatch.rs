@@ -49,7 +49,15 @@ pub struct DispatchMix {
 }
 
 impl DispatchMix {
-    pub fn add(&mut self, p: &SeenPacket) {
+    /// Names kernels not named yet from `names`.
+    pub fn name_from(&mut self, names: &BTreeMap<u64, String>) {
+        for (o, k) in self.kernels.iter_mut().filter(|(_, k)| k.name.is_none()) {
+            k.name = names.get(o).cloned();
+        }
+    }
+
+    /// Counts a packet; a new kernel object takes its name from `names` when there.
+    pub fn add(&mut self, p: &SeenPacket, names: &BTreeMap<u64, String>) {
         self.decoded += 1;
         let d = &p.packet;
         match d.kind {
@@ -74,7 +82,7 @@ impl DispatchMix {
                             d.kernel_object,
                             KernelCount {
                                 count: 1,
-                                name: None,
+                                name: names.get(&d.kernel_object).cloned(),
                                 grid: d.grid,
                                 workgroup: d.workgroup,
                             },
@@ -147,16 +155,20 @@ mod tests {
     #[test]
     fn counts_sizes_kernels_and_barriers_within_bounds() {
         let mut m = DispatchMix::default();
-        m.add(&kd(0, 0xa0, 262_144, 256));
-        m.add(&kd(1, 0xa0, 262_144, 256));
-        m.add(&kd(2, 0xb0, 512, 64));
-        m.add(&SeenPacket {
-            dispatch_id: 3,
-            packet: Packet {
-                kind: PacketKind::BarrierAnd,
-                ..kd(3, 0, 1, 1).packet
+        let none = BTreeMap::new();
+        m.add(&kd(0, 0xa0, 262_144, 256), &none);
+        m.add(&kd(1, 0xa0, 262_144, 256), &none);
+        m.add(&kd(2, 0xb0, 512, 64), &none);
+        m.add(
+            &SeenPacket {
+                dispatch_id: 3,
+                packet: Packet {
+                    kind: PacketKind::BarrierAnd,
+                    ..kd(3, 0, 1, 1).packet
+                },
             },
-        });
+            &none,
+        );
         assert_eq!((m.decoded, m.kernel_dispatches, m.barriers), (4, 3, 1));
         assert_eq!(m.grid_log2[18], 2, "262144 = 2^18");
         assert_eq!(m.grid_log2[9], 1, "512 = 2^9");
@@ -164,12 +176,15 @@ mod tests {
         let top = m.top_kernels(1);
         assert_eq!((top[0].0, top[0].1.count), (0xa0, 2));
         assert_eq!(m.unnamed().count(), 2);
+        m.name_from(&[(0xa0, "conv".to_string())].into());
+        assert_eq!(m.kernels[&0xa0].name.as_deref(), Some("conv"));
+        assert_eq!(m.unnamed().collect::<Vec<_>>(), vec![0xb0]);
         assert_eq!(m.coverage(), None);
         m.consumed = 8;
         assert_eq!(m.coverage(), Some(0.5));
 
         for i in 0..(KERNELS_MAX as u64 + 10) {
-            m.add(&kd(10 + i, 0x1000 + i, 64, 64));
+            m.add(&kd(10 + i, 0x1000 + i, 64, 64), &none);
         }
         assert_eq!(m.kernels.len(), KERNELS_MAX);
         assert_eq!(m.other_kernels, 12, "2 objects were there before");

@@ -180,6 +180,7 @@ impl State {
             Update::Hqds { taken_ns, nodes } => self.hqds(taken_ns, &nodes),
             Update::Mqds(procs) => self.mqds(&procs),
             Update::Samples { ts_ns, samples } => self.samples(ts_ns, samples),
+            Update::KernelNames { pid, names } => self.kernel_names(pid, names),
             Update::Class { pid, class } => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.class = class;

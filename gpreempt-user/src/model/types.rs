@@ -455,6 +455,11 @@ pub enum Update {
         ts_ns: u64,
         samples: Vec<(u32, u32, SampleRead)>,
     },
+    /// Kernel descriptor address -> name, from a process's code objects.
+    KernelNames {
+        pid: u32,
+        names: BTreeMap<u64, String>,
+    },
     /// A problem of the tool itself (unreadable debugfs, lost records), shown in the log.
     Warning {
         ts_ns: u64,
