@@ -564,7 +564,10 @@ mod tests {
         assert_eq!(r_debug_address(), &_amdgpu_r_debug as *const _ as u64);
         let list = published();
         let mine = |o: &LoadedCodeObject| (o.load_address(), o.uri().to_string());
-        assert!(list.contains(&mine(&a)) && list.contains(&mine(&b)), "{list:?}");
+        assert!(
+            list.contains(&mine(&a)) && list.contains(&mine(&b)),
+            "{list:?}"
+        );
         let uri = a.uri();
         let expect = format!(
             "memory://{}#offset={:#x}&size={}",

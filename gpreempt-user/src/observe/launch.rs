@@ -289,7 +289,9 @@ pub(crate) fn mapped_files(maps: &str) -> Vec<MappedFile> {
 }
 
 /// `e_ident[EI_CLASS]`: 32- or 64-bit.
-const EI_CLASS: usize = 4;
+pub(crate) const EI_CLASS: usize = 4;
+/// `e_ident[EI_DATA]`: byte order.
+pub(crate) const EI_DATA: usize = 5;
 
 /// The launch symbols an ELF file defines, with their file offsets. Reads only the headers,
 /// the symbol tables and their string tables, not the whole (possibly GiB-sized) file.
@@ -564,7 +566,10 @@ mod tests {
         // A first segment that starts inside its page (p_vaddr and p_offset congruent).
         f.start = 0x7f0000010000;
         f.offset = 0x1000;
-        assert_eq!(load_bias(&f, (0x201234, 0x1234)), Some(0x7f0000010000 - 0x201000));
+        assert_eq!(
+            load_bias(&f, (0x201234, 0x1234)),
+            Some(0x7f0000010000 - 0x201000)
+        );
         // A mapping that starts past the segment: not that segment's.
         assert_eq!(load_bias(&f, (0, 0)), None);
     }
