@@ -341,11 +341,6 @@ pub struct LoadedCodeObject {
     by_name: HashMap<String, u64>,
 }
 
-// SAFETY: the UnsafeCell'd node is only written under `LIST` (publish / unpublish).
-unsafe impl Send for LoadedCodeObject {}
-// SAFETY: as above; `&self` methods only read immutable fields.
-unsafe impl Sync for LoadedCodeObject {}
-
 impl LoadedCodeObject {
     /// Builds the code object of `names` ([`build_image`]), "loads" its segment into memory and
     /// publishes it with a `memory://` URI, as ROCr does for a code object loaded from memory.

@@ -21,7 +21,7 @@ use nix::sys::uio::RemoteIoVec;
 use object::elf;
 use object::read::{ReadCache, ReadRef as _};
 
-use crate::kfd::sampler::read_remote;
+use crate::kfd::sampler::{read_remote, u32_at as le32};
 use crate::observe::launch::{
     self, is_gone_io, load_bias, mapped_files, process_gone, FileKey, MappedFile, ProcessGone,
 };
@@ -217,12 +217,6 @@ fn read_exact_remote(pid: u32, addr: u64, buf: &mut [u8], what: &str) -> Result<
     Ok(())
 }
 
-fn le32(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
 fn le64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[off..off + 8]);
@@ -404,14 +398,14 @@ fn percent_decode(s: &str) -> Vec<u8> {
 /// A code object's bytes, read on demand (the ELF reader asks only for the ranges it parses),
 /// within the call's byte budget.
 struct Source<'a> {
-    from: From,
+    from: Origin,
     base: u64,
     len: u64,
     pos: u64,
     budget: &'a Cell<u64>,
 }
 
-enum From {
+enum Origin {
     Memory(u32),
     File(File),
 }
@@ -435,7 +429,7 @@ impl Read for Source<'_> {
             .ok_or_else(|| io::Error::other("offset overflows"))?;
         let buf = &mut buf[..want as usize];
         let got = match &self.from {
-            From::Memory(pid) => {
+            Origin::Memory(pid) => {
                 let base = usize::try_from(at).map_err(io::Error::other)?;
                 read_remote(
                     *pid,
@@ -447,7 +441,7 @@ impl Read for Source<'_> {
                 )
                 .map_err(io::Error::from)?
             }
-            From::File(f) => f.read_at(buf, at)?,
+            Origin::File(f) => f.read_at(buf, at)?,
         };
         self.budget.set(left - got as u64);
         self.pos += got as u64;
@@ -476,7 +470,7 @@ fn object_kernels(
     budget: &Cell<u64>,
 ) -> Result<Vec<(u64, String)>> {
     let (from, base, len) = match parse_uri(uri)? {
-        Location::Memory { address, size } => (From::Memory(pid), address, size),
+        Location::Memory { address, size } => (Origin::Memory(pid), address, size),
         Location::File { path, offset, size } => {
             let at = proc_root
                 .join(pid.to_string())
@@ -490,7 +484,7 @@ fn object_kernels(
                     at.display()
                 )
             })?;
-            (From::File(file), offset, size.unwrap_or(rest).min(rest))
+            (Origin::File(file), offset, size.unwrap_or(rest).min(rest))
         }
     };
     ensure!(
