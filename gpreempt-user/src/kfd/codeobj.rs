@@ -294,7 +294,9 @@ fn read_c_string(pid: u32, addr: u64) -> Result<String> {
             return Ok(String::from_utf8_lossy(&out).into_owned());
         }
         out.extend_from_slice(&chunk);
-        at += chunk.len() as u64;
+        at = at
+            .checked_add(chunk.len() as u64)
+            .context("a code object URI at the top of the address space")?;
     }
     bail!("the code object URI at {addr:#x} is longer than {MAX_URI} bytes")
 }
