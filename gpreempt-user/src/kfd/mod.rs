@@ -3,6 +3,7 @@
 //! formats ([`sysfs`], [`debugfs`]; docs/kfd.md), the AQL dispatch-id [`sampler`], and the
 //! [`control`] thread that suspends and resumes queues.
 
+pub mod codeobj;
 pub mod control;
 pub mod debugfs;
 pub mod sampler;
