@@ -78,6 +78,8 @@ pub struct Watcher {
     pub controller: Option<crate::controller::daemon::Status>,
     /// Launch hints: which processes get them, resolved off the loop.
     hints: crate::observe::hints::LaunchHints,
+    /// Kernel names for the dispatch mix, read off the loop.
+    names: crate::observe::kernel_names::KernelNames,
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
 }
@@ -90,6 +92,7 @@ impl Watcher {
         w.read_all(true);
         std::thread::sleep(gap);
         w.sample_now();
+        w.name_kernels_now();
         Ok((w.state, w.warnings))
     }
 
@@ -116,6 +119,7 @@ impl Watcher {
             losses: Default::default(),
             controller: None,
             hints: Default::default(),
+            names: Default::default(),
             applied: [0; APPLIED.len()],
         })
     }
@@ -379,6 +383,31 @@ impl Watcher {
         }
     }
 
+    /// Kernel names of every process that dispatched unnamed kernels, read here and now (for
+    /// the one-shot `queues`; the live map reads them off the loop).
+    fn name_kernels_now(&mut self) {
+        let pids: Vec<u32> = self
+            .state
+            .procs
+            .values()
+            .filter(|p| {
+                p.queues
+                    .values()
+                    .any(|q| q.activity.dispatches.unnamed().next().is_some())
+            })
+            .map(|p| p.pid)
+            .collect();
+        for pid in pids {
+            match crate::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
+                Ok(n) => self.state.apply(Update::KernelNames {
+                    pid,
+                    names: n.by_object,
+                }),
+                Err(e) => log::debug!("pid {pid}: no kernel names: {e:#}"),
+            }
+        }
+    }
+
     fn proc_info(&mut self, pid: u32) {
         match procinfo::read(&self.paths.proc, pid) {
             Ok(info) => self.state.apply(Update::ProcInfo { pid, info }),
@@ -488,6 +517,7 @@ impl Watcher {
         enum Due {
             Events(std::io::Result<()>),
             Resolved(crate::observe::hints::Resolution),
+            Named(crate::observe::kernel_names::Answer),
             Reconcile,
             Hqds,
             Sample,
@@ -497,6 +527,7 @@ impl Watcher {
             batch,
             timers,
             hints,
+            names,
             ..
         } = self;
         let Some(Timers {
@@ -515,9 +546,11 @@ impl Watcher {
             }
         };
         let resolved = hints.next();
+        let named = names.next();
         let due = tokio::select! {
             r = next_events => Due::Events(r),
             Some(r) = resolved => Due::Resolved(r),
+            Some(a) = named => Due::Named(a),
             _ = reconcile.tick() => Due::Reconcile,
             _ = hqds.tick() => Due::Hqds,
             _ = sample.tick() => Due::Sample,
@@ -537,8 +570,17 @@ impl Watcher {
                 self.check_lost()?;
             }
             Due::Resolved(r) => self.resolved(r),
+            Due::Named(a) => {
+                let pid = a.0;
+                if let Some(names) = self.names.answered(a) {
+                    self.state.apply(Update::KernelNames { pid, names });
+                }
+            }
             Due::Hqds => self.hqds_now(),
-            Due::Sample => self.sample_now(),
+            Due::Sample => {
+                self.sample_now();
+                self.names.want(&self.state);
+            }
         }
         Ok(())
     }
