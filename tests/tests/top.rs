@@ -170,13 +170,19 @@ T={t}; DUR=5
 export TERM=xterm-256color
 # A socket of its own: a tmux server an earlier run left behind is never reused.
 S="tmux -S $T/tmux.sock"
-$S new-session -d -x 120 -y 36 "$GP top --interval 100 --hqd-interval 200 --sample-interval 200 2>$T/top.err; echo TOP_EXIT=\$?; sleep 30"
+$S new-session -d -x 120 -y 50 "$GP top --interval 100 --hqd-interval 200 --sample-interval 200 2>$T/top.err; echo TOP_EXIT=\$?; sleep 30"
 i=0; until $S capture-pane -p | grep -q "GPU "; do i=$((i+1)); [ $i -lt 100 ] || {{ $S capture-pane -p; cat $T/top.err; exit 1; }}; sleep 0.1; done
 {WORKLOADS}
 sleep 2.5
 $GP queues --json > $T/queues.json
 sleep 0.5
 $S capture-pane -p > $T/during.txt
+# The offline queue's detail pane (its backlog keeps packets pending at 200 ms samples): its
+# dispatch mix.
+$S send-keys /; $S send-keys -l resnet50; $S send-keys Enter; sleep 0.3
+$S send-keys Down; sleep 0.3; $S send-keys Enter; sleep 0.8
+$S capture-pane -p > $T/detail.txt
+$S send-keys Enter; $S send-keys /; $S send-keys C-u; $S send-keys Enter
 wait
 sleep 5
 $S capture-pane -p > $T/after.txt
@@ -254,6 +260,53 @@ $S kill-server
         during.contains("create"),
         "event log shows creates:\n{during}"
     );
+    // The detail pane of a live queue shows its dispatch mix, with kernels named as in the
+    // timeline its workload replays (cut to the pane's width).
+    let detail = std::fs::read_to_string(tmp.path("detail.txt")).unwrap();
+    assert!(
+        detail.contains("decoded of") && detail.contains("grid items"),
+        "no dispatch mix in the detail pane:\n{detail}"
+    );
+    assert!(detail.contains("(resnet50_b1024)"), "{detail}");
+    let names: Vec<String> = gpreempt_sim::workload::profile("resnet50_b1024")
+        .unwrap()
+        .kernels
+        .into_iter()
+        .map(|k| k.name)
+        .collect();
+    let kernel_lines: Vec<&str> = detail
+        .lines()
+        .filter(|l| l.trim_start().starts_with("kernel "))
+        .collect();
+    assert!(!kernel_lines.is_empty(), "{detail}");
+    for l in &kernel_lines {
+        // `kernel  12.5%  grid AxBxC wg AxBxC  NAME`
+        let name = l.split("  ").last().unwrap().trim_end_matches(['│', ' ']);
+        assert!(
+            name.len() >= 8 && names.iter().any(|n| n.starts_with(name)),
+            "{name:?} is no kernel of the workloads:\n{detail}"
+        );
+    }
+    let offline_pid = json(&tmp.path("offline.json"))["pid"].clone();
+    for p in queues["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] == offline_pid)
+    {
+        let mix = &p["queues"][0]["activity"]["dispatches"];
+        assert!(mix["decoded"].as_u64() > Some(0), "{mix}");
+        assert!(
+            mix["kernels"]
+                .as_object()
+                .unwrap()
+                .values()
+                .any(|k| k["name"]
+                    .as_str()
+                    .is_some_and(|n| names.iter().any(|m| m == n))),
+            "queues --json names no kernel: {mix}"
+        );
+    }
     assert!(
         exit.contains("TOP_EXIT=0"),
         "top did not exit cleanly on q:\n{exit}"

@@ -1,6 +1,7 @@
 //! Reads each AQL queue's dispatch ids from its process's memory (the `amd_queue_t` that
 //! CREATE_QUEUE's read/write pointers point into), and a bounded window of its ring where
-//! packets not seen yet would be, with one `process_vm_readv` per process per tick. A queue's
+//! packets not seen yet would be, with one `process_vm_readv` per process per tick (and one more
+//! for a queue that consumed past its whole window since the last tick). A queue's
 //! `amd_queue_t` is validated once (docs/kfd.md); one that does not look like ROCr's is never
 //! read again.
 //!
@@ -30,13 +31,53 @@ struct Plan {
     base: u64,
     /// Not validated yet: read the whole `amd_queue_t`.
     full: bool,
-    /// The ring window: its first dispatch id and up to two remote ranges (it may wrap).
-    ring: Option<(u64, [Option<RemoteIoVec>; 2])>,
+    /// The ring window, placed from the last tick's ids.
+    ring: Option<Window>,
 }
 
-/// The ring slots from the first dispatch id not yet decoded (or the read id, if further on),
-/// at most [`WINDOW_PACKETS`] of them and never a whole lap.
-fn ring_window(q: &Queue) -> Option<(u64, [Option<RemoteIoVec>; 2])> {
+/// A window of a queue's ring: its first dispatch id and up to two remote ranges (it may wrap).
+#[derive(Clone, Copy)]
+struct Window {
+    start: u64,
+    ranges: [Option<RemoteIoVec>; 2],
+    ring: u64,
+    slots: u64,
+}
+
+impl Window {
+    /// At most [`WINDOW_PACKETS`] slots from dispatch id `start`, never a whole lap.
+    fn at(ring: u64, slots: u64, start: u64) -> Self {
+        let n = WINDOW_PACKETS.min(slots);
+        let slot = start & (slots - 1);
+        let first = n.min(slots - slot);
+        let range = |slot: u64, n: u64| RemoteIoVec {
+            base: (ring + slot * PACKET_BYTES as u64) as usize,
+            len: (n * PACKET_BYTES as u64) as usize,
+        };
+        Self {
+            start,
+            ranges: [
+                Some(range(slot, first)),
+                (n > first).then(|| range(0, n - first)),
+            ],
+            ring,
+            slots,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ranges.iter().flatten().map(|r| r.len).sum()
+    }
+
+    /// Dispatch ids past the window.
+    fn end(&self) -> u64 {
+        self.start + (self.len() / PACKET_BYTES) as u64
+    }
+}
+
+/// The ring slots from the first dispatch id not yet decoded (or the last read id, if further
+/// on).
+fn ring_window(q: &Queue) -> Option<Window> {
     let a = &q.activity;
     let ring = q.ring_base_address?;
     let slots = q.ring_size / PACKET_BYTES as u64;
@@ -44,20 +85,7 @@ fn ring_window(q: &Queue) -> Option<(u64, [Option<RemoteIoVec>; 2])> {
         return None;
     }
     let start = a.read_dispatch_id?.max(a.dispatch_cursor.unwrap_or(0));
-    let n = WINDOW_PACKETS.min(slots);
-    let slot = start & (slots - 1);
-    let first = n.min(slots - slot);
-    let range = |slot: u64, n: u64| RemoteIoVec {
-        base: (ring + slot * PACKET_BYTES as u64) as usize,
-        len: (n * PACKET_BYTES as u64) as usize,
-    };
-    Some((
-        start,
-        [
-            Some(range(slot, first)),
-            (n > first).then(|| range(0, n - first)),
-        ],
-    ))
+    Some(Window::at(ring, slots, start))
 }
 
 /// The packets of a window that belong between the ids read with it: `[read, write)` (older
@@ -96,6 +124,16 @@ fn plan_for(q: &Queue) -> Option<Plan> {
         full: !matches!(q.activity.status, SampleStatus::Valid),
         ring: ring_window(q),
     })
+}
+
+/// The pending packets of a window read on its own (none if it faults).
+fn reread(pid: u32, w: Window, read: u64, write: u64) -> Vec<SeenPacket> {
+    let ranges: Vec<RemoteIoVec> = w.ranges.iter().flatten().copied().collect();
+    let mut buf = vec![0u8; w.len()];
+    match read_remote(pid, &ranges, &mut buf) {
+        Ok(n) if n == buf.len() => pending_packets(&buf, w.start, read, write),
+        _ => Vec::new(),
+    }
 }
 
 /// Reads `remote` ranges of `pid`'s memory back to back into `buf` in one syscall; returns the
@@ -177,8 +215,8 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
                     len: IDS_LEN,
                 }
             });
-            if let Some((_, ranges)) = &pl.ring {
-                remote.extend(ranges.iter().flatten().copied());
+            if let Some(w) = &pl.ring {
+                remote.extend(w.ranges.iter().flatten().copied());
             }
         }
         let total: usize = remote.iter().map(|r| r.len).sum();
@@ -195,10 +233,7 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
         let mut off = 0;
         for pl in chunk {
             let ids_len = if pl.full { amd_queue::SIZE } else { IDS_LEN };
-            let ring_len: usize = pl
-                .ring
-                .as_ref()
-                .map_or(0, |(_, r)| r.iter().flatten().map(|r| r.len).sum());
+            let ring_len = pl.ring.as_ref().map_or(0, Window::len);
             let (ids_at, ring_at) = (off, off + ids_len);
             off += ids_len + ring_len;
             if ring_at > got {
@@ -226,8 +261,13 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
             let write = u64_at(ids, amd_queue::WRITE_DISPATCH_ID - rel);
             // A ring that faults (unmapped since) costs its packets, not the ids.
             let packets = match &pl.ring {
-                Some((start, _)) if ring_at + ring_len <= got => {
-                    pending_packets(&buf[ring_at..ring_at + ring_len], *start, read, write)
+                // The queue consumed past the whole window since the last tick (a busy queue,
+                // a slow tick): one more read, where its pending packets are now.
+                Some(w) if w.end() <= read && write > read => {
+                    reread(p.pid, Window::at(w.ring, w.slots, read), read, write)
+                }
+                Some(w) if ring_at + ring_len <= got => {
+                    pending_packets(&buf[ring_at..ring_at + ring_len], w.start, read, write)
                 }
                 _ => Vec::new(),
             };
@@ -458,6 +498,35 @@ mod tests {
         assert_eq!(m.grid_log2[18], 4);
         assert_eq!(m.grid_log2[9], 1);
         assert!(!m.kernels.contains_key(&0xdead));
+    }
+
+    #[test]
+    fn a_queue_that_consumed_past_the_window_is_read_where_its_packets_are() {
+        #[repr(C, align(64))]
+        struct Ring([u8; 256 * PACKET_BYTES]);
+        let mut ring = Box::new(Ring([0; 256 * PACKET_BYTES]));
+        let ring_va = ring.0.as_ptr() as u64;
+        let mut aq = AmdQueue([0; amd_queue::SIZE]);
+        fill(&mut aq, ring_va, 256, 0, 0);
+        let mut s = state_with(vec![queue_at(&aq, ring_va, 256 * 64)]);
+        let r = sample(&s);
+        s.apply(Update::Samples {
+            ts_ns: 1,
+            samples: r,
+        });
+        // 200 consumed since the last tick (three windows' worth), ten pending.
+        for i in 200..210 {
+            slot(&mut ring.0, i, Some(0xc0 + i as u64), 64);
+        }
+        fill(&mut aq, ring_va, 256, 200, 210);
+        let r = sample(&s);
+        let SampleRead::Ids { packets, .. } = &r[0].2 else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            packets.iter().map(|p| p.dispatch_id).collect::<Vec<_>>(),
+            (200..210).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -107,8 +107,9 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
         ),
     ];
     let mut pairs = pairs;
-    let mut wide = vec![("sample", sample_label(&a.status))];
-    wide.extend(mix_pairs(&a.dispatches));
+    // The mix first: a short pane cuts from the bottom.
+    let mut wide = mix_pairs(&a.dispatches);
+    wide.push(("sample", sample_label(&a.status)));
     if let Some(t) = &q.nv {
         // The RM objects a pause goes through, in place of the AMD ring and pointers.
         pairs.retain(|(k, _)| !matches!(*k, "ring" | "rptr" | "wptr" | "doorbell" | "pointers"));
