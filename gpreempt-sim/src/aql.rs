@@ -4,13 +4,16 @@
 //! Emulator convention: a dispatch packet's `reserved2` carries the kernel's duration in ns when it
 //! runs alone; the CUs it wants follow from its own geometry (work-groups x waves per group).
 
+use gpreempt_common::aql::packet;
 pub use gpreempt_common::aql::{amd_queue, PACKET_BYTES};
-pub const PACKET_TYPE_INVALID: u16 = 1;
-pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = 2;
-pub const PACKET_TYPE_BARRIER_AND: u16 = 3;
+pub const PACKET_TYPE_INVALID: u16 = packet::TYPE_INVALID as u16;
+pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = packet::TYPE_KERNEL_DISPATCH as u16;
+pub const PACKET_TYPE_BARRIER_AND: u16 = packet::TYPE_BARRIER_AND as u16;
 /// Header bit: wait for the previous packet to finish (PyTorch streams run in order).
-pub const PACKET_BARRIER_BIT: u16 = 1 << 8;
+pub const PACKET_BARRIER_BIT: u16 = packet::BARRIER_BIT;
 pub const WAVE_SIZE: u32 = 64;
+/// `reserved2` of the dispatch packet: the emulator's duration field.
+const RESERVED2: usize = 48;
 
 /// The fields of `hsa_kernel_dispatch_packet_t` the emulator uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,15 +33,29 @@ impl Dispatch {
 
     pub fn encode(&self) -> [u8; PACKET_BYTES] {
         let mut p = [0u8; PACKET_BYTES];
-        p[0..2].copy_from_slice(&self.header.to_le_bytes());
-        p[2..4].copy_from_slice(&1u16.to_le_bytes()); // setup: dimensions
+        let mut put = |at: usize, b: &[u8]| p[at..at + b.len()].copy_from_slice(b);
+        put(packet::HEADER, &self.header.to_le_bytes());
+        let dims: u16 = if self.grid[2] > 1 || self.workgroup[2] > 1 {
+            3
+        } else if self.grid[1] > 1 || self.workgroup[1] > 1 {
+            2
+        } else {
+            1
+        };
+        put(packet::SETUP, &dims.to_le_bytes());
         for i in 0..3 {
-            p[4 + 2 * i..6 + 2 * i].copy_from_slice(&self.workgroup[i].to_le_bytes());
-            p[12 + 4 * i..16 + 4 * i].copy_from_slice(&self.grid[i].to_le_bytes());
+            put(
+                packet::WORKGROUP_SIZE + 2 * i,
+                &self.workgroup[i].to_le_bytes(),
+            );
+            put(packet::GRID_SIZE + 4 * i, &self.grid[i].to_le_bytes());
         }
-        p[32..40].copy_from_slice(&self.kernel_object.to_le_bytes());
-        p[48..56].copy_from_slice(&self.duration_ns.to_le_bytes());
-        p[56..64].copy_from_slice(&self.completion_signal.to_le_bytes());
+        put(packet::KERNEL_OBJECT, &self.kernel_object.to_le_bytes());
+        put(RESERVED2, &self.duration_ns.to_le_bytes());
+        put(
+            packet::COMPLETION_SIGNAL,
+            &self.completion_signal.to_le_bytes(),
+        );
         p
     }
 
@@ -46,13 +63,14 @@ impl Dispatch {
         let u16at = |o: usize| u16::from_le_bytes([p[o], p[o + 1]]);
         let u32at = |o: usize| u32::from_le_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
         let u64at = |o: usize| u64::from_le_bytes(p[o..o + 8].try_into().unwrap_or([0; 8]));
+        let (w, g) = (packet::WORKGROUP_SIZE, packet::GRID_SIZE);
         Dispatch {
-            header: u16at(0),
-            workgroup: [u16at(4), u16at(6), u16at(8)],
-            grid: [u32at(12), u32at(16), u32at(20)],
-            kernel_object: u64at(32),
-            duration_ns: u64at(48),
-            completion_signal: u64at(56),
+            header: u16at(packet::HEADER),
+            workgroup: [u16at(w), u16at(w + 2), u16at(w + 4)],
+            grid: [u32at(g), u32at(g + 4), u32at(g + 8)],
+            kernel_object: u64at(packet::KERNEL_OBJECT),
+            duration_ns: u64at(RESERVED2),
+            completion_signal: u64at(packet::COMPLETION_SIGNAL),
         }
     }
 

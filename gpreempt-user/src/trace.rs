@@ -630,3 +630,154 @@ mod tests {
         assert_eq!(String::from_utf8(sink.out).unwrap().lines().count(), 2);
     }
 }
+
+/// `trace --dispatches` lines (JSON Lines schema in docs/observability.md).
+pub mod dispatches {
+    use std::io::Write;
+
+    use serde::Serialize;
+
+    use crate::model::{FreshDispatch, Queue};
+
+    #[derive(Serialize)]
+    struct DispatchLine<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        ts_ns: u64,
+        pid: u32,
+        comm: &'a str,
+        gpu_id: u32,
+        queue_id: u32,
+        dispatch_id: u64,
+        packet: &'static str,
+        barrier: bool,
+        grid: [u32; 3],
+        workgroup: [u16; 3],
+        work_items: u64,
+        workgroups: u64,
+        kernel_object: u64,
+        kernel: Option<&'a str>,
+        private_segment_size: u32,
+        group_segment_size: u32,
+    }
+
+    /// One decoded packet.
+    pub fn write_dispatch<W: Write>(
+        w: &mut W,
+        json: bool,
+        d: &FreshDispatch,
+        comm: &str,
+        kernel: Option<&str>,
+    ) -> std::io::Result<()> {
+        let p = &d.packet.packet;
+        let dispatch = p.kind == gpreempt_common::aql::PacketKind::KernelDispatch;
+        if !json {
+            let what = if dispatch {
+                format!(
+                    "grid {}x{}x{} wg {}x{}x{} object {:#x}{}",
+                    p.grid[0],
+                    p.grid[1],
+                    p.grid[2],
+                    p.workgroup[0],
+                    p.workgroup[1],
+                    p.workgroup[2],
+                    p.kernel_object,
+                    kernel.map(|k| format!(" {k}")).unwrap_or_default()
+                )
+            } else {
+                String::new()
+            };
+            return writeln!(
+                w,
+                "{:>6}.{:06} {comm}[{}] gpu {} q{} #{} {}{} {what}",
+                d.ts_ns / 1_000_000_000,
+                d.ts_ns % 1_000_000_000 / 1000,
+                d.pid,
+                d.gpu_id,
+                d.queue_id,
+                d.packet.dispatch_id,
+                p.kind.name(),
+                if p.barrier { " barrier" } else { "" },
+            );
+        }
+        let line = DispatchLine {
+            kind: "dispatch",
+            ts_ns: d.ts_ns,
+            pid: d.pid,
+            comm,
+            gpu_id: d.gpu_id,
+            queue_id: d.queue_id,
+            dispatch_id: d.packet.dispatch_id,
+            packet: p.kind.name(),
+            barrier: p.barrier,
+            grid: p.grid,
+            workgroup: p.workgroup,
+            work_items: if dispatch { p.work_items() } else { 0 },
+            workgroups: if dispatch { p.workgroups() } else { 0 },
+            kernel_object: p.kernel_object,
+            kernel,
+            private_segment_size: p.private_segment_size,
+            group_segment_size: p.group_segment_size,
+        };
+        serde_json::to_writer(&mut *w, &line)?;
+        w.write_all(b"\n")
+    }
+
+    /// A queue's dispatch ids at one sampling tick (JSON only: RPTR/WPTR behaviour over time).
+    pub fn write_sample<W: Write>(w: &mut W, pid: u32, q: &Queue) -> std::io::Result<()> {
+        let a = &q.activity;
+        let (Some(read), Some(write)) = (a.read_dispatch_id, a.write_dispatch_id) else {
+            return Ok(());
+        };
+        serde_json::to_writer(
+            &mut *w,
+            &serde_json::json!({
+                "type": "aql_sample",
+                "ts_ns": a.sample_ns,
+                "pid": pid,
+                "gpu_id": q.gpu_id,
+                "queue_id": q.queue_id,
+                "read_dispatch_id": read,
+                "write_dispatch_id": write,
+            }),
+        )?;
+        w.write_all(b"\n")
+    }
+
+    /// What a queue's packets amounted to, at the end of a trace.
+    pub fn write_summary<W: Write>(
+        w: &mut W,
+        json: bool,
+        pid: u32,
+        comm: &str,
+        q: &Queue,
+    ) -> std::io::Result<()> {
+        let m = &q.activity.dispatches;
+        if !json {
+            let cov = m
+                .coverage()
+                .map(|c| format!(" ({:.0}%)", c * 100.0))
+                .unwrap_or_default();
+            return writeln!(
+                w,
+                "{comm}[{pid}] q{}: {} packets decoded of {} consumed{cov}; {} kernel dispatches, {} barriers",
+                q.queue_id, m.decoded, m.consumed, m.kernel_dispatches, m.barriers
+            );
+        }
+        serde_json::to_writer(
+            &mut *w,
+            &serde_json::json!({
+                "type": "dispatch_summary",
+                "pid": pid,
+                "comm": comm,
+                "gpu_id": q.gpu_id,
+                "queue_id": q.queue_id,
+                "consumed": m.consumed,
+                "decoded": m.decoded,
+                "kernel_dispatches": m.kernel_dispatches,
+                "barriers": m.barriers,
+            }),
+        )?;
+        w.write_all(b"\n")
+    }
+}

@@ -537,7 +537,21 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let policy = Policy::load(&args.policy)?;
+    // Read off this thread: a file that stalls (a hung network mount) must not make SIGINT and
+    // SIGTERM wait. A plain thread, so an abandoned read does not hold up the exit.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let path = args.policy.clone();
+    std::thread::Builder::new()
+        .name("policy-load".into())
+        .spawn(move || {
+            let _ = tx.send(Policy::load(&path));
+        })
+        .context("starting the policy reader")?;
+    let policy = tokio::select! {
+        r = rx => r.context("the policy reader ended without an answer")??,
+        _ = int.recv() => anyhow::bail!("interrupted while reading the policy {}", args.policy.display()),
+        _ = term.recv() => anyhow::bail!("terminated while reading the policy {}", args.policy.display()),
+    };
     for w in policy.trust_warnings() {
         log::warn!("{w}");
     }

@@ -14,9 +14,11 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::Global;
 use crate::{
+    kfd::Paths,
     observe::events::{Event, EventSource, FdCheck},
     observe::hints::LaunchHints,
     observe::probe::{ProbeOptions, Probes},
+    observe::watch::{Intervals, Watcher},
     trace::{Format, Sink},
 };
 
@@ -54,6 +56,14 @@ pub struct Args {
     /// per process (`run` and `top` always limit; a trace shows everything by default).
     #[arg(long, value_name = "PER_S[:BURST]", value_parser = parse_rate)]
     pub rate_limit: Option<(u32, u32)>,
+    /// The AQL packets of every queue instead of ioctls: kernel dispatches (grid, work-group,
+    /// kernel object and name) and barriers, read from the rings while pending, plus (with
+    /// --json) each queue's read/write dispatch ids at every sampling tick.
+    #[arg(long, conflicts_with = "launches")]
+    pub dispatches: bool,
+    /// With --dispatches: how often the rings are read (ms).
+    #[arg(long, value_name = "MS", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sample_interval: u64,
 }
 
 /// `PER_S[:BURST]`, both positive integers; BURST defaults to PER_S.
@@ -83,6 +93,9 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
+    if args.dispatches {
+        return dispatches(g, args, out).await;
+    }
     let mut sink = Sink::new(
         out,
         if args.json {
@@ -226,6 +239,99 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         k.other_file,
         k.rate_limited
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `trace --dispatches`: the live map's sampler, streaming each packet it decodes once.
+async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<ExitCode> {
+    use crate::trace::dispatches::{write_dispatch, write_sample, write_summary};
+    let mut opts = g.probe_options();
+    opts.pid = args.pid;
+    opts.rate_limit = args.rate_limit;
+    let mut w = Watcher::start(
+        Paths::default(),
+        opts,
+        Intervals::from_ms(1000, 1000, args.sample_interval),
+    )?;
+    w.state.take_dispatches();
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let deadline = tokio::time::sleep(
+        args.duration
+            .map(Duration::from_secs_f64)
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(deadline);
+    for why in &w.warnings {
+        eprintln!("gpreempt-ebpf: {why}");
+    }
+    eprintln!(
+        "gpreempt-ebpf: tracing AQL packets every {} ms{} (Ctrl-C to stop)",
+        args.sample_interval,
+        args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
+    );
+    let wanted = |pid: u32, comm: &str| {
+        args.pid.is_none_or(|p| p == pid) && args.comm.as_ref().is_none_or(|c| c == comm)
+    };
+    // Last sampling tick written per queue.
+    let mut sampled: std::collections::HashMap<(u32, u32), u64> = Default::default();
+    let mut written = 0u64;
+    loop {
+        tokio::select! {
+            r = w.pump() => r?,
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = &mut deadline => break,
+        }
+        let res = (|| -> std::io::Result<()> {
+            for d in w.state.take_dispatches() {
+                let Some(p) = w.state.procs.get(&d.pid) else {
+                    continue;
+                };
+                if !wanted(p.pid, p.comm()) {
+                    continue;
+                }
+                let kernel = w.state.kernel_name(d.pid, d.packet.packet.kernel_object);
+                write_dispatch(&mut out, args.json, &d, p.comm(), kernel)?;
+                written += 1;
+            }
+            if args.json {
+                for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
+                    for q in p.live_queues() {
+                        let last = sampled.entry((p.pid, q.queue_id)).or_default();
+                        if q.activity.sample_ns > *last {
+                            *last = q.activity.sample_ns;
+                            write_sample(&mut out, p.pid, q)?;
+                        }
+                    }
+                }
+            }
+            out.flush()
+        })();
+        if let Err(e) = res {
+            return write_failed(e);
+        }
+    }
+    let res =
+        (|| -> std::io::Result<()> {
+            let mut err = std::io::stderr().lock();
+            for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
+                for q in p.queues.values().filter(|q| {
+                    q.activity.dispatches.consumed > 0 || q.activity.dispatches.decoded > 0
+                }) {
+                    if args.json {
+                        write_summary(&mut out, true, p.pid, p.comm(), q)?;
+                    } else {
+                        write_summary(&mut err, false, p.pid, p.comm(), q)?;
+                    }
+                }
+            }
+            out.flush()
+        })();
+    if let Err(e) = res {
+        return write_failed(e);
+    }
+    eprintln!("gpreempt-ebpf: summary: packets written={written}");
     Ok(ExitCode::SUCCESS)
 }
 

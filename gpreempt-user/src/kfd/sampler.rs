@@ -1,14 +1,22 @@
 //! Reads each AQL queue's dispatch ids from its process's memory (the `amd_queue_t` that
-//! CREATE_QUEUE's read/write pointers point into), with one `process_vm_readv` per process per
-//! tick. A queue's `amd_queue_t` is validated once (docs/kfd.md); one that does not look
-//! like ROCr's is never read again.
+//! CREATE_QUEUE's read/write pointers point into), and a bounded window of its ring where
+//! packets not seen yet would be, with one `process_vm_readv` per process per tick. A queue's
+//! `amd_queue_t` is validated once (docs/kfd.md); one that does not look like ROCr's is never
+//! read again.
+//!
+//! Packets are only readable while pending: the packet processor hands a consumed slot back as
+//! INVALID. A packet written and consumed between two ticks is not seen; the model counts what
+//! was decoded against what the read id says was consumed.
 
 use std::io::IoSliceMut;
 
-use gpreempt_common::aql::{amd_queue, PACKET_BYTES};
+use gpreempt_common::aql::{amd_queue, Packet, PACKET_BYTES};
 use nix::{sys::uio::RemoteIoVec, unistd::Pid};
 
-use crate::model::{Process, Queue, QueueKind, SampleRead, SampleStatus, State};
+use crate::model::{Process, Queue, QueueKind, SampleRead, SampleStatus, SeenPacket, State};
+
+/// Ring slots read per queue per tick (4 KiB): bounds the cost on a deep backlog.
+pub const WINDOW_PACKETS: u64 = 64;
 
 /// `write_dispatch_id` .. end of `read_dispatch_id`: both ids in one remote range.
 const IDS_START: usize = amd_queue::WRITE_DISPATCH_ID;
@@ -22,6 +30,54 @@ struct Plan {
     base: u64,
     /// Not validated yet: read the whole `amd_queue_t`.
     full: bool,
+    /// The ring window: its first dispatch id and up to two remote ranges (it may wrap).
+    ring: Option<(u64, [Option<RemoteIoVec>; 2])>,
+}
+
+/// The ring slots from the first dispatch id not yet decoded (or the read id, if further on),
+/// at most [`WINDOW_PACKETS`] of them and never a whole lap.
+fn ring_window(q: &Queue) -> Option<(u64, [Option<RemoteIoVec>; 2])> {
+    let a = &q.activity;
+    let ring = q.ring_base_address?;
+    let slots = q.ring_size / PACKET_BYTES as u64;
+    if slots == 0 || !slots.is_power_of_two() || !matches!(a.status, SampleStatus::Valid) {
+        return None;
+    }
+    let start = a.read_dispatch_id?.max(a.dispatch_cursor.unwrap_or(0));
+    let n = WINDOW_PACKETS.min(slots);
+    let slot = start & (slots - 1);
+    let first = n.min(slots - slot);
+    let range = |slot: u64, n: u64| RemoteIoVec {
+        base: (ring + slot * PACKET_BYTES as u64) as usize,
+        len: (n * PACKET_BYTES as u64) as usize,
+    };
+    Some((
+        start,
+        [
+            Some(range(slot, first)),
+            (n > first).then(|| range(0, n - first)),
+        ],
+    ))
+}
+
+/// The packets of a window that belong between the ids read with it: `[read, write)` (older
+/// slots were consumed; newer ones may hold the previous lap) with a defined header.
+fn pending_packets(window: &[u8], start: u64, read: u64, write: u64) -> Vec<SeenPacket> {
+    window
+        .chunks_exact(PACKET_BYTES)
+        .enumerate()
+        .filter_map(|(i, b)| {
+            let dispatch_id = start + i as u64;
+            if dispatch_id < read || dispatch_id >= write {
+                return None;
+            }
+            let b: &[u8; PACKET_BYTES] = b.try_into().ok()?;
+            Packet::decode(b).map(|packet| SeenPacket {
+                dispatch_id,
+                packet,
+            })
+        })
+        .collect()
 }
 
 /// The `amd_queue_t` base of a queue the sampler may read, and whether it still needs validating.
@@ -38,6 +94,7 @@ fn plan_for(q: &Queue) -> Option<Plan> {
         qid: q.queue_id,
         base: rptr.checked_sub(amd_queue::READ_DISPATCH_ID as u64)?,
         full: !matches!(q.activity.status, SampleStatus::Valid),
+        ring: ring_window(q),
     })
 }
 
@@ -105,23 +162,25 @@ pub fn sample(state: &State) -> Vec<(u32, u32, SampleRead)> {
 
 fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
     let plans: Vec<Plan> = p.queues.values().filter_map(plan_for).collect();
-    for chunk in plans.chunks(MAX_IOV) {
-        let remote: Vec<RemoteIoVec> = chunk
-            .iter()
-            .map(|pl| {
-                if pl.full {
-                    RemoteIoVec {
-                        base: pl.base as usize,
-                        len: amd_queue::SIZE,
-                    }
-                } else {
-                    RemoteIoVec {
-                        base: pl.base as usize + IDS_START,
-                        len: IDS_LEN,
-                    }
+    // Each plan takes its ids range and up to two ring ranges: chunks stay under UIO_MAXIOV.
+    for chunk in plans.chunks(MAX_IOV / 3) {
+        let mut remote: Vec<RemoteIoVec> = Vec::with_capacity(chunk.len() * 3);
+        for pl in chunk {
+            remote.push(if pl.full {
+                RemoteIoVec {
+                    base: pl.base as usize,
+                    len: amd_queue::SIZE,
                 }
-            })
-            .collect();
+            } else {
+                RemoteIoVec {
+                    base: pl.base as usize + IDS_START,
+                    len: IDS_LEN,
+                }
+            });
+            if let Some((_, ranges)) = &pl.ring {
+                remote.extend(ranges.iter().flatten().copied());
+            }
+        }
         let total: usize = remote.iter().map(|r| r.len).sum();
         let mut buf = vec![0u8; total];
         let got = match read_remote(p.pid, &remote, &mut buf) {
@@ -134,19 +193,24 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
             }
         };
         let mut off = 0;
-        for (pl, r) in chunk.iter().zip(&remote) {
-            if off + r.len > got {
+        for pl in chunk {
+            let ids_len = if pl.full { amd_queue::SIZE } else { IDS_LEN };
+            let ring_len: usize = pl
+                .ring
+                .as_ref()
+                .map_or(0, |(_, r)| r.iter().flatten().map(|r| r.len).sum());
+            let (ids_at, ring_at) = (off, off + ids_len);
+            off += ids_len + ring_len;
+            if ring_at > got {
                 // The read stops at the first range that faults.
                 out.push((
                     p.pid,
                     pl.qid,
                     SampleRead::Unreadable("address not mapped".into()),
                 ));
-                off += r.len;
                 continue;
             }
-            let b = &buf[off..off + r.len];
-            off += r.len;
+            let b = &buf[ids_at..ring_at];
             let (ids, rel) = if pl.full {
                 if let Some(q) = p.queues.get(&pl.qid) {
                     if let Err(why) = validate(q, b) {
@@ -158,12 +222,22 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
             } else {
                 (b, IDS_START)
             };
+            let read = u64_at(ids, amd_queue::READ_DISPATCH_ID - rel);
+            let write = u64_at(ids, amd_queue::WRITE_DISPATCH_ID - rel);
+            // A ring that faults (unmapped since) costs its packets, not the ids.
+            let packets = match &pl.ring {
+                Some((start, _)) if ring_at + ring_len <= got => {
+                    pending_packets(&buf[ring_at..ring_at + ring_len], *start, read, write)
+                }
+                _ => Vec::new(),
+            };
             out.push((
                 p.pid,
                 pl.qid,
                 SampleRead::Ids {
-                    read: u64_at(ids, amd_queue::READ_DISPATCH_ID - rel),
-                    write: u64_at(ids, amd_queue::WRITE_DISPATCH_ID - rel),
+                    read,
+                    write,
+                    packets,
                 },
             ));
         }
@@ -231,6 +305,7 @@ mod tests {
             last_event_ns: 0,
             last_launch_ns: None,
             launches: 0,
+            kernel_names: Default::default(),
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);
@@ -253,7 +328,8 @@ mod tests {
                 1,
                 SampleRead::Ids {
                     read: 40,
-                    write: 45
+                    write: 45,
+                    packets: vec![],
                 }
             )]
         );
@@ -273,7 +349,8 @@ mod tests {
                 1,
                 SampleRead::Ids {
                     read: 50,
-                    write: 50
+                    write: 50,
+                    packets: vec![],
                 }
             )]
         );
@@ -303,6 +380,84 @@ mod tests {
         q.write_pointer_address = Some(q.write_pointer_address.unwrap() + 8);
         assert!(validate(&q, &aq.0).unwrap_err().contains("not 0x48"));
         let _ = pid;
+    }
+
+    /// A 64-byte AQL slot: a kernel dispatch of `object` with `items` work-items, or INVALID.
+    fn slot(ring: &mut [u8], i: usize, object: Option<u64>, items: u32) {
+        let p = &mut ring[i * PACKET_BYTES..(i + 1) * PACKET_BYTES];
+        p.fill(0);
+        match object {
+            Some(o) => {
+                p[0..2].copy_from_slice(&(2u16 | 1 << 8).to_le_bytes());
+                p[4..6].copy_from_slice(&64u16.to_le_bytes());
+                p[12..16].copy_from_slice(&items.to_le_bytes());
+                p[32..40].copy_from_slice(&o.to_le_bytes());
+            }
+            None => p[0..2].copy_from_slice(&1u16.to_le_bytes()),
+        }
+    }
+
+    #[test]
+    fn pending_packets_are_read_once_across_ring_wrap() {
+        #[repr(C, align(64))]
+        struct Ring([u8; 8 * PACKET_BYTES]);
+        let mut ring = Ring([0; 8 * PACKET_BYTES]);
+        let ring_va = ring.0.as_ptr() as u64;
+        let mut aq = AmdQueue([0; amd_queue::SIZE]);
+        // Ids 6..10 pending: slots 6, 7, then 0, 1. Slots 2..6 hold a valid-looking older lap
+        // (ids 10..14 are not written yet) that must not be taken for packets.
+        fill(&mut aq, ring_va, 8, 6, 10);
+        for (i, obj) in [(6, 0xa6), (7, 0xa7), (0, 0xa8), (1, 0xa9)] {
+            slot(&mut ring.0, i, Some(obj), 1 << 18);
+        }
+        for i in 2..6 {
+            slot(&mut ring.0, i, Some(0xdead), 1);
+        }
+        let mut s = state_with(vec![queue_at(&aq, ring_va, 8 * 64)]);
+        let pid = std::process::id();
+        // First read validates the amd_queue_t only.
+        let r = sample(&s);
+        assert!(matches!(&r[0].2, SampleRead::Ids { packets, .. } if packets.is_empty()));
+        s.apply(Update::Samples {
+            ts_ns: 1,
+            samples: r,
+        });
+        let r = sample(&s);
+        let SampleRead::Ids { packets, .. } = &r[0].2 else {
+            panic!("{r:?}")
+        };
+        let ids: Vec<(u64, u64)> = packets
+            .iter()
+            .map(|p| (p.dispatch_id, p.packet.kernel_object))
+            .collect();
+        assert_eq!(ids, vec![(6, 0xa6), (7, 0xa7), (8, 0xa8), (9, 0xa9)]);
+        s.apply(Update::Samples {
+            ts_ns: 2,
+            samples: r,
+        });
+        // Two consumed (handed back INVALID), one more written: only id 10 is new.
+        slot(&mut ring.0, 6, None, 0);
+        slot(&mut ring.0, 7, None, 0);
+        slot(&mut ring.0, 2, Some(0xaa), 512);
+        fill(&mut aq, ring_va, 8, 8, 11);
+        let r = sample(&s);
+        let SampleRead::Ids { packets, .. } = &r[0].2 else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            packets.iter().map(|p| p.dispatch_id).collect::<Vec<_>>(),
+            vec![10],
+            "the window starts at the first id not decoded"
+        );
+        s.apply(Update::Samples {
+            ts_ns: 3,
+            samples: r,
+        });
+        let m = &s.queue(pid, 1).unwrap().activity.dispatches;
+        assert_eq!((m.decoded, m.consumed, m.kernel_dispatches), (5, 2, 5));
+        assert_eq!(m.grid_log2[18], 4);
+        assert_eq!(m.grid_log2[9], 1);
+        assert!(!m.kernels.contains_key(&0xdead));
     }
 
     #[test]

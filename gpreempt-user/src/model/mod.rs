@@ -6,6 +6,7 @@
 //! every source shares. The data types are in `types`, KFD events in `kfd`, NVIDIA RM objects in
 //! `nv`, and reconciliation with the kernel's views in `reconcile`.
 
+pub mod dispatch;
 mod kfd;
 mod nv;
 mod reconcile;
@@ -51,11 +52,42 @@ pub struct State {
     /// NVIDIA RM objects per (pid, hClient): handle -> (class, parent), and the client's fd.
     #[serde(skip)]
     nv_objects: HashMap<(u32, u32), nv::NvClient>,
+    /// Packets decoded since the last [`State::take_dispatches`], kept only once that was
+    /// called (`trace --dispatches` streams them).
+    #[serde(skip)]
+    fresh_dispatches: Option<Vec<FreshDispatch>>,
+}
+
+/// A packet decoded for the first time, with where it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FreshDispatch {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub gpu_id: u32,
+    pub queue_id: u32,
+    pub packet: SeenPacket,
 }
 
 impl State {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The name of a kernel object of `pid`'s, when its code objects gave one.
+    pub fn kernel_name(&self, pid: u32, object: u64) -> Option<&str> {
+        self.procs
+            .get(&pid)?
+            .kernel_names
+            .get(&object)
+            .map(String::as_str)
+    }
+
+    /// The packets decoded since the last call; the first call starts keeping them.
+    pub fn take_dispatches(&mut self) -> Vec<FreshDispatch> {
+        std::mem::replace(
+            self.fresh_dispatches.get_or_insert_with(Vec::new),
+            Vec::new(),
+        )
     }
 
     pub fn gpu(&self, gpu_id: u32) -> Option<&Gpu> {
@@ -148,6 +180,7 @@ impl State {
             Update::Hqds { taken_ns, nodes } => self.hqds(taken_ns, &nodes),
             Update::Mqds(procs) => self.mqds(&procs),
             Update::Samples { ts_ns, samples } => self.samples(ts_ns, samples),
+            Update::KernelNames { pid, names } => self.kernel_names(pid, names),
             Update::Class { pid, class } => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.class = class;

@@ -2,7 +2,7 @@
 //! process list, `/proc` facts, debugfs `hqds` and `mqds`) and with the sampler's reads of AQL
 //! queues.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use gpreempt_common::kfd;
 
@@ -331,6 +331,18 @@ impl State {
         }
     }
 
+    /// Kernel names read from a process's code objects: kept for objects dispatched later and
+    /// given to those its queues already dispatched.
+    pub(super) fn kernel_names(&mut self, pid: u32, names: BTreeMap<u64, String>) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.kernel_names.extend(names);
+        for q in p.queues.values_mut() {
+            q.activity.dispatches.name_from(&p.kernel_names);
+        }
+    }
+
     pub(super) fn samples(&mut self, ts: u64, samples: Vec<(u32, u32, SampleRead)>) {
         self.touch(ts);
         // The sampler lists queues process by process: one process lookup per run of them.
@@ -339,17 +351,24 @@ impl State {
             if proc.as_ref().is_none_or(|p| p.pid != pid) {
                 proc = self.procs.get_mut(&pid);
             }
-            let Some(q) = proc.as_mut().and_then(|p| p.queues.get_mut(&qid)) else {
+            let Some(p) = proc.as_mut() else { continue };
+            let names = &p.kernel_names;
+            let Some(q) = p.queues.get_mut(&qid) else {
                 continue;
             };
             let a = &mut q.activity;
             match s {
-                SampleRead::Ids { read, write } => {
+                SampleRead::Ids {
+                    read,
+                    write,
+                    packets,
+                } => {
                     let dt = ts.saturating_sub(a.sample_ns);
                     match (a.read_dispatch_id, a.write_dispatch_id) {
                         (Some(r0), Some(w0)) if dt > 0 && read >= r0 => {
                             a.dispatches_per_s = Some((read - r0) as f64 * 1e9 / dt as f64);
                             a.busy = Some(read != r0 || write != w0 || write > read);
+                            a.dispatches.consumed += read - r0;
                         }
                         _ => {
                             a.dispatches_per_s = None;
@@ -361,6 +380,23 @@ impl State {
                     a.write_dispatch_id = Some(write);
                     a.sample_ns = ts;
                     a.status = SampleStatus::Valid;
+                    // Each packet once: the window may overlap the previous tick's.
+                    for p in packets {
+                        if a.dispatch_cursor.is_some_and(|c| p.dispatch_id < c) {
+                            continue;
+                        }
+                        a.dispatch_cursor = Some(p.dispatch_id + 1);
+                        a.dispatches.add(&p, names);
+                        if let Some(f) = self.fresh_dispatches.as_mut() {
+                            f.push(super::FreshDispatch {
+                                ts_ns: ts,
+                                pid,
+                                gpu_id: q.gpu_id,
+                                queue_id: qid,
+                                packet: p,
+                            });
+                        }
+                    }
                 }
                 SampleRead::Invalid(why) => {
                     *a = Activity {

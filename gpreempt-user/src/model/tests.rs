@@ -356,6 +356,7 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         last_event_ns: 5_000 + 1_234,
         last_launch_ns: None,
         launches: 0,
+        kernel_names: Default::default(),
     };
     assert_eq!(s.procs, BTreeMap::from([(100, process)]));
     assert_eq!(
@@ -492,7 +493,15 @@ fn a_reused_queue_id_replaces_the_lingering_queue() {
     s.apply(create(A, 0, SEC, 0x11_0000));
     s.apply(Update::Samples {
         ts_ns: SEC + 1,
-        samples: vec![(A, 0, SampleRead::Ids { read: 3, write: 5 })],
+        samples: vec![(
+            A,
+            0,
+            SampleRead::Ids {
+                read: 3,
+                write: 5,
+                packets: vec![],
+            },
+        )],
     });
     s.apply(destroy(A, 0, 2 * SEC));
     s.apply(create(A, 0, 3 * SEC, 0x21_0000));
@@ -1729,7 +1738,15 @@ fn samples_give_rate_backlog_and_busy() {
     let sample = |s: &mut State, ts: u64, read: u64, write: u64| {
         s.apply(Update::Samples {
             ts_ns: ts,
-            samples: vec![(A, 0, SampleRead::Ids { read, write })],
+            samples: vec![(
+                A,
+                0,
+                SampleRead::Ids {
+                    read,
+                    write,
+                    packets: vec![],
+                },
+            )],
         })
     };
     sample(&mut s, 2 * SEC, 10, 15);
@@ -1743,6 +1760,7 @@ fn samples_give_rate_backlog_and_busy() {
             backlog: Some(5),
             busy: Some(true),
             sample_ns: 2 * SEC,
+            ..Default::default()
         }
     );
     assert_eq!(s.now_ns, 2 * SEC);
@@ -1798,8 +1816,24 @@ fn samples_give_rate_backlog_and_busy() {
         ts_ns: 12 * SEC,
         samples: vec![
             (A, 0, SampleRead::Invalid("not an amd_queue_t".into())),
-            (A, 9, SampleRead::Ids { read: 1, write: 1 }),
-            (999, 0, SampleRead::Ids { read: 1, write: 1 }),
+            (
+                A,
+                9,
+                SampleRead::Ids {
+                    read: 1,
+                    write: 1,
+                    packets: vec![],
+                },
+            ),
+            (
+                999,
+                0,
+                SampleRead::Ids {
+                    read: 1,
+                    write: 1,
+                    packets: vec![],
+                },
+            ),
         ],
     });
     assert_eq!(

@@ -160,6 +160,11 @@ pub struct Activity {
     pub busy: Option<bool>,
     #[serde(skip)]
     pub sample_ns: u64,
+    /// The first dispatch id not decoded yet: where the sampler's ring window starts.
+    #[serde(skip)]
+    pub dispatch_cursor: Option<u64>,
+    /// What the decoded packets asked for.
+    pub dispatches: super::dispatch::DispatchMix,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -284,6 +289,9 @@ pub struct Process {
     pub last_launch_ns: Option<u64>,
     /// Launches seen by the launch uprobes (reported and rate-limited ones).
     pub launches: u64,
+    /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
+    #[serde(skip)]
+    pub kernel_names: BTreeMap<u64, String>,
 }
 
 impl Process {
@@ -300,6 +308,7 @@ impl Process {
             last_event_ns: now,
             last_launch_ns: None,
             launches: 0,
+            kernel_names: BTreeMap::new(),
         }
     }
     pub fn comm(&self) -> &str {
@@ -375,10 +384,23 @@ pub struct LogEntry {
     pub text: String,
 }
 
-/// One sample of a queue's dispatch ids (what the sampler read).
+/// One AQL packet read from a queue's ring while it was still pending (written, not consumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeenPacket {
+    /// The packet's index in the queue (its dispatch id).
+    pub dispatch_id: u64,
+    pub packet: gpreempt_common::aql::Packet,
+}
+
+/// One sample of a queue's dispatch ids (what the sampler read), with the pending packets it
+/// found in the ring window it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SampleRead {
-    Ids { read: u64, write: u64 },
+    Ids {
+        read: u64,
+        write: u64,
+        packets: Vec<SeenPacket>,
+    },
     Invalid(String),
     Unreadable(String),
 }
@@ -432,6 +454,11 @@ pub enum Update {
     Samples {
         ts_ns: u64,
         samples: Vec<(u32, u32, SampleRead)>,
+    },
+    /// Kernel descriptor address -> name, from a process's code objects.
+    KernelNames {
+        pid: u32,
+        names: BTreeMap<u64, String>,
     },
     /// A problem of the tool itself (unreadable debugfs, lost records), shown in the log.
     Warning {

@@ -615,6 +615,7 @@ impl World {
             last_event_ns: 0,
             last_launch_ns: None,
             launches: 0,
+            kernel_names: Default::default(),
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));

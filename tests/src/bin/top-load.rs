@@ -310,7 +310,15 @@ impl Host {
             .map(|q| {
                 let read = tick * 37 + u64::from(q.qid) * 3;
                 let write = read + u64::from(q.qid % 4);
-                (q.pid, q.qid, SampleRead::Ids { read, write })
+                (
+                    q.pid,
+                    q.qid,
+                    SampleRead::Ids {
+                        read,
+                        write,
+                        packets: Vec::new(),
+                    },
+                )
             })
             .collect();
         Update::Samples { ts_ns, samples }

@@ -165,6 +165,7 @@ pub(crate) fn known_state() -> State {
             SampleRead::Ids {
                 read: 10,
                 write: 12,
+                packets: vec![],
             },
         )],
     });
@@ -176,6 +177,7 @@ pub(crate) fn known_state() -> State {
             SampleRead::Ids {
                 read: 1010,
                 write: 1014,
+                packets: vec![],
             },
         )],
     });

@@ -3,6 +3,7 @@
 use ratatui::text::{Line, Span};
 
 use super::{ago, bold, fmt_rate, hex, opt, source_label, KEY_W};
+use crate::model::dispatch::{pow2_label, DispatchMix};
 use crate::model::{Process, Queue, SampleStatus, State};
 use crate::tui::app::{self, App, TreeRow};
 
@@ -107,6 +108,7 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
     ];
     let mut pairs = pairs;
     let mut wide = vec![("sample", sample_label(&a.status))];
+    wide.extend(mix_pairs(&a.dispatches));
     if let Some(t) = &q.nv {
         // The RM objects a pause goes through, in place of the AMD ring and pointers.
         pairs.retain(|(k, _)| !matches!(*k, "ring" | "rptr" | "wptr" | "doorbell" | "pointers"));
@@ -128,6 +130,60 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
         wide.push(("channels", format!("{}: {}", list.len(), list.join(" "))));
     }
     (pairs, wide)
+}
+
+/// The queue's dispatch mix: coverage, grid sizes, work-group sizes, the most dispatched
+/// kernels (by name where the code objects gave one).
+fn mix_pairs(m: &DispatchMix) -> Pairs {
+    if m.decoded == 0 {
+        return Vec::new();
+    }
+    let cov = m
+        .coverage()
+        .map(|c| format!(" ({:.0}%)", c * 100.0))
+        .unwrap_or_default();
+    let mut out = vec![(
+        "dispatches",
+        format!(
+            "{} decoded of {} consumed{cov}: {} kernels, {} barriers, {} other",
+            m.decoded, m.consumed, m.kernel_dispatches, m.barriers, m.other_packets
+        ),
+    )];
+    if m.kernel_dispatches == 0 {
+        return out;
+    }
+    let pct = |n: u64| n as f64 * 100.0 / m.kernel_dispatches as f64;
+    let grids: Vec<String> = m
+        .grid_log2
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(b, &n)| format!("{}+ {:.0}%", pow2_label(b), pct(n)))
+        .collect();
+    out.push(("grid items", grids.join("  ")));
+    let mut groups: Vec<(&u64, &u64)> = m.group_sizes.iter().collect();
+    groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let groups: Vec<String> = groups
+        .iter()
+        .take(6)
+        .map(|(size, n)| format!("{size} {:.0}%", pct(**n)))
+        .collect();
+    out.push(("group size", groups.join("  ")));
+    for (object, k) in m.top_kernels(5) {
+        let g = |v: [u32; 3]| format!("{}x{}x{}", v[0], v[1], v[2]);
+        let w = k.workgroup.map(u32::from);
+        out.push((
+            "kernel",
+            format!(
+                "{:>4.1}%  grid {} wg {}  {}",
+                pct(k.count),
+                g(k.grid),
+                g(w),
+                k.name.clone().unwrap_or_else(|| format!("{object:#x}")),
+            ),
+        ));
+    }
+    out
 }
 
 fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {

@@ -558,3 +558,64 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
         "{l}"
     );
 }
+
+#[test]
+fn the_detail_pane_shows_the_dispatch_mix() {
+    use crate::model::{SampleRead, SeenPacket};
+    use gpreempt_common::aql::{Packet, PacketKind};
+    let mut st = known_state();
+    let kd = |id: u64, object: u64, items: u32, group: u16| SeenPacket {
+        dispatch_id: id,
+        packet: Packet {
+            kind: PacketKind::KernelDispatch,
+            barrier: true,
+            workgroup: [group, 1, 1],
+            grid: [items, 1, 1],
+            private_segment_size: 0,
+            group_segment_size: 0,
+            kernel_object: object,
+        },
+    };
+    let mut packets: Vec<SeenPacket> = (0..3).map(|i| kd(1014 + i, 0xa0, 262_144, 256)).collect();
+    packets.push(kd(1017, 0xb0, 512, 64));
+    st.apply(Update::Samples {
+        ts_ns: 7_000_000_000,
+        samples: vec![(
+            100,
+            0,
+            SampleRead::Ids {
+                read: 1014,
+                write: 1018,
+                packets,
+            },
+        )],
+    });
+    st.apply(Update::KernelNames {
+        pid: 100,
+        names: [(0xa0, "conv_fwd".to_string())].into(),
+    });
+    let mut app = App::default();
+    app.handle(Action::Down, &st);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 120, 50);
+    find(
+        &b,
+        &format!(
+            "{:<KEY_W$} 4 decoded of 1004 consumed (0%): 4 kernels, 0 barriers",
+            "dispatches"
+        ),
+    );
+    find(&b, &format!("{:<KEY_W$} 512+ 25%  256K+ 75%", "grid items"));
+    find(&b, &format!("{:<KEY_W$} 256 75%  64 25%", "group size"));
+    find(
+        &b,
+        &format!(
+            "{:<KEY_W$} 75.0%  grid 262144x1x1 wg 256x1x1  conv_fwd",
+            "kernel"
+        ),
+    );
+    find(
+        &b,
+        &format!("{:<KEY_W$} 25.0%  grid 512x1x1 wg 64x1x1  0xb0", "kernel"),
+    );
+}
