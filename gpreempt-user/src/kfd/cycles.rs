@@ -322,6 +322,14 @@ impl SamplerThread {
             ts_ns: crate::clock::monotonic_ns(),
             samples: first,
         });
+        // Only the ids from now on: without a read id in the model the sampler reads no ring
+        // window (the packets are `trace --dispatches`'s business; 4 KiB a sample would only
+        // slow the loop and the target).
+        if let Some(p) = state.procs.get_mut(&pid) {
+            for q in p.queues.values_mut() {
+                q.activity.read_dispatch_id = None;
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let buf = Arc::new(Mutex::new(Vec::new()));
         let gaps = Arc::new(Mutex::new(Vec::new()));
@@ -335,7 +343,7 @@ impl SamplerThread {
                     let reads = sampler::sample(&state);
                     let mut out = b.lock().unwrap_or_else(|e| e.into_inner());
                     for (_, qid, r) in reads {
-                        if let SampleRead::Ids { read, write } = r {
+                        if let SampleRead::Ids { read, write, .. } = r {
                             out.push(Sample {
                                 t_ns,
                                 qid,
