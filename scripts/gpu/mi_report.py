@@ -231,7 +231,7 @@ def inventory_section(kit):
         if lines is not None:
             trace_lines[w] = lines
             entry["dispatch"] = dispatch_mix(lines, pid)
-        else:
+        elif not any(x.get("step") == "inv-%s-trace" % w for x in fails):
             fails.append({"step": "inv-%s-trace" % w, "error": "no inv-%s-trace.jsonl" % w,
                           "stderr_tail": tail(kit.p("inv-%s-trace.err" % w))})
         entry["workload_report"] = read_json(kit.p("inv-%s.json" % w))
