@@ -100,11 +100,12 @@ RUNDIR=$(mktemp -d /tmp/mi-kit-run.XXXXXX)
 chmod 755 "$RUNDIR"
 export GPREEMPT_RUN_DIR=$RUNDIR/run
 
-PIDS=()
+# On any exit: what this shell started and is still running (workloads, the controller) gets
+# SIGTERM (the workloads write their reports, the controller resumes what it holds).
 cleanup() {
   local p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  for p in $(jobs -pr); do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
   rm -rf "$RUNDIR"
 }
 trap cleanup EXIT
@@ -155,7 +156,6 @@ start_workload() {
     esac
   fi
   WPID=$!
-  PIDS+=("$WPID")
   echo "$WPID" > "$OUT/$name.pid"
 }
 
@@ -260,7 +260,6 @@ colo() {
     "$GP" run --policy "$KIT/examples/mi-kit.toml" --audit "$OUT/colo-policy-audit.jsonl" \
       > "$OUT/colo-policy-run.out" 2> "$OUT/colo-policy-run.err" &
     run=$!
-    PIDS+=("$run")
     for _ in $(seq 600); do
       grep -qs "gpreempt-ebpf run:" "$OUT/colo-policy-run.err" && break
       kill -0 "$run" 2>/dev/null || break

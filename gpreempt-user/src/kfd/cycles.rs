@@ -536,6 +536,13 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     // The run directory's lock first: with a controller running, say so before waiting.
     let lock = daemon::Lock::acquire(&crate::rundir::run_dir())?;
     let target = find_target(a)?;
+    // From here on (not while waiting for the target, whose loop would not see them) SIGINT and
+    // SIGTERM end the cycles with everything resumed, attaching included.
+    use tokio::signal::unix::{signal, SignalKind};
+    let (int, term) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
     let pid = target.pid;
     let qids: Vec<u32> = target
         .live_queues()
@@ -565,11 +572,10 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
         backends.shutdown().await;
         bail!("pid {pid}: {e}");
     }
-    use tokio::signal::unix::{signal, SignalKind};
     let mut w = Waiter {
         notices,
-        int: signal(SignalKind::interrupt())?,
-        term: signal(SignalKind::terminate())?,
+        int,
+        term,
         pid,
     };
     let mut done: Vec<serde_json::Value> = Vec::new();
