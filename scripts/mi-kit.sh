@@ -77,7 +77,7 @@ if [ "$EMULATED" = 1 ] && [ -z "${MIKIT_IN_SIM:-}" ]; then
 fi
 
 if [ "$EMULATED" = 0 ]; then
-  if [ ! -c /dev/kfd ] || ! grep -qsv '^0$' /sys/class/kfd/kfd/topology/nodes/*/gpu_id; then
+  if [ ! -e /dev/kfd ] || ! grep -qsv '^0$' /sys/class/kfd/kfd/topology/nodes/*/gpu_id; then
     refuse "no AMD GPU with a KFD here (/dev/kfd and a GPU node in /sys/class/kfd/kfd/topology): \
 install ROCm's kernel driver (amdgpu-dkms, https://rocm.docs.amd.com/projects/install-on-linux) \
 and reboot; or run the emulated kit: $0 --emulated"

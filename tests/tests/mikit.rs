@@ -332,3 +332,58 @@ fn the_kit_runs_end_to_end_in_sim() {
     eprintln!("{md}");
     assert_nothing_left();
 }
+
+#[test]
+fn the_kit_refuses_with_what_to_install() {
+    let _one = serial();
+    require_root();
+    let kit = repo().join("scripts/mi-kit.sh");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "bash",
+        ])
+        .arg(&kit)
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("run it as root"), "{err}");
+
+    // A KFD with a GPU (the emulator's) but a python3 without ROCm PyTorch (a stand-in that
+    // fails every import): refused before anything runs, naming the package to install.
+    let t = TempDir::new("mikit-refuse");
+    let fake = t.path("bin");
+    std::fs::create_dir_all(&fake).expect("bin dir");
+    std::fs::write(fake.join("python3"), "#!/bin/sh\nexit 1\n").expect("fake python3");
+    std::fs::set_permissions(
+        fake.join("python3"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let script = format!(
+        "PATH={}:$PATH bash {} --out {} --gp \"$GP\"; echo rc=$?",
+        fake.display(),
+        kit.display(),
+        t.path("report").display()
+    );
+    let out = sim(&script, Duration::from_secs(30));
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(o.contains("rc=2"), "{o}\n{e}");
+    assert!(
+        e.contains("no ROCm PyTorch") && e.contains("pip3 install torch torchvision"),
+        "{e}"
+    );
+    assert!(
+        !t.path("report").exists(),
+        "nothing written before refusing"
+    );
+    assert_nothing_left();
+}
