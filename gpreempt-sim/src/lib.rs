@@ -8,6 +8,7 @@
 //! produces is emulated.
 
 pub mod aql;
+pub mod codeobj;
 pub mod device;
 pub mod gpu;
 pub mod host;

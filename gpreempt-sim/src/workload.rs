@@ -222,8 +222,9 @@ impl AqlQueue {
             gpu_id,
         };
         kfd_ioctl(&fd, nr::ACQUIRE_VM, &mut vm).context("AMDKFD_IOC_ACQUIRE_VM")?;
+        // As ROCr's hsa_init does: tells the KFD (and so debuggers) where the code object list is.
         let mut rt = kfd::RuntimeEnableArgs {
-            r_debug: 0,
+            r_debug: crate::codeobj::r_debug_address(),
             mode_mask: kfd::KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK,
             capabilities_mask: 0,
         };
@@ -531,7 +532,35 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
     0
 }
 
-fn launch(q: &AqlQueue, index: usize, k: &Kernel, module: bool) {
+/// A profile's kernels as a loaded, published code object ([`crate::codeobj`]): one descriptor
+/// per distinct kernel name, so dispatch packets carry real descriptor addresses that tools
+/// resolve to the timeline's names.
+pub struct KernelObjects {
+    pub code_object: crate::codeobj::LoadedCodeObject,
+    /// Per timeline entry (the profile's order): its descriptor's address.
+    pub objects: Vec<u64>,
+}
+
+/// Loads `p`'s code object (see [`KernelObjects`]).
+pub fn load_kernels(p: &Profile) -> Result<KernelObjects> {
+    let names: Vec<&str> = p.kernels.iter().map(|k| k.name.as_str()).collect();
+    let code_object = crate::codeobj::LoadedCodeObject::load(&names)
+        .with_context(|| format!("loading the code object of {}", p.workload))?;
+    let objects = names
+        .iter()
+        .map(|n| {
+            code_object
+                .kernel_object(n)
+                .with_context(|| format!("kernel {n:?} missing from its code object"))
+        })
+        .collect::<Result<_>>()?;
+    Ok(KernelObjects {
+        code_object,
+        objects,
+    })
+}
+
+fn launch(q: &AqlQueue, object: u64, k: &Kernel, module: bool) {
     let mut dur = (k.dur_us * 1000.0) as u64;
     let mut params = [&mut dur as *mut u64 as *mut c_void];
     let stream = q as *const AqlQueue as *mut c_void;
@@ -545,7 +574,6 @@ fn launch(q: &AqlQueue, index: usize, k: &Kernel, module: bool) {
         y: k.block[1],
         z: k.block[2],
     };
-    let object = 0x1000 + index as u64;
     // SAFETY: params[0] points to `dur`, alive for the call; stream is `q`.
     unsafe {
         if module {
@@ -580,11 +608,12 @@ fn launch(q: &AqlQueue, index: usize, k: &Kernel, module: bool) {
 fn run_iteration(
     q: &AqlQueue,
     p: &Profile,
+    objects: &[u64],
     t0: Instant,
     module: bool,
     stop: &AtomicBool,
 ) -> Option<u64> {
-    for (i, k) in p.kernels.iter().enumerate() {
+    for (k, &object) in p.kernels.iter().zip(objects) {
         let due = t0 + Duration::from_secs_f64(k.start_us / 1e6);
         let now = Instant::now();
         if due > now + Duration::from_micros(100) {
@@ -593,7 +622,7 @@ fn run_iteration(
         if stop.load(Ordering::Relaxed) {
             return None;
         }
-        launch(q, i, k, module);
+        launch(q, object, k, module);
     }
     Some(q.write_index())
 }
@@ -613,6 +642,8 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         opts.priority <= kfd::KFD_MAX_QUEUE_PRIORITY,
         "--priority must be 0..15"
     );
+    // Loaded before hsa_init, as a HIP program's code objects register at start-up.
+    let code = load_kernels(&p)?;
     let mut q = AqlQueue::open(device, opts.gpu, opts.priority)?;
     // Resident model + activations, roughly proportional to the work per iteration.
     q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(16 << 30))?;
@@ -661,7 +692,7 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
                 // A request that arrives while the previous one runs waits: latency counts from
                 // its arrival.
                 let t0 = Instant::now();
-                let Some(target) = run_iteration(&q, &p, t0, false, stop) else {
+                let Some(target) = run_iteration(&q, &p, &code.objects, t0, false, stop) else {
                     break;
                 };
                 if !q.wait(target, stop) {
@@ -676,8 +707,8 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
             while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                 // Training-style: the CPU queues the whole iteration ahead of the GPU.
                 let mut target = 0;
-                for (i, k) in p.kernels.iter().enumerate() {
-                    launch(&q, i, k, true);
+                for (k, &object) in p.kernels.iter().zip(&code.objects) {
+                    launch(&q, object, k, true);
                     target = q.write_index();
                 }
                 if !q.wait(target, stop) {
@@ -728,5 +759,6 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         }
     }
     drop(q);
+    drop(code);
     Ok(report)
 }

@@ -22,6 +22,13 @@ struct kfd_ioctl_runtime_enable_args {
 #define AMDKFD_IOC_RUNTIME_ENABLE AMDKFD_IOWR(0x25, struct kfd_ioctl_runtime_enable_args)
 #endif
 
+/* -DTYPE_BYTE="'X'": every KFD ioctl with another type byte; amdkfd dispatches on nr alone, so
+ * an observer that keys on 'K' would miss them all. */
+#ifdef TYPE_BYTE
+#undef AMDKFD_IOCTL_BASE
+#define AMDKFD_IOCTL_BASE TYPE_BYTE
+#endif
+
 static int fd;
 
 static int kfd(unsigned long cmd, void *args) { return ioctl(fd, cmd, args) < 0 ? -errno : 0; }
@@ -56,6 +63,7 @@ int main(void) {
 	fd = open("/dev/kfd", O_RDWR | O_CLOEXEC);
 	if (fd < 0) { perror("/dev/kfd"); return 1; }
 	struct kfd_ioctl_get_version_args v = {0};
+	printf("ioctl_type %c\n", (int)_IOC_TYPE(AMDKFD_IOC_CREATE_QUEUE));
 	printf("version_ret %d\n", kfd(AMDKFD_IOC_GET_VERSION, &v));
 	printf("version %u.%u\n", v.major_version, v.minor_version);
 	char buf[32] = {0};

@@ -65,6 +65,7 @@ fn trace_dispatches_shows_the_kernels_of_the_workloads_timelines() {
             dispatches.len()
         );
         let mut seen = BTreeSet::new();
+        let mut named = 0;
         let mut last: HashMap<u64, u64> = HashMap::new();
         for d in &dispatches {
             assert_eq!(d["packet"], "kernel_dispatch", "{d}");
@@ -74,6 +75,15 @@ fn trace_dispatches_shows_the_kernels_of_the_workloads_timelines() {
                 "{profile}: {d} is no kernel of the timeline"
             );
             seen.insert(geo);
+            // Names come from the workload's code object, read through _amdgpu_r_debug (the
+            // first packets may precede the first read).
+            if let Some(k) = d["kernel"].as_str() {
+                assert!(
+                    want[&geo].contains(k),
+                    "{profile}: {k:?} is not {geo:?}'s kernel"
+                );
+                named += 1;
+            }
             let work: u64 = geo.0.iter().map(|&g| g.max(1)).product();
             assert_eq!(d["work_items"].as_u64(), Some(work), "{d}");
             // Each packet once, in queue order.
@@ -85,6 +95,11 @@ fn trace_dispatches_shows_the_kernels_of_the_workloads_timelines() {
         }
         // Most of the timeline's distinct kernels show up (packets consumed between two ticks
         // are not seen, so not necessarily all).
+        assert!(
+            named * 2 >= dispatches.len(),
+            "{profile}: {named} of {} packets named",
+            dispatches.len()
+        );
         assert!(
             seen.len() * 2 >= want.len(),
             "{profile}: {} of {} kernel geometries seen",
@@ -114,7 +129,7 @@ fn trace_dispatches_shows_the_kernels_of_the_workloads_timelines() {
             );
         }
         eprintln!(
-            "{profile}: {decoded} packets decoded of {consumed} consumed, {} of {} geometries (emulated)",
+            "{profile}: {decoded} packets decoded of {consumed} consumed, {named} named, {} of {} geometries (emulated)",
             seen.len(),
             want.len()
         );

@@ -595,3 +595,66 @@ kill -INT $B; wait $B || true
     assert!(plain.contains("ermission denied"), "{plain}");
     assert_nothing_left();
 }
+
+/// Finding 9 (a process another tool traces): the controller cannot seize it, says so once (not
+/// at every decision) and lists it as refused; once the tracer detaches it is retried and
+/// controlled. Emulated.
+#[test]
+fn a_traced_process_is_refused_once_and_controlled_after_the_tracer_leaves() {
+    let _one = serial();
+    let t = TempDir::new("traced");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & B=$!
+strace -o /dev/null -p $B 2>{d}/strace.err & T=$!
+$GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & S=$!
+echo $B > {d}/pid
+$GP run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+while [ ! -e $GPREEMPT_RUN_DIR/status.json ]; do sleep 0.1; done
+sleep 6
+cp $GPREEMPT_RUN_DIR/status.json {d}/traced.json
+wc -l < {d}/audit.jsonl > {d}/audit.lines
+kill -INT $T; wait $T || true
+sleep 6
+cp $GPREEMPT_RUN_DIR/status.json {d}/free.json
+kill -INT $R; wait $R
+kill -INT $B $S; wait $B $S || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let pid = text(&t.path("pid")).trim().to_string();
+    let traced = json(&t.path("traced.json"));
+    let why = traced["refused"][&pid]
+        .as_str()
+        .unwrap_or_else(|| panic!("pid {pid} not refused while traced: {}", traced["refused"]));
+    assert!(why.contains("already traced"), "{why}");
+    let err = text(&t.path("run.err"));
+    let said = err
+        .lines()
+        .filter(|l| l.contains(&format!("pid {pid}: cannot be controlled")))
+        .count();
+    assert_eq!(said, 1, "the refusal is said once per reason:\n{err}");
+    assert!(
+        err.contains(&format!("pid {pid}: can be controlled now")),
+        "not retried after the tracer left:\n{err}"
+    );
+    let free = json(&t.path("free.json"));
+    assert!(free["refused"].get(&pid).is_none(), "{}", free["refused"]);
+    // Suspended once the tracer was gone.
+    let before: usize = text(&t.path("audit.lines")).trim().parse().unwrap();
+    let audit = text(&t.path("audit.jsonl"));
+    assert!(
+        audit.lines().skip(before).any(|l| {
+            l.contains("\"action\":\"suspend\"")
+                && l.contains(&format!("\"pid\":{pid}"))
+                && !l.contains("\"failed\"")
+        }),
+        "no suspend of {pid} after the tracer left:\n{audit}"
+    );
+    assert_nothing_left();
+}

@@ -14,17 +14,15 @@ fn report(p: &Path) -> Value {
     serde_json::from_str(&s).expect("report JSON")
 }
 
-#[test]
-fn c_client_against_the_uapi_header_gets_kernel_results() {
-    let _one = serial();
-    let tmp = TempDir::new("cclient");
-    let exe = tmp.path("kfd-client");
+/// Builds tests/c/kfd_client.c with extra gcc flags.
+fn build_client(exe: &Path, flags: &[&str]) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/kfd_client.c");
     let cc = Command::new("gcc")
         .args(["-O1", "-Wall", "-Werror", "-idirafter"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("c/fallback"))
+        .args(flags)
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .arg(&src)
         .output()
         .expect("gcc (apt-get install gcc linux-libc-dev)");
@@ -33,11 +31,72 @@ fn c_client_against_the_uapi_header_gets_kernel_results() {
         "{}",
         String::from_utf8_lossy(&cc.stderr)
     );
+}
+
+/// Issue 21 finding 8: a client whose every KFD ioctl carries type byte 'X' runs its whole queue
+/// lifecycle (the emulator, like amdkfd, dispatches on nr), and `trace` sees each call, decoded
+/// with the kernel's results, because the programs select calls by the file, not the type byte.
+#[test]
+fn a_queue_lifecycle_with_another_type_byte_is_seen() {
+    let _one = serial();
+    let tmp = TempDir::new("cclient-x");
+    let exe = tmp.path("kfdx");
+    build_client(&exe, &["-DTYPE_BYTE='X'"]);
+    let (ev, out) = (tmp.path("trace.jsonl"), tmp.path("client.out"));
+    let script = format!(
+        "\"$GP\" trace --json --comm kfdx --output {ev} --duration 20 2>{ev}.err & \
+         for i in $(seq 100); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
+         {exe} > {out}; kill -INT %1; wait",
+        ev = ev.display(),
+        exe = exe.display(),
+        out = out.display()
+    );
+    sim(&script, Duration::from_secs(60));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once(' ')).collect();
+    assert_eq!(kv["acquire_vm"], "0", "{text}");
+    assert_eq!(kv["destroy0"], "0", "{text}");
+    let events: Vec<Value> = std::fs::read_to_string(&ev)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ok = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == name && e["ret"] == 0)
+            .count()
+    };
+    assert!(ok("acquire_vm") >= 1, "{events:?}");
+    assert!(
+        ok("create_queue") >= 3,
+        "two creates, then a re-create: {events:?}"
+    );
+    assert!(ok("destroy_queue") >= 1, "{events:?}");
+    let create = events
+        .iter()
+        .find(|e| e["event"] == "create_queue" && e["ret"] == 0)
+        .unwrap();
+    assert_eq!(create["queue_id"], 0, "{create}");
+    assert_eq!(
+        kv["ioctl_type"], "X",
+        "the client used 'X' for every call\n{text}"
+    );
+    assert_nothing_left();
+}
+
+#[test]
+fn c_client_against_the_uapi_header_gets_kernel_results() {
+    let _one = serial();
+    let tmp = TempDir::new("cclient");
+    let exe = tmp.path("kfd-client");
+    build_client(&exe, &[]);
     let out = sim(&format!("{}", exe.display()), Duration::from_secs(30));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let kv: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once(' ')).collect();
     let gpu: u64 = kv["gpu_id"].parse().unwrap();
     assert_eq!(kv["version"], "1.18", "{text}");
+    assert_eq!(kv["ioctl_type"], "K");
     assert_eq!(kv["create_before_vm"], "-3", "no VM yet: ESRCH\n{text}");
     assert_eq!(kv["acquire_vm"], "0");
     assert_eq!(kv["runtime_enable"], "0");

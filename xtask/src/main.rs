@@ -77,7 +77,8 @@ fn setup() -> Result<()> {
 
 /// Debian packages the tests use, installed when missing: gcc + linux-libc-dev (the KFD header
 /// conformance test), util-linux (setpriv, the non-root test), tmux and procps (the `top`
-/// end-to-end test drives it in a tmux pane and signals it with pkill), and for the service
+/// end-to-end test drives it in a tmux pane and signals it with pkill), strace (a tracer that
+/// holds a process the controller must refuse, then leaves), and for the service
 /// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
 fn test_packages() -> Result<()> {
     ensure_packages(&[
@@ -86,6 +87,7 @@ fn test_packages() -> Result<()> {
         ("util-linux", "/usr/bin/setpriv"),
         ("tmux", "/usr/bin/tmux"),
         ("procps", "/usr/bin/pkill"),
+        ("strace", "/usr/bin/strace"),
         ("dpkg", "/usr/bin/dpkg-deb"),
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),

@@ -273,8 +273,25 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
     let wanted = |pid: u32, comm: &str| {
         args.pid.is_none_or(|p| p == pid) && args.comm.as_ref().is_none_or(|c| c == comm)
     };
-    // Last sampling tick written per queue.
+    // Last sampling tick written per queue; queues whose summary was written.
     let mut sampled: std::collections::HashMap<(u32, u32), u64> = Default::default();
+    let mut summarized: std::collections::HashSet<(u32, u32)> = Default::default();
+    let has_packets = |q: &crate::model::Queue| {
+        q.activity.dispatches.consumed > 0 || q.activity.dispatches.decoded > 0
+    };
+    // JSON summaries go with the packets; text ones to stderr.
+    let json = args.json;
+    let summary = |out: &mut Box<dyn Write>,
+                   err: &mut std::io::StderrLock<'_>,
+                   pid: u32,
+                   comm: &str,
+                   q: &crate::model::Queue| {
+        if json {
+            write_summary(out, true, pid, comm, q)
+        } else {
+            write_summary(err, false, pid, comm, q)
+        }
+    };
     let mut written = 0u64;
     loop {
         tokio::select! {
@@ -295,14 +312,20 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
                 write_dispatch(&mut out, args.json, &d, p.comm(), kernel)?;
                 written += 1;
             }
-            if args.json {
-                for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
-                    for q in p.live_queues() {
+            let mut err = std::io::stderr().lock();
+            for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
+                for q in p.queues.values() {
+                    if args.json && q.alive() {
                         let last = sampled.entry((p.pid, q.queue_id)).or_default();
                         if q.activity.sample_ns > *last {
                             *last = q.activity.sample_ns;
                             write_sample(&mut out, p.pid, q)?;
                         }
+                    }
+                    // Said when the queue ends: the model forgets it a moment later.
+                    let ended = !q.alive() || p.exited_ns.is_some();
+                    if ended && has_packets(q) && summarized.insert((p.pid, q.queue_id)) {
+                        summary(&mut out, &mut err, p.pid, p.comm(), q)?;
                     }
                 }
             }
@@ -312,22 +335,17 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
             return write_failed(e);
         }
     }
-    let res =
-        (|| -> std::io::Result<()> {
-            let mut err = std::io::stderr().lock();
-            for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
-                for q in p.queues.values().filter(|q| {
-                    q.activity.dispatches.consumed > 0 || q.activity.dispatches.decoded > 0
-                }) {
-                    if args.json {
-                        write_summary(&mut out, true, p.pid, p.comm(), q)?;
-                    } else {
-                        write_summary(&mut err, false, p.pid, p.comm(), q)?;
-                    }
+    let res = (|| -> std::io::Result<()> {
+        let mut err = std::io::stderr().lock();
+        for p in w.state.procs.values().filter(|p| wanted(p.pid, p.comm())) {
+            for q in p.queues.values().filter(|q| has_packets(q)) {
+                if summarized.insert((p.pid, q.queue_id)) {
+                    summary(&mut out, &mut err, p.pid, p.comm(), q)?;
                 }
             }
-            out.flush()
-        })();
+        }
+        out.flush()
+    })();
     if let Err(e) = res {
         return write_failed(e);
     }

@@ -4,6 +4,7 @@
 //! [`control`] thread that suspends and resumes queues, and [`cycles`] (`kfd-cycles`: timed
 //! suspend / resume cycles for the MI host kit).
 
+pub mod codeobj;
 pub mod control;
 pub mod cycles;
 pub mod debugfs;

@@ -332,12 +332,13 @@ impl State {
     }
 
     /// Kernel names read from a process's code objects: kept for objects dispatched later and
-    /// given to those its queues already dispatched.
+    /// given to those its queues already dispatched. Each read replaces the last (an unloaded
+    /// code object's addresses may be reused by the next).
     pub(super) fn kernel_names(&mut self, pid: u32, names: BTreeMap<u64, String>) {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
-        p.kernel_names.extend(names);
+        p.kernel_names = names;
         for q in p.queues.values_mut() {
             q.activity.dispatches.name_from(&p.kernel_names);
         }

@@ -78,16 +78,27 @@ struct FileSymbol {
 
 /// A file's identity as the cache sees it: an updated file (new mtime) is parsed again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FileKey {
+pub(crate) struct FileKey {
     dev: u64,
     ino: u64,
     mtime: i64,
     mtime_nsec: i64,
 }
 
+impl FileKey {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        }
+    }
+}
+
 /// Entries past this are dropped all at once (files are few; this only bounds a long-running
 /// daemon's cache as libraries get updated).
-const CACHE_MAX: usize = 4096;
+pub(crate) const CACHE_MAX: usize = 4096;
 
 /// Resolves launch targets of processes, parsing each distinct file once.
 #[derive(Debug, Default)]
@@ -171,12 +182,7 @@ impl LaunchResolver {
                 return None;
             }
         };
-        let key = FileKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            mtime: meta.mtime(),
-            mtime_nsec: meta.mtime_nsec(),
-        };
+        let key = FileKey::of(&meta);
         if let Some(hit) = self.cache.get(&key) {
             return Some(hit.clone());
         }
@@ -197,12 +203,12 @@ impl LaunchResolver {
     }
 }
 
-fn is_gone_io(e: &io::Error) -> bool {
+pub(crate) fn is_gone_io(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// Whether the process is gone: no `/proc/P/stat`, or a zombie / dead state.
-fn process_gone(proc_root: &Path, pid: u32) -> bool {
+pub(crate) fn process_gone(proc_root: &Path, pid: u32) -> bool {
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
         Ok(stat) => stat
             .rfind(')')
@@ -214,19 +220,24 @@ fn process_gone(proc_root: &Path, pid: u32) -> bool {
 
 /// One file of `/proc/P/maps`, with all of its mappings merged.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct MappedFile {
+pub(crate) struct MappedFile {
     /// `major:minor` as maps prints it (hex), and the inode: the file's identity.
     dev: String,
     inode: u64,
     /// The path as the process sees it, without a " (deleted)" suffix.
-    path: String,
+    pub(crate) path: String,
     /// Some mapping of it is executable (only those can hold the code uprobes hit).
-    executable: bool,
-    deleted: bool,
+    pub(crate) executable: bool,
+    pub(crate) deleted: bool,
+    /// Start address and file offset of its first (lowest) mapping: with the ELF's first
+    /// loadable segment they give the load bias ([`load_bias`]).
+    pub(crate) start: u64,
+    pub(crate) offset: u64,
 }
 
-/// File-backed mappings of `/proc/P/maps` text, one per (dev, inode), in first-seen order.
-fn mapped_files(maps: &str) -> Vec<MappedFile> {
+/// File-backed mappings of `/proc/P/maps` text, one per (dev, inode), in first-seen order
+/// (maps lists mappings by address, so the first seen is the lowest).
+pub(crate) fn mapped_files(maps: &str) -> Vec<MappedFile> {
     let mut out: Vec<MappedFile> = Vec::new();
     let mut index: HashMap<(String, u64), usize> = HashMap::new();
     for line in maps.lines() {
@@ -238,9 +249,16 @@ fn mapped_files(maps: &str) -> Vec<MappedFile> {
             *f = &rest[..end];
             rest = &rest[end..];
         }
-        let [_range, perms, _offset, dev, inode] = fields;
+        let [range, perms, offset, dev, inode] = fields;
         let path = rest.trim_start_matches(' ');
         let Ok(inode) = inode.parse::<u64>() else {
+            continue;
+        };
+        let start = range
+            .split('-')
+            .next()
+            .and_then(|a| u64::from_str_radix(a, 16).ok());
+        let (Some(start), Ok(offset)) = (start, u64::from_str_radix(offset, 16)) else {
             continue;
         };
         if inode == 0 || !path.starts_with('/') {
@@ -261,6 +279,8 @@ fn mapped_files(maps: &str) -> Vec<MappedFile> {
                     path: path.to_string(),
                     executable,
                     deleted,
+                    start,
+                    offset,
                 });
             }
         }
@@ -269,25 +289,95 @@ fn mapped_files(maps: &str) -> Vec<MappedFile> {
 }
 
 /// `e_ident[EI_CLASS]`: 32- or 64-bit.
-const EI_CLASS: usize = 4;
+pub(crate) const EI_CLASS: usize = 4;
+/// `e_ident[EI_DATA]`: byte order.
+pub(crate) const EI_DATA: usize = 5;
 
 /// The launch symbols an ELF file defines, with their file offsets. Reads only the headers,
 /// the symbol tables and their string tables, not the whole (possibly GiB-sized) file.
 fn elf_launch_symbols(file: File) -> Result<Vec<FileSymbol>> {
     let cache = ReadCache::new(file);
-    let data = &cache;
+    let scan = scan_symbols(&cache, &mut |name, st_type| {
+        if st_type != elf::STT_FUNC {
+            return None;
+        }
+        // `hipLaunchKernel@@hip_4.2` in tables that carry versions in the name.
+        let base = name.split(|&b| b == b'@').next().unwrap_or(name);
+        POINTS.iter().find_map(|(point, program, syms)| {
+            syms.iter()
+                .find(|s| s.as_bytes() == base)
+                .map(|s| (*point, *program, *s))
+        })
+    })?;
+    let mut out: Vec<FileSymbol> = Vec::new();
+    for found in scan.symbols {
+        let (point, program, symbol) = found.pick;
+        let Some(file_offset) = found.file_offset else {
+            log::debug!(
+                "launch: {symbol} at {:#x} is in no section or segment",
+                found.value
+            );
+            continue;
+        };
+        // The same function in .dynsym and .symtab, or aliases of one point at one address
+        // (two probes there would count every launch twice): keep the first.
+        if out
+            .iter()
+            .any(|s| s.point == point && s.file_offset == file_offset)
+        {
+            continue;
+        }
+        out.push(FileSymbol {
+            point,
+            program,
+            symbol: symbol.to_string(),
+            file_offset,
+        });
+    }
+    Ok(out)
+}
+
+/// A defined symbol that [`scan_symbols`]' selector picked.
+pub(crate) struct PickedSymbol<T> {
+    /// What the selector returned for it.
+    pub(crate) pick: T,
+    /// `st_value`: its address in the file's own (link-time) address space.
+    pub(crate) value: u64,
+    /// Where its bytes are in the file; `None` when no section or segment holds file data for
+    /// it (`.bss`, absolute symbols).
+    pub(crate) file_offset: Option<u64>,
+}
+
+/// What [`scan_symbols`] found in one ELF file.
+pub(crate) struct SymbolScan<T> {
+    /// In table order: `.dynsym` first, then `.symtab` (a symbol in both comes twice).
+    pub(crate) symbols: Vec<PickedSymbol<T>>,
+    /// `p_vaddr` and `p_offset` of the first loadable segment (ELF sorts them by address).
+    pub(crate) first_load: Option<(u64, u64)>,
+}
+
+/// Scans the defined symbols of an ELF file (32- or 64-bit, either byte order) in `.dynsym`
+/// and `.symtab`; `select(name, st_type)` picks the ones to return. Reads only the headers, the
+/// symbol tables and their string tables.
+pub(crate) fn scan_symbols<'data, R: ReadRef<'data>, T>(
+    data: R,
+    select: &mut dyn FnMut(&[u8], u8) -> Option<T>,
+) -> Result<SymbolScan<T>> {
     let ident = data
         .read_bytes_at(0, 16)
         .map_err(|()| anyhow::anyhow!("too short for an ELF file"))?;
     anyhow::ensure!(ident[..4] == elf::ELFMAG, "not an ELF file");
     match ident[EI_CLASS] {
-        elf::ELFCLASS64 => symbols_of::<elf::FileHeader64<Endianness>, _>(data),
-        elf::ELFCLASS32 => symbols_of::<elf::FileHeader32<Endianness>, _>(data),
+        elf::ELFCLASS64 => symbols_of::<elf::FileHeader64<Endianness>, _, _>(data, select),
+        elf::ELFCLASS32 => symbols_of::<elf::FileHeader32<Endianness>, _, _>(data, select),
         c => anyhow::bail!("unknown ELF class {c}"),
     }
 }
 
-fn symbols_of<'data, Elf, R>(data: R) -> Result<Vec<FileSymbol>>
+fn symbols_of<'data, Elf, R, T>(
+    data: R,
+    select: &mut dyn FnMut(&[u8], u8) -> Option<T>,
+) -> Result<SymbolScan<T>>
 where
     Elf: FileHeader<Endian = Endianness>,
     R: ReadRef<'data>,
@@ -296,7 +386,11 @@ where
     let endian = header.endian()?;
     let sections = header.sections(endian, data)?;
     let segments = header.program_headers(endian, data)?;
-    let mut out: Vec<FileSymbol> = Vec::new();
+    let first_load = segments
+        .iter()
+        .find(|p| p.p_type(endian) == elf::PT_LOAD)
+        .map(|p| (p.p_vaddr(endian).into(), p.p_offset(endian).into()));
+    let mut out = Vec::new();
     for table in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
         let symbols = sections.symbols(endian, data, table)?;
         if symbols.is_empty() {
@@ -307,21 +401,13 @@ where
             .section(symbols.string_section())?
             .data(endian, data)?;
         for (index, sym) in symbols.enumerate() {
-            if sym.st_type() != elf::STT_FUNC || sym.st_shndx(endian) == elf::SHN_UNDEF {
+            if sym.st_shndx(endian) == elf::SHN_UNDEF {
                 continue;
             }
             let Some(name) = c_str_at(strings, sym.st_name(endian)) else {
                 continue;
             };
-            // `hipLaunchKernel@@hip_4.2` in tables that carry versions in the name.
-            let base = name.split(|&b| b == b'@').next().unwrap_or(name);
-            let Some((point, program, symbol)) =
-                POINTS.iter().find_map(|(point, program, syms)| {
-                    syms.iter()
-                        .find(|s| s.as_bytes() == base)
-                        .map(|s| (*point, *program, *s))
-                })
-            else {
+            let Some(pick) = select(name, sym.st_type()) else {
                 continue;
             };
             let value: u64 = sym.st_value(endian).into();
@@ -345,31 +431,32 @@ where
                         .then(|| value - vaddr + Into::<u64>::into(p.p_offset(endian)))
                 })
             });
-            let Some(file_offset) = file_offset else {
-                log::debug!("launch: {symbol} at {value:#x} is in no section or segment");
-                continue;
-            };
-            // The same function in .dynsym and .symtab, or aliases of one point at one address
-            // (two probes there would count every launch twice): keep the first.
-            if out
-                .iter()
-                .any(|s| s.point == point && s.file_offset == file_offset)
-            {
-                continue;
-            }
-            out.push(FileSymbol {
-                point,
-                program,
-                symbol: symbol.to_string(),
+            out.push(PickedSymbol {
+                pick,
+                value,
                 file_offset,
             });
         }
     }
-    Ok(out)
+    Ok(SymbolScan {
+        symbols: out,
+        first_load,
+    })
+}
+
+/// Load bias of a mapped ELF file (runtime address = bias + link-time address), from its first
+/// mapping (`start`, file `offset`) and its first loadable segment (`p_vaddr`, `p_offset`):
+/// the loader maps that segment's page holding `p_offset` there, and ELF keeps `p_vaddr` and
+/// `p_offset` congruent modulo the page size, so no page size is needed. `None` when they do
+/// not fit together (not the mapping of that segment).
+pub(crate) fn load_bias(file: &MappedFile, first_load: (u64, u64)) -> Option<u64> {
+    let (p_vaddr, p_offset) = first_load;
+    let in_page = p_offset.checked_sub(file.offset)?;
+    Some(file.start.wrapping_add(in_page).wrapping_sub(p_vaddr))
 }
 
 /// The NUL-terminated string at `offset` of a string table.
-fn c_str_at(strings: &[u8], offset: u32) -> Option<&[u8]> {
+pub(crate) fn c_str_at(strings: &[u8], offset: u32) -> Option<&[u8]> {
     let s = strings.get(usize::try_from(offset).ok()?..)?;
     Some(&s[..s.iter().position(|&b| b == 0)?])
 }
@@ -458,8 +545,33 @@ mod tests {
                 ("00:01", 7, "/memfd:ring", false, true),
             ]
         );
+        let firsts: Vec<_> = files.iter().map(|f| (f.start, f.offset)).collect();
+        assert_eq!(firsts[0], (0x55d0c0a00000, 0));
+        assert_eq!(firsts[1], (0x7f0000000000, 0));
         assert!(mapped_files("").is_empty());
         assert!(mapped_files("garbage\n\n7f-8f r-xp 0 fd:01 x /a\n").is_empty());
+        assert!(mapped_files("zz-8f r-xp 0 fd:01 1 /a\n").is_empty());
+    }
+
+    #[test]
+    fn load_bias_from_first_mapping() {
+        let mut f = mapped_files("7f0000000000-7f0000001000 r--p 00000000 fd:01 9 /l.so\n")
+            .pop()
+            .unwrap();
+        // A shared object linked at 0: the bias is where it was mapped.
+        assert_eq!(load_bias(&f, (0, 0)), Some(0x7f0000000000));
+        // A non-PIE executable linked at 0x400000 and mapped there: no bias.
+        f.start = 0x400000;
+        assert_eq!(load_bias(&f, (0x400000, 0)), Some(0));
+        // A first segment that starts inside its page (p_vaddr and p_offset congruent).
+        f.start = 0x7f0000010000;
+        f.offset = 0x1000;
+        assert_eq!(
+            load_bias(&f, (0x201234, 0x1234)),
+            Some(0x7f0000010000 - 0x201000)
+        );
+        // A mapping that starts past the segment: not that segment's.
+        assert_eq!(load_bias(&f, (0, 0)), None);
     }
 
     #[test]

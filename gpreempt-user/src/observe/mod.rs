@@ -1,12 +1,14 @@
 //! Seeing the host: load and attach the eBPF programs ([`probe`], with kernel struct offsets from
 //! [`btf`]; GPU device files for the in-kernel filter from [`gpufiles`]), turn ring-buffer records into typed events ([`events`]), follow processes' facts
-//! ([`procinfo`]) and launch entry points ([`launch`]), and feed the host model ([`watch`]).
+//! ([`procinfo`]), launch entry points ([`launch`]) and kernel names ([`kernel_names`]), and feed
+//! the host model ([`watch`]).
 pub mod btf;
 pub mod events;
 pub mod gpufiles;
 pub mod hints;
 pub mod host;
 pub mod k8s;
+pub mod kernel_names;
 pub mod launch;
 pub mod losses;
 pub mod probe;

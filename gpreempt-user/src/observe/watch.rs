@@ -78,6 +78,8 @@ pub struct Watcher {
     pub controller: Option<crate::controller::daemon::Status>,
     /// Launch hints: which processes get them, resolved off the loop.
     hints: crate::observe::hints::LaunchHints,
+    /// Kernel names for the dispatch mix, read off the loop.
+    names: crate::observe::kernel_names::KernelNames,
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
 }
@@ -90,6 +92,7 @@ impl Watcher {
         w.read_all(true);
         std::thread::sleep(gap);
         w.sample_now();
+        w.name_kernels_now();
         Ok((w.state, w.warnings))
     }
 
@@ -116,6 +119,7 @@ impl Watcher {
             losses: Default::default(),
             controller: None,
             hints: Default::default(),
+            names: Default::default(),
             applied: [0; APPLIED.len()],
         })
     }
@@ -322,26 +326,7 @@ impl Watcher {
             .iter()
             .map(|v| (v.gpu_id, v.to_string()))
             .collect();
-        self.state.controller = Some(format!(
-            "controller: {} pid {}{}{}, {} held{}{}",
-            s.mode,
-            s.controller_pid,
-            s.unit
-                .as_ref()
-                .map(|u| format!(" ({u})"))
-                .unwrap_or_default(),
-            if s.dry_run { " (dry run)" } else { "" },
-            s.held.len(),
-            if s.fenced.is_empty() {
-                String::new()
-            } else {
-                format!(", {} GPU(s) fenced", s.fenced.len())
-            },
-            s.metrics
-                .as_ref()
-                .map(|m| format!(", metrics http://{m}/metrics"))
-                .unwrap_or_default()
-        ));
+        self.state.controller = Some(controller_line(&s));
         self.controller = Some(s);
     }
 
@@ -394,6 +379,31 @@ impl Watcher {
                     path.display()
                 )),
                 Err(_) => {}
+            }
+        }
+    }
+
+    /// Kernel names of every process that dispatched unnamed kernels, read here and now (for
+    /// the one-shot `queues`; the live map reads them off the loop).
+    fn name_kernels_now(&mut self) {
+        let pids: Vec<u32> = self
+            .state
+            .procs
+            .values()
+            .filter(|p| {
+                p.queues
+                    .values()
+                    .any(|q| q.activity.dispatches.unnamed().next().is_some())
+            })
+            .map(|p| p.pid)
+            .collect();
+        for pid in pids {
+            match crate::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
+                Ok(n) => self.state.apply(Update::KernelNames {
+                    pid,
+                    names: n.by_object,
+                }),
+                Err(e) => log::debug!("pid {pid}: no kernel names: {e:#}"),
             }
         }
     }
@@ -507,6 +517,7 @@ impl Watcher {
         enum Due {
             Events(std::io::Result<()>),
             Resolved(crate::observe::hints::Resolution),
+            Named(crate::observe::kernel_names::Answer),
             Reconcile,
             Hqds,
             Sample,
@@ -516,6 +527,7 @@ impl Watcher {
             batch,
             timers,
             hints,
+            names,
             ..
         } = self;
         let Some(Timers {
@@ -534,9 +546,11 @@ impl Watcher {
             }
         };
         let resolved = hints.next();
+        let named = names.next();
         let due = tokio::select! {
             r = next_events => Due::Events(r),
             Some(r) = resolved => Due::Resolved(r),
+            Some(a) = named => Due::Named(a),
             _ = reconcile.tick() => Due::Reconcile,
             _ = hqds.tick() => Due::Hqds,
             _ = sample.tick() => Due::Sample,
@@ -556,8 +570,17 @@ impl Watcher {
                 self.check_lost()?;
             }
             Due::Resolved(r) => self.resolved(r),
+            Due::Named(a) => {
+                let pid = a.0;
+                if let Some(names) = self.names.answered(a) {
+                    self.state.apply(Update::KernelNames { pid, names });
+                }
+            }
             Due::Hqds => self.hqds_now(),
-            Due::Sample => self.sample_now(),
+            Due::Sample => {
+                self.sample_now();
+                self.names.want(&self.state);
+            }
         }
         Ok(())
     }
@@ -700,4 +723,54 @@ fn read_ids(pid: u32, ptr: u64, n: u32) -> Option<Vec<u32>> {
     }];
     let got = sampler::read_remote(pid, &remote, &mut buf).ok()?;
     (got == buf.len()).then(|| (0..n).map(|i| sampler::u32_at(&buf, 4 * i)).collect())
+}
+
+/// `top`'s title line for a running controller: mode, pid, the systemd unit it runs in, what it
+/// holds, fences, and where its metrics are served.
+pub fn controller_line(s: &crate::controller::daemon::Status) -> String {
+    format!(
+        "controller: {} pid {}{}{}, {} held{}{}",
+        s.mode,
+        s.controller_pid,
+        s.unit
+            .as_ref()
+            .map(|u| format!(" (systemd {u})"))
+            .unwrap_or_default(),
+        if s.dry_run { " (dry run)" } else { "" },
+        s.held.len(),
+        if s.fenced.is_empty() {
+            String::new()
+        } else {
+            format!(", {} GPU(s) fenced", s.fenced.len())
+        },
+        s.metrics
+            .as_ref()
+            .map(|m| format!(", metrics http://{m}/metrics"))
+            .unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod controller_line_tests {
+    use super::controller_line;
+    use crate::controller::daemon::Status;
+
+    #[test]
+    fn the_title_names_the_unit_and_the_metrics_endpoint() {
+        let mut s = Status {
+            controller_pid: 42,
+            mode: "run".into(),
+            held: vec![(7, 0, None)],
+            ..Default::default()
+        };
+        assert_eq!(controller_line(&s), "controller: run pid 42, 1 held");
+        s.unit = Some("gpreempt-ebpf.service".into());
+        s.metrics = Some("127.0.0.1:9464".into());
+        s.fenced = vec![(1, "error".into())];
+        assert_eq!(
+            controller_line(&s),
+            "controller: run pid 42 (systemd gpreempt-ebpf.service), 1 held, 1 GPU(s) fenced, \
+             metrics http://127.0.0.1:9464/metrics"
+        );
+    }
 }
