@@ -84,10 +84,7 @@ impl State {
 
     /// The packets decoded since the last call; the first call starts keeping them.
     pub fn take_dispatches(&mut self) -> Vec<FreshDispatch> {
-        std::mem::replace(
-            self.fresh_dispatches.get_or_insert_with(Vec::new),
-            Vec::new(),
-        )
+        std::mem::take(self.fresh_dispatches.get_or_insert_with(Vec::new))
     }
 
     pub fn gpu(&self, gpu_id: u32) -> Option<&Gpu> {
