@@ -46,6 +46,9 @@ pub enum Command {
     /// NVIDIA pause/resume cycles of a process started after it (GPU experiment kit).
     #[command(hide = true)]
     NvPauseTest(crate::nv::pausetest::Args),
+    /// KFD suspend/resume cycles of one process, timed (ioctls, quiesce, progress; MI host kit).
+    #[command(hide = true)]
+    KfdCycles(crate::kfd::cycles::Args),
     /// A CUDA process of our own that the controller pauses and resumes at start (self-test).
     #[command(hide = true)]
     NvSelftestTarget(crate::nv::selftest::TargetArgs),
@@ -136,7 +139,11 @@ pub fn main() -> Result<ExitCode> {
     logger.init();
     if matches!(
         cli.command,
-        Command::Run(_) | Command::Suspend(_) | Command::Resume(_) | Command::Top(_)
+        Command::Run(_)
+            | Command::Suspend(_)
+            | Command::Resume(_)
+            | Command::Top(_)
+            | Command::KfdCycles(_)
     ) {
         // The control thread takes its tracees' stops from a signalfd: SIGCHLD must be blocked
         // in every thread, so before the runtime starts any.
@@ -159,6 +166,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Doctor(args) => cmd::doctor::main(g, args),
         Command::NvGuardian(args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(args) => rt()?.block_on(crate::nv::pausetest::main(args)),
+        Command::KfdCycles(args) => rt()?.block_on(crate::kfd::cycles::main(g, args)),
         Command::NvSelftestTarget(args) => crate::nv::selftest::target_main(args),
         Command::Generate(g) => generate(g),
     }

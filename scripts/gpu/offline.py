@@ -1,7 +1,9 @@
 """Offline job, back to back; prints throughput (JSON: iterations, items_per_s, seconds).
 
-Usage: offline.py SECS OUT.json [--model resnet50|resnet50_train|gpt_train] [--batch N]
+Usage: offline.py SECS OUT.json [--model resnet50|resnet50_train|gpt_train|encoder] [--batch N]
   resnet50        ResNet-50 inference, batch 1024 (the seeds' job; the default), images/s
+  encoder         BERT-base-sized encoder inference (12 layers, d_model 768, seq 128), batch 8:
+                  the seeds' transformer case (many small-grid kernels), sequences/s
   resnet50_train  ResNet-50 training step (forward, backward, SGD), batch 128, images/s
   gpt_train       GPT-style decoder training step: 6 layers, d_model 1024, 16 heads, seq 512,
                   batch 8, vocab 32000, causal mask, AdamW; tokens/s
@@ -17,7 +19,7 @@ import torch
 ap = argparse.ArgumentParser()
 ap.add_argument("secs", type=float)
 ap.add_argument("out")
-ap.add_argument("--model", default="resnet50", choices=["resnet50", "resnet50_train", "gpt_train"])
+ap.add_argument("--model", default="resnet50", choices=["resnet50", "resnet50_train", "gpt_train", "encoder"])
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--gate", default=None)
@@ -51,6 +53,16 @@ elif a.model == "resnet50_train":
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
+elif a.model == "encoder":
+    B = a.batch or 8
+    layer = torch.nn.TransformerEncoderLayer(768, 12, dim_feedforward=3072, dropout=0.0,
+                                             activation="gelu", batch_first=True)
+    m = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda().eval()
+    x = torch.randn(B, 128, 768, device="cuda")
+    per_it, unit = B, "sequences"
+    def step():
+        with torch.no_grad():
+            m(x)
 else:
     B, S, D, V = a.batch or 8, 512, 1024, 32000
     class GPT(torch.nn.Module):

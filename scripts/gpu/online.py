@@ -8,6 +8,7 @@ Usage: online.py SECS RATE OUT.json [--model resnet18|encoder|probe] [--warmup N
             launch to its kernel having run, i.e. how long a newcomer waits for the GPU
 --samples adds every request's arrival (epoch s) and latency (ms) to the JSON ("arrivals",
 "lat_ms"), so a caller can take percentiles inside time windows.
+After the warm-up it prints "ready" (stdout).
 Random weights, built from code (no downloads). Latency counts from the request's arrival
 (open loop: a late reply delays the next ones). t_start/t_end (epoch s) bound the measurement.
 """
@@ -40,6 +41,7 @@ with torch.no_grad():
     for _ in range(a.warmup):
         m(x)
     torch.cuda.synchronize()
+    print("ready", flush=True)
     lat, arr, t0 = [], [], time.time()
     nxt = t0
     while time.time() - t0 < a.secs:

@@ -1,10 +1,12 @@
 //! AMD (amdkfd): the KFD's own files, sysfs (`/sys/class/kfd/kfd`: topology and per-process
 //! queues) and debugfs (`/sys/kernel/debug/kfd`: `hqds` and `mqds` dumps) parsed in the kernel's
 //! formats ([`sysfs`], [`debugfs`]; docs/kfd.md), the AQL dispatch-id [`sampler`], and the
-//! [`control`] thread that suspends and resumes queues.
+//! [`control`] thread that suspends and resumes queues, and [`cycles`] (`kfd-cycles`: timed
+//! suspend / resume cycles for the MI host kit).
 
 pub mod codeobj;
 pub mod control;
+pub mod cycles;
 pub mod debugfs;
 pub mod sampler;
 pub mod sysfs;
