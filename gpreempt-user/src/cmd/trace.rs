@@ -124,11 +124,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         .context("watching the ring buffer")?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let deadline = tokio::time::sleep(
-        args.duration
-            .map(Duration::from_secs_f64)
-            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
-    );
+    let deadline = until(args);
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut launches = args.launches.then(LaunchHints::default);
@@ -256,11 +252,7 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
     w.state.take_dispatches();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let deadline = tokio::time::sleep(
-        args.duration
-            .map(Duration::from_secs_f64)
-            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
-    );
+    let deadline = until(args);
     tokio::pin!(deadline);
     for why in &w.warnings {
         eprintln!("gpreempt-ebpf: {why}");
@@ -351,6 +343,15 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
     }
     eprintln!("gpreempt-ebpf: summary: packets written={written}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sleeps for --duration (forever without it).
+fn until(args: &Args) -> tokio::time::Sleep {
+    tokio::time::sleep(
+        args.duration
+            .map(Duration::from_secs_f64)
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    )
 }
 
 /// A process's exit carries its final count of rate-limited records.
