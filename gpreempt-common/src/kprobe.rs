@@ -37,7 +37,8 @@ pub mod field {
     pub const PROCESS_PASID: usize = 12;
     /// `struct task_struct` . `tgid` (vmlinux).
     pub const TASK_TGID: usize = 13;
-    /// `struct kfd_node` . `id` (the gpu_id).
+    /// `struct kfd_node` . `id` (the gpu_id); `struct kfd_dev` . `id` before Linux 6.5
+    /// ([`super::OLDER_OWNERS`]).
     pub const NODE_ID: usize = 14;
     /// `struct packet_manager` . `dqm`.
     pub const PM_DQM: usize = 15;
@@ -92,6 +93,13 @@ pub mod field {
         | 1 << INODE_SB
         | 1 << SB_DEV;
 }
+
+/// Structs renamed by the kernel, newest name first: a member not found under the first is
+/// looked up under the second. Linux 6.5 ("drm/amdkfd: Introduce kfd_node struct") split
+/// `struct kfd_dev` into `kfd_dev` + `kfd_node`; before it `queue.device` and
+/// `device_queue_manager.dev` point to a `kfd_dev`, which holds the gpu_id as `id` (Debian 12's
+/// 6.1 is such a kernel).
+pub const OLDER_OWNERS: &[(&str, &str)] = &[("kfd_node", "kfd_dev")];
 
 /// Where a [`FieldSpec`] is found in BTF.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -709,8 +709,21 @@ pub fn resolve(vmlinux: &Btf, module: Option<&Btf>) -> Resolution {
     let mut res = Resolution::default();
     for f in FIELDS.iter() {
         let (owner, member) = (f.owner, f.member);
+        let older = gpreempt_common::kprobe::OLDER_OWNERS
+            .iter()
+            .find(|(new, _)| *new == owner)
+            .map(|(_, old)| *old);
         let found = match f.source {
-            FieldSource::Member => btf.find_member(owner, member).map_err(|miss| match miss {
+            FieldSource::Member => match (btf.find_member(owner, member), older) {
+                // A kernel from before the rename.
+                (Err(Miss::NoOwner), Some(old)) => btf.find_member(old, member),
+                (r, _) => r,
+            }
+            .map_err(|miss| match miss {
+                Miss::NoOwner if older.is_some() => format!(
+                    "struct {owner} (or {}) not found in BTF{where_}",
+                    older.unwrap_or_default()
+                ),
                 Miss::NoOwner => format!("struct {owner} not found in BTF{where_}"),
                 Miss::NoMember => format!("struct {owner} has no member {member}"),
                 Miss::Bitfield => format!("{owner}.{member} is a bitfield"),

@@ -435,3 +435,34 @@ fn load_system_reports_missing_btf() {
     assert_eq!(module.unwrap().member("kfd_node", "id"), Some((0, 4)));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Before Linux 6.5 the gpu_id is `kfd_dev.id` (no `kfd_node`): the field resolves there, and a
+/// kernel with neither names both.
+#[test]
+fn node_id_falls_back_to_kfd_dev_on_older_kernels() {
+    let base = every_kind();
+    let mut m = W::split(&base);
+    let int = m.int("unsigned int", 4);
+    m.comp(STRUCT, "kfd_dev", 16, &[("adev", int, 0), ("id", int, 64)]);
+    let module = Btf::parse_split(&m.bytes(), &Btf::parse(&base.bytes()).unwrap()).unwrap();
+    let vmlinux = Btf::parse(&base.bytes()).unwrap();
+    let res = resolve(&vmlinux, Some(&module));
+    assert!(
+        res.offsets.known & (1 << field::NODE_ID) != 0,
+        "{:?}",
+        res.missing
+    );
+    assert_eq!(res.offsets.off[field::NODE_ID], 8);
+    assert_eq!(res.offsets.size[field::NODE_ID], 4);
+    let res = resolve(&vmlinux, None);
+    let why = res
+        .missing
+        .iter()
+        .find(|(i, _)| *i == field::NODE_ID)
+        .map(|(_, r)| r.clone());
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.starts_with("struct kfd_node (or kfd_dev) not found in BTF")),
+        "{why:?}"
+    );
+}
