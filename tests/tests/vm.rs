@@ -531,6 +531,27 @@ fn lifecycle(out: &Path, v: &str, debug_api: bool) {
             "Linux {v}: {o:?}"
         );
     }
+    // The target enabled its runtime before any controller came: each one acknowledges
+    // EC_PROCESS_RUNTIME right after ENABLE, so a runtime waiting in hsa_init goes on.
+    for p in [pids[0], run_pid, pids[3]] {
+        let o = ops(p);
+        assert_eq!(
+            o.get(1),
+            Some(&("send_runtime_event".to_string(), 0)),
+            "Linux {v}: {o:?}"
+        );
+    }
+    let runtime_mask = life
+        .iter()
+        .find(|e| e["op"] == "send_runtime_event")
+        .map(|e| e["exception_mask"].as_u64().unwrap());
+    assert_eq!(
+        runtime_mask,
+        Some(gpreempt_common::kfd::ec_mask(
+            gpreempt_common::kfd::ec::PROCESS_RUNTIME
+        )),
+        "Linux {v}: EC_PROCESS_RUNTIME"
+    );
     // `run` attached ahead: ENABLE succeeded and it was the tracer, then it was killed.
     assert_eq!(
         ops(run_pid).first(),
