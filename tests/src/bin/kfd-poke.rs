@@ -188,8 +188,8 @@ fn say(step: &str, ret: i64, outs: &[u64]) {
     println!("{step} {ret} {}", outs.join(" "));
 }
 
-/// The differential sequence (tests/tests/vm.rs runs it on the real 6.12 kernel and, on the host, in
-/// `sim`, and compares the lines): every path a kernel without a GPU takes. A child opens
+/// The differential sequence (tests/tests/vm.rs runs it on the real 6.12 kernel and, on the
+/// host, in `sim`, and compares the lines): every path a kernel without a GPU takes. A child opens
 /// `path` (a KFD process of its own) and enables its runtime; this process then probes the
 /// argument checks, the debug-trap permission rules, and a debugger's life cycle on the child.
 pub fn differential(path: &str, fd: i32) {
