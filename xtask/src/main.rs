@@ -78,7 +78,8 @@ fn setup() -> Result<()> {
 /// Debian packages the tests use, installed when missing: gcc + linux-libc-dev (the KFD header
 /// conformance test), util-linux (setpriv, the non-root test), tmux and procps (the `top`
 /// end-to-end test drives it in a tmux pane and signals it with pkill), strace (a tracer that
-/// holds a process the controller must refuse, then leaves), and for the service
+/// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
+/// generator), and for the service
 /// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
 fn test_packages() -> Result<()> {
     ensure_packages(&[
@@ -88,6 +89,7 @@ fn test_packages() -> Result<()> {
         ("tmux", "/usr/bin/tmux"),
         ("procps", "/usr/bin/pkill"),
         ("strace", "/usr/bin/strace"),
+        ("python3", "/usr/bin/python3"),
         ("dpkg", "/usr/bin/dpkg-deb"),
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),

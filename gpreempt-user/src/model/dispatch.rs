@@ -46,6 +46,9 @@ pub struct DispatchMix {
     pub other_kernels: u64,
     #[serde(skip)]
     pub recent: VecDeque<SeenPacket>,
+    /// Kernel objects without a name: kept so the name reader's check each tick is O(1).
+    #[serde(skip)]
+    unnamed: usize,
 }
 
 impl DispatchMix {
@@ -54,6 +57,7 @@ impl DispatchMix {
         for (o, k) in self.kernels.iter_mut().filter(|(_, k)| k.name.is_none()) {
             k.name = names.get(o).cloned();
         }
+        self.unnamed = self.kernels.values().filter(|k| k.name.is_none()).count();
     }
 
     /// Counts a packet; a new kernel object takes its name from `names` when there.
@@ -78,11 +82,13 @@ impl DispatchMix {
                     }
                     None if full => self.other_kernels += 1,
                     None => {
+                        let name = names.get(&d.kernel_object).cloned();
+                        self.unnamed += usize::from(name.is_none());
                         self.kernels.insert(
                             d.kernel_object,
                             KernelCount {
                                 count: 1,
-                                name: names.get(&d.kernel_object).cloned(),
+                                name,
                                 grid: d.grid,
                                 workgroup: d.workgroup,
                             },
@@ -100,11 +106,8 @@ impl DispatchMix {
     }
 
     /// Kernel objects without a name yet.
-    pub fn unnamed(&self) -> impl Iterator<Item = u64> + '_ {
-        self.kernels
-            .iter()
-            .filter(|(_, k)| k.name.is_none())
-            .map(|(o, _)| *o)
+    pub fn unnamed(&self) -> usize {
+        self.unnamed
     }
 
     /// The most dispatched kernels, most first (ties by object address).
@@ -131,26 +134,29 @@ pub fn pow2_label(log2: usize) -> String {
     }
 }
 
+/// A kernel dispatch packet as the sampler decodes it (tests).
+#[cfg(test)]
+pub(crate) fn kd(id: u64, object: u64, work_items: u32, group: u16) -> SeenPacket {
+    use gpreempt_common::aql::Packet;
+    SeenPacket {
+        dispatch_id: id,
+        packet: Packet {
+            kind: PacketKind::KernelDispatch,
+            barrier: true,
+            workgroup: [group, 1, 1],
+            grid: [work_items, 1, 1],
+            private_segment_size: 0,
+            group_segment_size: 0,
+            kernel_object: object,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use gpreempt_common::aql::Packet;
 
     use super::*;
-
-    fn kd(id: u64, object: u64, work_items: u32, group: u16) -> SeenPacket {
-        SeenPacket {
-            dispatch_id: id,
-            packet: Packet {
-                kind: PacketKind::KernelDispatch,
-                barrier: true,
-                workgroup: [group, 1, 1],
-                grid: [work_items, 1, 1],
-                private_segment_size: 0,
-                group_segment_size: 0,
-                kernel_object: object,
-            },
-        }
-    }
 
     #[test]
     fn counts_sizes_kernels_and_barriers_within_bounds() {
@@ -175,10 +181,11 @@ mod tests {
         assert_eq!(m.group_sizes.get(&256), Some(&2));
         let top = m.top_kernels(1);
         assert_eq!((top[0].0, top[0].1.count), (0xa0, 2));
-        assert_eq!(m.unnamed().count(), 2);
+        assert_eq!(m.unnamed(), 2);
         m.name_from(&[(0xa0, "conv".to_string())].into());
         assert_eq!(m.kernels[&0xa0].name.as_deref(), Some("conv"));
-        assert_eq!(m.unnamed().collect::<Vec<_>>(), vec![0xb0]);
+        assert_eq!(m.unnamed(), 1);
+        assert_eq!(m.kernels[&0xb0].name, None);
         assert_eq!(m.coverage(), None);
         m.consumed = 8;
         assert_eq!(m.coverage(), Some(0.5));

@@ -49,7 +49,7 @@ impl KernelNames {
             p.exited_ns.is_none()
                 && p.queues
                     .values()
-                    .any(|q| q.activity.dispatches.unnamed().next().is_some())
+                    .any(|q| q.activity.dispatches.unnamed() > 0)
                 && self.asked.get(&p.pid).is_none_or(|(at, failed)| {
                     now.duration_since(*at) >= if *failed { RETRY_FAILED } else { RETRY }
                 })

@@ -393,7 +393,7 @@ impl Watcher {
             .filter(|p| {
                 p.queues
                     .values()
-                    .any(|q| q.activity.dispatches.unnamed().next().is_some())
+                    .any(|q| q.activity.dispatches.unnamed() > 0)
             })
             .map(|p| p.pid)
             .collect();

@@ -561,21 +561,9 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
 
 #[test]
 fn the_detail_pane_shows_the_dispatch_mix() {
+    use crate::model::dispatch::kd;
     use crate::model::{SampleRead, SeenPacket};
-    use gpreempt_common::aql::{Packet, PacketKind};
     let mut st = known_state();
-    let kd = |id: u64, object: u64, items: u32, group: u16| SeenPacket {
-        dispatch_id: id,
-        packet: Packet {
-            kind: PacketKind::KernelDispatch,
-            barrier: true,
-            workgroup: [group, 1, 1],
-            grid: [items, 1, 1],
-            private_segment_size: 0,
-            group_segment_size: 0,
-            kernel_object: object,
-        },
-    };
     let mut packets: Vec<SeenPacket> = (0..3).map(|i| kd(1014 + i, 0xa0, 262_144, 256)).collect();
     packets.push(kd(1017, 0xb0, 512, 64));
     st.apply(Update::Samples {
