@@ -1,7 +1,10 @@
-//! GPU driver ioctls: KFD through a kprobe + kretprobe pair on `kfd_ioctl` where kprobes work
-//! (only KFD calls ever run these programs), else, with NVIDIA RM escapes, through the syscall
+//! GPU driver ioctls: KFD through an fentry + fexit pair on `kfd_ioctl` where the kernel has
+//! BTF trampolines (its BTF is in the amdgpu module's; user space loads the pair against it),
+//! else a kprobe + kretprobe pair where kprobes work (either way only KFD calls ever run these
+//! programs), else, with NVIDIA RM escapes, through the syscall
 //! tracepoints (present on every kernel, the floor of observation, but every ioctl on the host
-//! runs the filter). Both produce the same [`IoctlRecord`]s; the kprobe pair has no fd (-1).
+//! runs the filter). All produce the same [`IoctlRecord`]s; the pairs on `kfd_ioctl` have no fd
+//! (-1).
 //!
 //! The KFD dispatcher selects the handler by `_IOC_NR(cmd)` alone, whatever the type byte
 //! (docs/kfd.md), so the programs select by the file behind the fd: fd -> `struct file` ->
@@ -15,8 +18,8 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_probe_read_kernel, generated,
     },
-    macros::{kprobe, kretprobe, tracepoint},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::{debug, warn};
@@ -250,6 +253,33 @@ pub fn kfd_ioctl_entry(ctx: ProbeContext) -> u32 {
 #[kretprobe]
 pub fn kfd_ioctl_return(ctx: RetProbeContext) -> u32 {
     finish(&ctx, ctx.ret::<i64>());
+    0
+}
+
+/// [`kfd_ioctl_entry`] through a BTF trampoline: no breakpoint, and the arguments are the
+/// context's. User space loads it against the BTF object that has `kfd_ioctl` (the amdgpu
+/// module's, or vmlinux where amdgpu is built in); the `function` here only names it.
+#[fentry(function = "kfd_ioctl")]
+pub fn kfd_ioctl_fentry(ctx: FEntryContext) -> u32 {
+    let cmd = ctx.arg::<u64>(1) as u32;
+    if !kfd::is_kfd_nr(kfd::ioc_nr(cmd)) {
+        return 0;
+    }
+    let Some(cfg) = config() else { return 0 };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
+        return 0;
+    }
+    let arg = ctx.arg::<u64>(2);
+    begin(&ctx, cfg, pid_tgid, -1, cmd, arg, file_kind::KFD, true);
+    0
+}
+
+/// The return value follows the three arguments in an fexit context (read as an argument, not
+/// with bpf_get_func_ret, which needs Linux 5.17).
+#[fexit(function = "kfd_ioctl")]
+pub fn kfd_ioctl_fexit(ctx: FExitContext) -> u32 {
+    finish(&ctx, ctx.arg::<i64>(3));
     0
 }
 

@@ -113,7 +113,8 @@ fn assert_kernel_lines(c: &HashMap<String, Value>) {
         Some(mode) => {
             assert_eq!(verdict(c, "ebpf-programs"), "warn", "{f}");
             assert!(
-                f.contains(&format!("kernel lockdown ({mode})")) && f.ends_with(": fe_kfd_ioctl"),
+                f.contains(&format!("kernel lockdown ({mode})"))
+                    && f.ends_with(": fe_kfd_ioctl, kfd_ioctl_fentry, kfd_ioctl_fexit"),
                 "{f}"
             );
         }

@@ -32,18 +32,22 @@ fn every_program_passes_the_verifier() {
         "fe_kfd_ioctl",
         "kfd_ioctl_entry",
         "kfd_ioctl_return",
+        "kfd_ioctl_fentry",
+        "kfd_ioctl_fexit",
     ] {
         assert!(names.contains(&want), "{want} missing: {names:?}");
     }
     for c in &checks {
         match (&c.result, c.program.as_str()) {
             (Ok(_), _) => {}
-            // This VM's kernel (lockdown=integrity) refuses every fentry load with EPERM before
-            // the verifier runs, whatever the target. Anywhere else the fentry must load.
-            (Err(e), "fe_kfd_ioctl") if locked_down() => assert!(
-                e.contains("Operation not permitted"),
-                "undocumented fentry failure: {e}"
-            ),
+            // This VM's kernel (lockdown=integrity) refuses every fentry/fexit load with EPERM
+            // before the verifier runs, whatever the target. Anywhere else they must load.
+            (Err(e), "fe_kfd_ioctl" | "kfd_ioctl_fentry" | "kfd_ioctl_fexit") if locked_down() => {
+                assert!(
+                    e.contains("Operation not permitted"),
+                    "undocumented fentry failure: {e}"
+                )
+            }
             (Err(e), p) => panic!("the verifier rejected {p}: {e}"),
         }
     }

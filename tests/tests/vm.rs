@@ -105,8 +105,9 @@ fn boot(k: &Kernel, t: &TempDir, script: &str) -> PathBuf {
 }
 
 /// Everything one boot does: load amdgpu, `doctor --json`; `trace` with the default KFD source
-/// (the kprobe pair on kfd_ioctl) and again with the syscall tracepoints while kfd-poke runs its
-/// script on the real /dev/kfd (type 'K', then 'X') and on /dev/null; both sources timed; the
+/// (the fentry/fexit pair on kfd_ioctl), again with the kprobe pair and with the syscall
+/// tracepoints while kfd-poke runs its script on the real /dev/kfd (type 'K', then 'X') and on
+/// /dev/null; each source timed; the
 /// controller's life cycle on a KFD process without queues (`suspend`, `run`, a second debugger,
 /// the debugger killed, `suspend` again) under a trace; the differential sequence.
 const STEPS: &str = r#"set -ex
@@ -126,8 +127,9 @@ traced() { # $1: output name, $2...: global options
   kill -INT $T; wait $T
 }
 traced trace
+traced trace-kp --ioctl-source kprobe
 traced trace-tp --ioctl-source tracepoint
-for src in none tracepoint kprobe; do
+for src in none tracepoint kprobe fentry; do
   if [ $src != none ]; then
     $B/gpreempt-ebpf --ioctl-source $src trace --output /dev/null 2> $O/bench.err & T=$!
     for i in $(seq 300); do grep -q "tracing KFD" $O/bench.err && break; sleep 0.2; done
@@ -233,7 +235,7 @@ fn run_tier(series: &str, debug_api: bool) {
     assert!(
         line(&c, "ioctl-filter")
             .1
-            .contains(&format!("KFD (kprobe kfd_ioctl) major {major}")),
+            .contains(&format!("KFD (by the kfd_ioctl pair) major {major}")),
         "Linux {v}: {}",
         line(&c, "ioctl-filter").1
     );
@@ -262,7 +264,8 @@ fn run_tier(series: &str, debug_api: bool) {
         }
     }
     // Every field a probe or the filter needs, from the real amdgpu BTF (6.1 names the device
-    // struct kfd_dev, 6.5+ kfd_node); KFD ioctls from the kprobe pair.
+    // struct kfd_dev, 6.5+ kfd_node); KFD ioctls from the fentry/fexit pair, loaded against the
+    // module's BTF; every tracing program verified against kfd_ioctl there.
     assert_eq!(
         line(&c, "btf-offsets").0,
         "ok",
@@ -270,11 +273,25 @@ fn run_tier(series: &str, debug_api: bool) {
         line(&c, "btf-offsets")
     );
     assert!(
-        line(&c, "ioctl-source")
-            .1
-            .starts_with("KFD ioctls from a kprobe + kretprobe on kfd_ioctl"),
+        line(&c, "ioctl-source").1.starts_with(
+            "KFD ioctls from an fentry + fexit pair on kfd_ioctl (BPF trampolines, amdgpu BTF)"
+        ),
         "Linux {v}: {:?}",
         line(&c, "ioctl-source")
+    );
+    let programs = line(&c, "ebpf-programs").1;
+    for p in ["fe_kfd_ioctl", "kfd_ioctl_fentry", "kfd_ioctl_fexit"] {
+        assert!(
+            programs.contains(&format!("{p}: verified against kfd_ioctl in amdgpu BTF")),
+            "Linux {v}: {programs}"
+        );
+    }
+    assert!(
+        line(&c, "probe:kfd_ioctl")
+            .1
+            .starts_with("attachable (fentry)"),
+        "Linux {v}: {:?}",
+        line(&c, "probe:kfd_ioctl")
     );
     let (kfd_verdict, kfd) = line(&c, "kfd");
     assert_eq!(kfd_verdict, "fail", "no GPU here: {kfd}");
@@ -291,13 +308,19 @@ fn run_tier(series: &str, debug_api: bool) {
         );
     }
 
-    // trace on the real character device, from both KFD sources.
-    let kp = traced(&out, "trace", v);
+    // trace on the real character device, from each KFD source.
+    let fe = traced(&out, "trace", v);
+    let kp = traced(&out, "trace-kp", v);
     let tp = traced(&out, "trace-tp", v);
     let err = read(&out, "trace.err");
     assert!(
-        err.contains("KFD ioctls from kprobe kfd_ioctl (no other ioctl runs a program)"),
+        err.contains("KFD ioctls from fentry/fexit kfd_ioctl (no other ioctl runs a program)"),
         "Linux {v}: {err}"
+    );
+    let err_kp = read(&out, "trace-kp.err");
+    assert!(
+        err_kp.contains("KFD ioctls from kprobe kfd_ioctl (no other ioctl runs a program)"),
+        "Linux {v}: {err_kp}"
     );
     let err_tp = read(&out, "trace-tp.err");
     assert!(
@@ -319,7 +342,11 @@ fn run_tier(series: &str, debug_api: bool) {
     .iter()
     .map(|(n, r)| (n.to_string(), *r))
     .collect();
-    for (name, t) in [("kprobe pair", &kp), ("tracepoints", &tp)] {
+    for (name, t) in [
+        ("fentry pair", &fe),
+        ("kprobe pair", &kp),
+        ("tracepoints", &tp),
+    ] {
         // amdkfd saw every call with a KFD nr or not (kfd_ioctl fired for each), whatever its
         // type byte: create_queue twice, destroy_queue, dbg_trap, FIONREAD, the out-of-range
         // 'K', and runtime_enable.
@@ -370,8 +397,8 @@ fn run_tier(series: &str, debug_api: bool) {
             "Linux {v} {name}: kernel probes beyond kfd_ioctl fired"
         );
     }
-    // The two sources decode to the same events, field for field (but the fd: the kprobe pair
-    // sees the file, not the number; and the stack addresses of two runs).
+    // The three sources decode to the same events, field for field (but the fd: the pairs see
+    // the file, not the number; and the stack addresses of separate runs).
     let strip = |e: &Value| {
         let mut e = e.clone();
         let o = e.as_object_mut().unwrap();
@@ -381,16 +408,28 @@ fn run_tier(series: &str, debug_api: bool) {
         o.retain(|k, _| !k.ends_with("_ptr"));
         e
     };
+    let f: Vec<Value> = fe.calls_k.iter().chain(&fe.calls_x).map(strip).collect();
     let a: Vec<Value> = kp.calls_k.iter().chain(&kp.calls_x).map(strip).collect();
     let b: Vec<Value> = tp.calls_k.iter().chain(&tp.calls_x).map(strip).collect();
-    assert_eq!(a, b, "Linux {v}: the sources disagree");
-    // /dev/null: the tracepoints drop the 'K' calls in the kernel and count them; with the
-    // kprobe pair they never run a program at all.
+    assert_eq!(
+        a, b,
+        "Linux {v}: the kprobe pair and the tracepoints disagree"
+    );
+    assert_eq!(
+        f, b,
+        "Linux {v}: the fentry pair and the tracepoints disagree"
+    );
+    // /dev/null: the tracepoints drop the 'K' calls in the kernel and count them; with either
+    // pair they never run a program at all.
     assert!(
         err_tp.contains("dropped_other_file=5"),
         "Linux {v}: {err_tp}"
     );
     assert!(err.contains("dropped_other_file=0"), "Linux {v}: {err}");
+    assert!(
+        err_kp.contains("dropped_other_file=0"),
+        "Linux {v}: {err_kp}"
+    );
     let bench = read(&out, "bench");
     let ns = |src: &str, kind: &str| -> f64 {
         bench
@@ -402,11 +441,14 @@ fn run_tier(series: &str, debug_api: bool) {
     };
     println!(
         "Linux {v} (TCG: ratios only): per ioctl, relative to no tracing: other files {:.2}x with \
-         the tracepoints, {:.2}x with the kprobe pair; KFD {:.2}x / {:.2}x",
+         the tracepoints, {:.2}x with the kprobe pair, {:.2}x with the fentry pair; KFD {:.2}x / \
+         {:.2}x / {:.2}x",
         ns("tracepoint", "other") / ns("none", "other"),
         ns("kprobe", "other") / ns("none", "other"),
+        ns("fentry", "other") / ns("none", "other"),
         ns("tracepoint", "kfd") / ns("none", "kfd"),
         ns("kprobe", "kfd") / ns("none", "kfd"),
+        ns("fentry", "kfd") / ns("none", "kfd"),
     );
 
     lifecycle(&out, v, debug_api);

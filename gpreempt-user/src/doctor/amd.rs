@@ -65,7 +65,7 @@ pub fn kernel_probe_checks(facts: &HostProbeFacts) -> Vec<Check> {
             let name = format!("probe:{}", spec.functions.join("/"));
             match planned.verdict {
                 Ok(functions) => {
-                    let how = if spec.id == kprobe::id::KFD_IOCTL && facts.kfd_ioctl_in_vmlinux {
+                    let how = if spec.id == kprobe::id::KFD_IOCTL && facts.kfd_ioctl_btf.is_some() {
                         "fentry"
                     } else {
                         "kprobe"
@@ -169,31 +169,53 @@ pub fn ioctl_filter_check(facts: &HostProbeFacts, devices: &str) -> Check {
     )
 }
 
-/// Check 4d: where KFD ioctl events come from: the kprobe pair on `kfd_ioctl` (only KFD calls
-/// run a program) or the syscall tracepoints (every ioctl on the host runs the filter).
+/// Check 4d: where KFD ioctl events come from: the fentry/fexit pair on `kfd_ioctl`, the kprobe
+/// pair (either way only KFD calls run a program), or the syscall tracepoints (every ioctl on
+/// the host runs the filter). `fentry`: the outcome of attaching the fentry/fexit pair for a
+/// moment (None: not tried, e.g. not the running host).
 pub fn ioctl_source_check(
     facts: &HostProbeFacts,
     devices: &crate::observe::gpufiles::Devices,
+    fentry: Option<&Result<(), String>>,
 ) -> Check {
     const NAME: &str = "ioctl-source";
-    match facts.kfd_pair() {
-        Ok(()) => {
-            let mut f = "KFD ioctls from a kprobe + kretprobe on kfd_ioctl: no other ioctl on the \
-                         host runs a program"
-                .to_string();
-            if let Some(why) = devices.beyond_amdkfd() {
-                f += &format!("; the syscall ioctl tracepoints stay attached for {why}");
-            }
-            Check::ok(NAME, f)
+    let beyond = |mut f: String| {
+        if let Some(why) = devices.beyond_amdkfd() {
+            f += &format!("; the syscall ioctl tracepoints stay attached for {why}");
         }
+        f
+    };
+    if let (Some(Ok(())), Some(t)) = (fentry, &facts.kfd_ioctl_btf) {
+        return Check::ok(
+            NAME,
+            beyond(format!(
+                "KFD ioctls from an fentry + fexit pair on kfd_ioctl (BPF trampolines, {} BTF): \
+                 no other ioctl on the host runs a program",
+                t.btf_object
+            )),
+        );
+    }
+    let no_fentry = match fentry {
+        Some(Err(why)) => format!("fentry/fexit: {why}"),
+        _ if facts.kfd_ioctl_btf.is_none() => "fentry/fexit: kfd_ioctl has no BTF".to_string(),
+        _ => "fentry/fexit not tried".to_string(),
+    };
+    match facts.kfd_pair() {
+        Ok(()) => Check::ok(
+            NAME,
+            beyond(format!(
+                "KFD ioctls from a kprobe + kretprobe on kfd_ioctl: no other ioctl on the host \
+                 runs a program ({no_fentry})"
+            )),
+        ),
         Err(why) => Check::warn(
             NAME,
             format!(
-                "KFD ioctls from the syscall tracepoints ({why}): every ioctl on the host runs \
-                 the filter"
+                "KFD ioctls from the syscall tracepoints ({why}; {no_fentry}): every ioctl on \
+                 the host runs the filter"
             ),
             if facts.kprobes.is_err() {
-                "a kernel with CONFIG_KPROBES makes kfd_ioctl the source"
+                "a kernel with BPF trampolines or CONFIG_KPROBES makes kfd_ioctl the source"
             } else {
                 "load amdgpu before starting gpreempt-ebpf (modprobe amdgpu)"
             },

@@ -164,7 +164,11 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
         &facts,
         &crate::observe::gpufiles::describe(&rules),
     ));
-    checks.push(ioctl_source_check(&facts, &devices));
+    // Attaching for a moment is the only way to know: lockdown, LSMs and trampoline support
+    // decide, not the BTF alone. Only on the running host.
+    let fentry = (root.base == Path::new("/") && p.bpf)
+        .then(|| crate::observe::probe::try_fentry_pair(&facts));
+    checks.push(ioctl_source_check(&facts, &devices, fentry.as_ref()));
     checks.push(kprobes_check(root));
     checks.extend(kernel_probe_checks(&facts));
     checks.push(launch_uprobes_check(root));

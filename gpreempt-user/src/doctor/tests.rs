@@ -329,15 +329,67 @@ fn doctor_kernel_probes_without_the_kprobe_pmu() {
             "{c:?}"
         );
     }
-    // kfd_ioctl in vmlinux BTF (amdgpu built in): fentry needs no kprobes.
+    // kfd_ioctl has BTF (the module's, or vmlinux's): fentry needs no kprobes.
     let facts = HostProbeFacts {
-        kfd_ioctl_in_vmlinux: true,
+        kfd_ioctl_btf: Some(kfd_ioctl_in("amdgpu")),
         ..facts
     };
     let c = &kernel_probe_checks(&facts)[0];
     assert_eq!(c.name, "probe:kfd_ioctl");
     assert_eq!(c.verdict, Verdict::Ok);
     assert!(c.finding.starts_with("attachable (fentry)"), "{c:?}");
+}
+
+fn kfd_ioctl_in(object: &str) -> crate::observe::tracing::Target {
+    crate::observe::tracing::Target {
+        function: "kfd_ioctl".into(),
+        btf_object: object.into(),
+        type_id: 123_456,
+    }
+}
+
+/// The source line follows what attached: the fentry pair where the trial attach worked, the
+/// kprobe pair (saying why not fentry) where kprobes reach kfd_ioctl, else the tracepoints.
+#[test]
+fn doctor_ioctl_source_follows_the_fentry_trial() {
+    let devices = crate::observe::gpufiles::Devices::read(Path::new("/nonexistent/kfd"), &[]);
+    let mut facts = HostProbeFacts {
+        kprobes: Ok(()),
+        kallsyms: ["kfd_ioctl".to_string()].into_iter().collect(),
+        offsets: Default::default(),
+        missing: Vec::new(),
+        kfd_ioctl_btf: Some(kfd_ioctl_in("amdgpu")),
+    };
+    let c = ioctl_source_check(&facts, &devices, Some(&Ok(())));
+    assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+    assert!(
+        c.finding.starts_with(
+            "KFD ioctls from an fentry + fexit pair on kfd_ioctl (BPF trampolines, amdgpu BTF)"
+        ),
+        "{c:?}"
+    );
+    let refused = Err("the kernel refused kfd_ioctl_fexit: Operation not permitted".to_string());
+    let c = ioctl_source_check(&facts, &devices, Some(&refused));
+    assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+    assert!(
+        c.finding
+            .starts_with("KFD ioctls from a kprobe + kretprobe on kfd_ioctl")
+            && c.finding
+                .contains("fentry/fexit: the kernel refused kfd_ioctl_fexit"),
+        "{c:?}"
+    );
+    facts.kprobes = Err("no kprobe PMU".into());
+    let c = ioctl_source_check(&facts, &devices, Some(&refused));
+    assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+    assert!(
+        c.finding.starts_with("KFD ioctls from the syscall tracepoints (no kprobe PMU; fentry/fexit: the kernel refused"),
+        "{c:?}"
+    );
+    // Without BTF for kfd_ioctl a successful trial cannot be (no target): never claimed.
+    facts.kfd_ioctl_btf = None;
+    let c = ioctl_source_check(&facts, &devices, Some(&Ok(())));
+    assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+    assert!(c.finding.contains("kfd_ioctl has no BTF"), "{c:?}");
 }
 
 #[test]
@@ -357,7 +409,7 @@ fn doctor_btf_offsets_ok_when_every_needed_field_resolves() {
         kallsyms: Default::default(),
         offsets,
         missing,
-        kfd_ioctl_in_vmlinux: false,
+        kfd_ioctl_btf: None,
     };
     let c = btf_offsets_check(&facts);
     assert_eq!(c.verdict, Verdict::Ok, "{c:?}");

@@ -205,7 +205,7 @@ pub fn describe(rules: &[GpuFile]) -> String {
         let what = match r.kind {
             file_kind::KFD => "KFD",
             file_kind::NVIDIA => "NVIDIA",
-            file_kind::KPROBED => "KFD (kprobe kfd_ioctl)",
+            file_kind::KPROBED => "KFD (by the kfd_ioctl pair)",
             _ => "not GPU",
         };
         let (maj, min) = (r.dev >> 20, r.dev & !MAJOR_MASK);
@@ -333,7 +333,7 @@ mod tests {
         assert_eq!(d.beyond_amdkfd(), None);
         assert_eq!(
             describe(&d.rules().0),
-            "not GPU 195:254, NVIDIA major 195, KFD (kprobe kfd_ioctl) major 510"
+            "not GPU 195:254, NVIDIA major 195, KFD (by the kfd_ioctl pair) major 510"
         );
         d.nvidia_loaded = true;
         assert_eq!(d.beyond_amdkfd().as_deref(), Some("NVIDIA devices"));

@@ -13,4 +13,5 @@ pub mod launch;
 pub mod losses;
 pub mod probe;
 pub mod procinfo;
+pub mod tracing;
 pub mod watch;

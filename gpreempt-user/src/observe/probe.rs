@@ -10,7 +10,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeLinkId, UProbeScope},
-        FEntry, KProbe, TracePoint, UProbe,
+        KProbe, TracePoint, UProbe,
     },
     Ebpf, EbpfLoader,
 };
@@ -51,9 +51,14 @@ pub struct ProbeOptions {
 /// Where KFD ioctl records come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum IoctlSource {
-    /// The kprobe pair where kprobes reach `kfd_ioctl`, else the syscall tracepoints.
+    /// The fentry + fexit pair where `kfd_ioctl` has BTF and the kernel has trampolines, else
+    /// the kprobe pair where kprobes reach it, else the syscall tracepoints.
     #[default]
     Auto,
+    /// The fentry + fexit pair on `kfd_ioctl` (amdkfd's own dispatcher, through BPF
+    /// trampolines: no other ioctl on the host runs a program, and no breakpoint); an error
+    /// where it cannot attach.
+    Fentry,
     /// The kprobe + kretprobe pair on `kfd_ioctl` (amdkfd's own dispatcher: no other ioctl on
     /// the host runs a program); an error where it cannot attach.
     Kprobe,
@@ -142,7 +147,7 @@ pub fn summarize(sources: &[SourceStatus]) -> String {
         kp_all + fe
     );
     if fe > 0 {
-        out.push_str(" (fentry kfd_ioctl)");
+        out.push_str(&format!(" ({fe} through fentry/fexit on kfd_ioctl)"));
     }
     out.push_str(&format!(", launch uprobes {launch}"));
     out
@@ -182,8 +187,9 @@ pub struct HostProbeFacts {
     /// Offsets resolved from BTF, and why the others are missing.
     pub offsets: KernelOffsets,
     pub missing: Vec<(usize, String)>,
-    /// `kfd_ioctl` is in vmlinux BTF (amdgpu built in): fentry possible.
-    pub kfd_ioctl_in_vmlinux: bool,
+    /// `kfd_ioctl`'s BTF (the amdgpu module's, or vmlinux's where amdgpu is built in): the
+    /// fentry/fexit target.
+    pub kfd_ioctl_btf: Option<crate::observe::tracing::Target>,
 }
 
 /// The decision for one kernel-internal probe.
@@ -213,16 +219,19 @@ impl HostProbeFacts {
         let kallsyms = std::fs::read_to_string(root.join("proc/kallsyms"))
             .map(|t| kallsyms_present(&t, &wanted))
             .unwrap_or_default();
-        let (offsets, missing, kfd_ioctl_in_vmlinux) = match crate::observe::btf::load_system(root)
-        {
+        let (offsets, missing, kfd_ioctl_btf) = match crate::observe::btf::load_system(root) {
             Ok((vmlinux, module)) => {
                 let r = crate::observe::btf::resolve(&vmlinux, module.as_ref());
-                (r.offsets, r.missing, vmlinux.has_function("kfd_ioctl"))
+                (
+                    r.offsets,
+                    r.missing,
+                    kfd_ioctl_target(&vmlinux, module.as_ref()),
+                )
             }
             Err(e) => {
                 let why = format!("{e:#}");
                 let missing = (0..FIELDS.len()).map(|i| (i, why.clone())).collect();
-                (KernelOffsets::default(), missing, false)
+                (KernelOffsets::default(), missing, None)
             }
         };
         Self {
@@ -230,7 +239,7 @@ impl HostProbeFacts {
             kallsyms,
             offsets,
             missing,
-            kfd_ioctl_in_vmlinux,
+            kfd_ioctl_btf,
         }
     }
 
@@ -255,7 +264,8 @@ impl HostProbeFacts {
     }
 
     fn verdict(&self, spec: &ProbeSpec) -> Result<Vec<&'static str>, String> {
-        if spec.id == kprobe::id::KFD_IOCTL && self.kfd_ioctl_in_vmlinux && self.kprobes.is_err() {
+        if spec.id == kprobe::id::KFD_IOCTL && self.kfd_ioctl_btf.is_some() && self.kprobes.is_err()
+        {
             return Ok(vec!["kfd_ioctl"]); // fentry needs no kprobes
         }
         self.kprobes.clone()?;
@@ -286,6 +296,22 @@ impl HostProbeFacts {
     }
 }
 
+/// Where `kfd_ioctl`'s prototype is: vmlinux (amdgpu built in) or the amdgpu module's BTF.
+pub fn kfd_ioctl_target(
+    vmlinux: &crate::observe::btf::Btf,
+    module: Option<&crate::observe::btf::Btf>,
+) -> Option<crate::observe::tracing::Target> {
+    let (btf_object, type_id) = match vmlinux.function_id("kfd_ioctl") {
+        Some(id) => ("vmlinux", id),
+        None => ("amdgpu", module?.function_id("kfd_ioctl")?),
+    };
+    Some(crate::observe::tracing::Target {
+        function: "kfd_ioctl".into(),
+        btf_object: btf_object.into(),
+        type_id,
+    })
+}
+
 /// The probed functions named in kallsyms text (`ADDR TYPE NAME [MODULE]`); text symbols only.
 pub fn kallsyms_present(text: &str, wanted: &HashSet<&str>) -> HashSet<String> {
     let mut found = HashSet::new();
@@ -311,8 +337,10 @@ pub struct Probes {
     /// Err: why launch uprobes cannot be used (a program failed to load).
     launch_ready: Result<(), String>,
     filter: IoctlFilter,
-    /// KFD ioctls come from the kprobe pair on `kfd_ioctl` (else the syscall tracepoints).
-    kfd_pair: bool,
+    /// Which pair on `kfd_ioctl` KFD ioctls come from (None: the syscall tracepoints).
+    kfd_pair: Option<Pair>,
+    /// Programs loaded against kernel BTF here rather than by aya; dropping detaches them.
+    _tracing: Vec<crate::observe::tracing::Attached>,
     /// The syscall ioctl tracepoints are attached (the floor, or for GPU files beyond amdkfd).
     ioctl_tracepoints: bool,
 }
@@ -412,40 +440,60 @@ pub struct ProgramCheck {
 }
 
 /// Loads every program of the object into the kernel (the verifier's check) without attaching
-/// anything. The fentry program is verified against `kfd_ioctl` when vmlinux BTF has it, else
-/// against `compat_ptr_ioctl`, whose prototype is the same (`file_operations.unlocked_ioctl`).
+/// anything. The fentry/fexit programs are verified against `kfd_ioctl` where BTF has it (the
+/// amdgpu module's or vmlinux's), else against `compat_ptr_ioctl`, whose prototype is the same
+/// (`file_operations.unlocked_ioctl`).
 pub fn verify_programs() -> Result<Vec<ProgramCheck>> {
+    use crate::observe::tracing::{Hook, MapFds, Programs, Target};
     use aya::programs::Program;
     let mut ebpf = load_object(false)?;
-    let btf = aya::Btf::from_sys_fs().ok();
-    let fentry_target = match crate::observe::btf::load_system(Path::new("/")) {
-        Ok((vmlinux, _)) if vmlinux.has_function("kfd_ioctl") => "kfd_ioctl",
-        _ => "compat_ptr_ioctl",
+    let tracing = MapFds::of(&ebpf).and_then(|fds| Programs::relocate(EBPF_OBJECT, fds));
+    let target = match crate::observe::btf::load_system(Path::new("/")) {
+        Ok((vmlinux, module)) => kfd_ioctl_target(&vmlinux, module.as_ref())
+            .or_else(|| {
+                vmlinux
+                    .function_id("compat_ptr_ioctl")
+                    .map(|type_id| Target {
+                        function: "compat_ptr_ioctl".into(),
+                        btf_object: "vmlinux".into(),
+                        type_id,
+                    })
+            })
+            .ok_or_else(|| "neither kfd_ioctl nor compat_ptr_ioctl has BTF".to_string()),
+        Err(e) => Err(format!("{e:#}")),
     };
     let mut out = Vec::new();
     for (name, prog) in ebpf.programs_mut() {
-        let mut note = String::new();
+        let hook = match prog {
+            Program::FEntry(_) => Some(Hook::Entry),
+            Program::FExit(_) => Some(Hook::Exit),
+            _ => None,
+        };
+        if let Some(hook) = hook {
+            let result = match (&tracing, &target) {
+                (Ok(p), Ok(t)) => p.verify(name, hook, t).map(|()| {
+                    if t.function == "kfd_ioctl" {
+                        format!("verified against kfd_ioctl in {} BTF", t.btf_object)
+                    } else {
+                        format!(
+                            "verified against {} (same prototype as kfd_ioctl)",
+                            t.function
+                        )
+                    }
+                }),
+                (Err(e), _) => Err(format!("{e:#}")),
+                (_, Err(e)) => Err(format!("no BTF target for tracing programs: {e}")),
+            };
+            out.push(ProgramCheck {
+                program: name.to_string(),
+                result,
+            });
+            continue;
+        }
         let r = match prog {
             Program::TracePoint(p) => p.load(),
             Program::KProbe(p) => p.load(),
             Program::UProbe(p) => p.load(),
-            Program::FEntry(p) => match &btf {
-                Some(btf) => {
-                    if fentry_target != "kfd_ioctl" {
-                        note = format!(
-                            "verified against {fentry_target} (same prototype as kfd_ioctl)"
-                        );
-                    }
-                    p.load(fentry_target, btf)
-                }
-                None => {
-                    out.push(ProgramCheck {
-                        program: name.to_string(),
-                        result: Err("no vmlinux BTF: fentry programs cannot load".into()),
-                    });
-                    continue;
-                }
-            },
             other => {
                 out.push(ProgramCheck {
                     program: name.to_string(),
@@ -456,7 +504,7 @@ pub fn verify_programs() -> Result<Vec<ProgramCheck>> {
         };
         out.push(ProgramCheck {
             program: name.to_string(),
-            result: r.map(|()| note).map_err(|e| verifier_text(&e)),
+            result: r.map(|()| String::new()).map_err(|e| verifier_text(&e)),
         });
     }
     out.sort_by(|a, b| a.program.cmp(&b.program));
@@ -519,17 +567,20 @@ fn choose_filter(
     (IoctlFilter::ByFile(text), rules)
 }
 
-/// Loads and attaches the kernel-internal probes the facts allow; one status per probe.
+/// Loads and attaches the kernel-internal probes the facts allow; one status per probe, and the
+/// links of those attached through BTF here.
 fn attach_kernel_probes(
     ebpf: &mut Ebpf,
+    tracing: Option<&crate::observe::tracing::Programs>,
     facts: &HostProbeFacts,
     offsets_written: &Result<()>,
-) -> Vec<SourceStatus> {
+) -> (Vec<SourceStatus>, Vec<crate::observe::tracing::Attached>) {
     let mut out = Vec::new();
+    let mut links = Vec::new();
     if let Err(e) = offsets_written {
         // Without offsets the programs read nothing: no kernel probe is attached.
         let detail = format!("{e:#}");
-        return PROBES
+        let statuses = PROBES
             .iter()
             .map(|spec| SourceStatus {
                 name: spec.functions.join(" / "),
@@ -538,6 +589,7 @@ fn attach_kernel_probes(
                 detail: detail.clone(),
             })
             .collect();
+        return (statuses, links);
     }
     for planned in facts.plan() {
         let spec = planned.spec;
@@ -556,9 +608,13 @@ fn attach_kernel_probes(
                 continue;
             }
         };
-        if spec.id == kprobe::id::KFD_IOCTL && facts.kfd_ioctl_in_vmlinux {
-            match attach_fentry_kfd_ioctl(ebpf) {
-                Ok(()) => {
+        if let (kprobe::id::KFD_IOCTL, Some(target), Some(programs)) =
+            (spec.id, &facts.kfd_ioctl_btf, tracing)
+        {
+            use crate::observe::tracing::Hook;
+            match programs.attach("fe_kfd_ioctl", Hook::Entry, target) {
+                Ok(link) => {
+                    links.push(link);
                     status.kind = SourceKind::Fentry;
                     status.live = true;
                     out.push(status);
@@ -576,7 +632,7 @@ fn attach_kernel_probes(
         }
         out.push(status);
     }
-    out
+    (out, links)
 }
 
 fn attach_kprobe(ebpf: &mut Ebpf, program: &str, functions: &[&str]) -> Result<usize> {
@@ -659,16 +715,63 @@ fn attach_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
     Ok(())
 }
 
-fn attach_fentry_kfd_ioctl(ebpf: &mut Ebpf) -> Result<()> {
-    let btf = aya::Btf::from_sys_fs().context("reading vmlinux BTF")?;
-    let fe: &mut FEntry = ebpf
-        .program_mut("fe_kfd_ioctl")
-        .context("program fe_kfd_ioctl missing")?
-        .try_into()?;
-    fe.load("kfd_ioctl", &btf)
-        .context("the verifier rejected fe_kfd_ioctl")?;
-    fe.attach().context("attaching fentry to kfd_ioctl")?;
-    Ok(())
+/// Attaches the fentry/fexit pair on `kfd_ioctl` for a moment (doctor's check): Err says why
+/// it cannot be the source here.
+pub fn try_fentry_pair(facts: &HostProbeFacts) -> Result<(), String> {
+    use crate::observe::tracing::{MapFds, Programs};
+    let target = facts
+        .kfd_ioctl_btf
+        .as_ref()
+        .ok_or("kfd_ioctl has no BTF (amdgpu not loaded, or built without module BTF)")?;
+    let ebpf = load_object(false).map_err(|e| format!("{e:#}"))?;
+    let programs = MapFds::of(&ebpf)
+        .and_then(|fds| Programs::relocate(EBPF_OBJECT, fds))
+        .map_err(|e| format!("{e:#}"))?;
+    attach_fentry_pair(&programs, target).map(drop)
+}
+
+/// Which pair of programs on `kfd_ioctl` gives the KFD ioctl records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pair {
+    Fentry,
+    Kprobe,
+}
+
+impl Pair {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pair::Fentry => "fentry/fexit",
+            Pair::Kprobe => "kprobe",
+        }
+    }
+}
+
+fn source_name(s: IoctlSource) -> &'static str {
+    match s {
+        IoctlSource::Auto => "auto",
+        IoctlSource::Fentry => "fentry",
+        IoctlSource::Kprobe => "kprobe",
+        IoctlSource::Tracepoint => "tracepoint",
+    }
+}
+
+/// The fentry/fexit programs of the KFD ioctl pair, exit first (an entry without its exit
+/// would leave calls in flight).
+pub const FENTRY_PAIR: [(&str, crate::observe::tracing::Hook); 2] = [
+    ("kfd_ioctl_fexit", crate::observe::tracing::Hook::Exit),
+    ("kfd_ioctl_fentry", crate::observe::tracing::Hook::Entry),
+];
+
+/// Loads and attaches the fentry/fexit pair on `target` (all or nothing).
+pub fn attach_fentry_pair(
+    programs: &crate::observe::tracing::Programs,
+    target: &crate::observe::tracing::Target,
+) -> Result<Vec<crate::observe::tracing::Attached>, String> {
+    FENTRY_PAIR
+        .iter()
+        .map(|(p, hook)| programs.attach(p, *hook, target))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// Loads (verifies) the launch uprobe programs; they attach per process later.
@@ -705,6 +808,11 @@ impl Probes {
     pub fn attach(opts: &ProbeOptions) -> Result<Self> {
         preflight()?;
         let mut ebpf = load_object(opts.ebpf_log)?;
+        // Before the log reader takes its map out of `ebpf`: the tracing programs need them all.
+        let tracing_programs = crate::observe::tracing::MapFds::of(&ebpf)
+            .and_then(|fds| crate::observe::tracing::Programs::relocate(EBPF_OBJECT, fds))
+            .map_err(|e| format!("{e:#}"));
+        let mut tracing = Vec::new();
         let logger = if opts.ebpf_log {
             Some(aya_log::EbpfLogger::init(&mut ebpf).context("starting the eBPF log reader")?)
         } else {
@@ -716,15 +824,36 @@ impl Probes {
         let offsets_written = write_offsets(&mut ebpf, &facts.offsets);
         let mut devices =
             crate::observe::gpufiles::Devices::read(&opts.kfd_device, &opts.nvidia_devices);
-        // The KFD source: the kprobe pair where it can attach (loaded here, attached once the
-        // configuration that tells the tracepoints to leave amdkfd's node alone is written).
-        let pair = match opts.ioctl_source {
-            IoctlSource::Tracepoint => Err("--ioctl-source tracepoint".to_string()),
+        // The KFD source: a pair on kfd_ioctl where one can be had (fentry/fexit first, loaded
+        // and attached once the configuration that tells the tracepoints to leave amdkfd's node
+        // alone is written; the kprobe pair loaded here to know it passes the verifier).
+        let fentry = match (opts.ioctl_source, &facts.kfd_ioctl_btf, &tracing_programs) {
+            (IoctlSource::Auto | IoctlSource::Fentry, Some(t), Ok(_)) => Ok(t.clone()),
+            (IoctlSource::Auto | IoctlSource::Fentry, None, _) => {
+                Err("kfd_ioctl has no BTF (amdgpu not loaded, or built without module BTF)".into())
+            }
+            (IoctlSource::Auto | IoctlSource::Fentry, _, Err(e)) => Err(e.clone()),
+            (src, ..) => Err(format!("--ioctl-source {}", source_name(src))),
+        };
+        let kprobe_pair = match opts.ioctl_source {
+            IoctlSource::Tracepoint | IoctlSource::Fentry => {
+                Err(format!("--ioctl-source {}", source_name(opts.ioctl_source)))
+            }
             _ => facts.kfd_pair().and_then(|()| load_kfd_pair(&mut ebpf)),
         };
-        if let (IoctlSource::Kprobe, Err(why)) = (opts.ioctl_source, &pair) {
+        if let (IoctlSource::Kprobe, Err(why)) = (opts.ioctl_source, &kprobe_pair) {
             bail!("--ioctl-source kprobe: the kprobe pair on kfd_ioctl cannot be used: {why}");
         }
+        if let (IoctlSource::Fentry, Err(why)) = (opts.ioctl_source, &fentry) {
+            bail!(
+                "--ioctl-source fentry: the fentry/fexit pair on kfd_ioctl cannot be used: {why}"
+            );
+        }
+        let pair: Result<(), String> = match (&fentry, &kprobe_pair) {
+            (Err(a), Err(b)) if a != b => Err(format!("fentry: {a}; kprobe: {b}")),
+            (Err(a), Err(_)) => Err(a.clone()),
+            _ => Ok(()),
+        };
         devices.kprobed = pair.is_ok();
         let mut config = Config {
             launch_gap_ns: opts.launch_gap_ns,
@@ -748,15 +877,46 @@ impl Probes {
         };
         configure(&mut ebpf, config, &filter, &rules, devices.kprobed)?;
         let mut sources = Vec::new();
-        let kfd_pair = match pair.and_then(|()| attach_kfd_pair(&mut ebpf)) {
-            Ok(()) => {
+        let attached = pair.and_then(|()| {
+            let mut why = Vec::new();
+            if let (Ok(target), Ok(programs)) = (&fentry, &tracing_programs) {
+                match attach_fentry_pair(programs, target) {
+                    Ok(links) => {
+                        tracing.extend(links);
+                        return Ok(Pair::Fentry);
+                    }
+                    Err(e) if opts.ioctl_source == IoctlSource::Fentry => return Err(e),
+                    Err(e) => {
+                        log::info!(
+                            "the fentry/fexit pair on kfd_ioctl: {e}; trying the kprobe pair"
+                        );
+                        why.push(format!("fentry: {e}"));
+                    }
+                }
+            }
+            match kprobe_pair.and_then(|()| attach_kfd_pair(&mut ebpf)) {
+                Ok(()) => Ok(Pair::Kprobe),
+                Err(e) => {
+                    why.push(format!("kprobe: {e}"));
+                    Err(why.join("; "))
+                }
+            }
+        });
+        if let (IoctlSource::Fentry, Err(why)) = (opts.ioctl_source, &attached) {
+            bail!("--ioctl-source fentry: {why}");
+        }
+        let kfd_pair = match attached {
+            Ok(p) => {
                 sources.push(SourceStatus {
                     name: "kfd_ioctl entry/return".into(),
-                    kind: SourceKind::Kprobe,
+                    kind: match p {
+                        Pair::Fentry => SourceKind::Fentry,
+                        Pair::Kprobe => SourceKind::Kprobe,
+                    },
                     live: true,
                     detail: "KFD ioctls".into(),
                 });
-                true
+                Some(p)
             }
             Err(why) => {
                 if devices.kprobed {
@@ -768,13 +928,13 @@ impl Probes {
                 } else {
                     log::info!("KFD ioctls from the syscall tracepoints: {why}");
                 }
-                false
+                None
             }
         };
         // With the pair live, the ioctl tracepoints only serve GPU files amdkfd does not.
         let beyond = devices.beyond_amdkfd();
-        let ioctl_tracepoints = !kfd_pair || beyond.is_some();
-        if let (true, Some(why)) = (kfd_pair, &beyond) {
+        let ioctl_tracepoints = kfd_pair.is_none() || beyond.is_some();
+        if let (Some(_), Some(why)) = (kfd_pair, &beyond) {
             log::info!("the syscall ioctl tracepoints stay attached for {why}");
         }
         for (prog, category, name) in TRACEPOINTS {
@@ -805,7 +965,14 @@ impl Probes {
                 detail: "not requested".into(),
             });
         } else {
-            sources.extend(attach_kernel_probes(&mut ebpf, &facts, &offsets_written));
+            let (s, links) = attach_kernel_probes(
+                &mut ebpf,
+                tracing_programs.as_ref().ok(),
+                &facts,
+                &offsets_written,
+            );
+            sources.extend(s);
+            tracing.extend(links);
         }
 
         let launch_ready = load_launch_programs(&mut ebpf);
@@ -833,6 +1000,7 @@ impl Probes {
             launch_ready,
             filter,
             kfd_pair,
+            _tracing: tracing,
             ioctl_tracepoints,
         })
     }
@@ -849,11 +1017,13 @@ impl Probes {
             IoctlFilter::ByType(_) => "by TYPE BYTE (evadable)",
         };
         let ioctls = match (self.kfd_pair, self.ioctl_tracepoints) {
-            (true, false) => {
-                "KFD ioctls from kprobe kfd_ioctl (no other ioctl runs a program)".into()
-            }
-            (true, true) => format!(
-                "KFD ioctls from kprobe kfd_ioctl, other GPU ioctls from syscall tracepoints {how}"
+            (Some(p), false) => format!(
+                "KFD ioctls from {} kfd_ioctl (no other ioctl runs a program)",
+                p.name()
+            ),
+            (Some(p), true) => format!(
+                "KFD ioctls from {} kfd_ioctl, other GPU ioctls from syscall tracepoints {how}",
+                p.name()
             ),
             _ => format!("ioctls from syscall tracepoints {how}"),
         };
@@ -862,10 +1032,10 @@ impl Probes {
 
     /// Where KFD ioctl records come from.
     pub fn kfd_source(&self) -> IoctlSource {
-        if self.kfd_pair {
-            IoctlSource::Kprobe
-        } else {
-            IoctlSource::Tracepoint
+        match self.kfd_pair {
+            Some(Pair::Fentry) => IoctlSource::Fentry,
+            Some(Pair::Kprobe) => IoctlSource::Kprobe,
+            None => IoctlSource::Tracepoint,
         }
     }
 

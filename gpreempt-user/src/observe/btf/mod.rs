@@ -246,6 +246,15 @@ impl Btf {
         self.lookup(name, |p| &p.funcs).is_some()
     }
 
+    /// The type id of the FUNC named `name` (split BTF: its ids continue after the base's, as
+    /// the kernel numbers them, so the id is what `attach_btf_id` wants).
+    pub fn function_id(&self, name: &str) -> Option<u32> {
+        self.parts
+            .iter()
+            .rev()
+            .find_map(|p| p.funcs.get(name.as_bytes()).copied())
+    }
+
     /// Value of `enumerator` in the ENUM or ENUM64 named `enum_name` (unsigned 64-bit values above
     /// `i64::MAX` wrap).
     pub fn enum_value(&self, enum_name: &str, enumerator: &str) -> Option<i64> {

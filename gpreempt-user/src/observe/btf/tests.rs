@@ -195,8 +195,13 @@ fn split_btf_continues_ids_and_strings() {
     // Member "pid" names a base string.
     let members = [n_lead, ptr, 0, n_id, u32_, 64, pid_name, int, 96];
     assert_eq!(m.t("queue", STRUCT, false, 16, &members), 6);
+    let proto = m.t("", FUNC_PROTO, false, int, &[]);
+    assert_eq!(m.t_vlen("kfd_ioctl", FUNC, false, 0, proto, &[]), 8);
     let module = Btf::parse_split(&m.bytes(), &base).unwrap();
-    assert_eq!(module.type_count(), 6);
+    assert_eq!(module.type_count(), 8);
+    // The kernel numbers a module's types after vmlinux's: that id is the attach target.
+    assert_eq!(module.function_id("kfd_ioctl"), Some(8));
+    assert_eq!(base.function_id("kfd_ioctl"), None);
     assert_eq!(module.member("queue", "lead"), Some((0, 8)));
     assert_eq!(module.member("queue", "id"), Some((8, 4)), "base typedef");
     assert_eq!(module.member("queue", "pid"), Some((12, 4)), "base string");
