@@ -83,8 +83,13 @@ const MAX_BURST_NS: u64 = 2_000_000_000;
 /// Defers in eighths of the clean p90; `None`: never suspend.
 const LADDER: [Option<u64>; 7] = [Some(0), Some(1), Some(2), Some(4), Some(8), Some(16), None];
 const NEVER: usize = LADDER.len() - 1;
-/// First cool-down (in bursts) of a rung that missed the target; doubles per miss.
-const COOLDOWN: u64 = 4 * ADJUST as u64;
+/// First cool-down (in bursts) of a rung that missed the target; doubles per miss. Each
+/// return to a rung that missed costs a step of bursts over the target: ten steps apart at
+/// first, so a rung known to miss is a small share of the requests (the tail the goal is
+/// about), yet tried again should the interference go.
+const COOLDOWN: u64 = 10 * ADJUST as u64;
+/// First pause of escalations after one that bought nothing; doubles each time.
+const CALM: u64 = 4 * ADJUST as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -237,7 +242,7 @@ impl Default for Tuner {
             cooldown: [COOLDOWN; LADDER.len()],
             last_step: None,
             calm_until: 0,
-            calm: COOLDOWN,
+            calm: CALM,
             held_ns: 0,
             elapsed_ns: 0,
             notes: Vec::new(),
@@ -412,16 +417,18 @@ impl Tuner {
         let (Some(u), Some(t)) = (self.clean.p90(), self.target_ns(budget)) else {
             return;
         };
-        let d = self.free.tail();
+        // The verdict like for like: with a dozen samples of each, the free p95 is their maximum
+        // and would find interference in noise.
+        let d = self.free.p90();
         // The slowdown: from the medians (robust to a few outliers) or, where offline hits a
-        // few requests hard and leaves the rest, from the tails; the verdict from the tail.
+        // few requests hard and leaves the rest, from the tails.
         let ratio = |a: Option<u64>, b: Option<u64>| match (a, b) {
             (Some(a), Some(b)) if self.free.len() >= CALIBRATE / 2 => a as f64 / b.max(1) as f64,
             _ => 1.0,
         };
         let (f50, f95) = (
             ratio(self.free.p50(), self.clean.p50()),
-            ratio(d, self.clean.tail()),
+            ratio(self.free.tail(), self.clean.tail()),
         );
         let f = f50.max(f95);
         let rung = match d {
@@ -437,7 +444,7 @@ impl Tuner {
         };
         self.set_rung(rung);
         self.notes.push(format!(
-            "calibrated: clean p90 {}, free p{TAIL} {}, interference {f:.2}x (p50 {f50:.2}x, \
+            "calibrated: clean p90 {}, free p90 {}, interference {f:.2}x (p50 {f50:.2}x, \
              p{TAIL} {f95:.2}x), target {}: {}",
             fmt_ms(u),
             d.map_or("-".into(), fmt_ms),
@@ -479,7 +486,7 @@ impl Tuner {
         if no_gain {
             let (back, prev, _) = last.unwrap_or((NEVER, a, median));
             self.calm_until = self.bursts + self.calm;
-            self.calm = (self.calm * 2).min(64 * COOLDOWN);
+            self.calm = (self.calm * 2).min(64 * CALM);
             self.set_rung(back);
             self.last_step = None;
             self.notes.push(format!(
