@@ -30,10 +30,13 @@
 //! runs disturbed at `f` times the undisturbed speed for `t` and then undisturbed ends at
 //! `U + t (1 - 1/f)`, so the longest defer meeting target `T` is `(T - U) f / (f - 1)`, with
 //! `f` the larger of the free/clean ratio of the medians and that of the p95s (interference
-//! that hits a few requests hard shows in the tail only). Then every [`ADJUST`] bursts:
+//! that hits a few requests hard shows in the tail only); no suspends when the free p90 is
+//! within the target (like for like here: of a dozen samples a p95 is the maximum) or `f` is
+//! under [`SHIFT`]. Then every [`ADJUST`] bursts:
 //! - a rung that suspends *misses* when its pooled p95 is over the target: two rungs earlier,
-//!   and that rung is not tried again for a while (doubling). The tail alone decides, down to
-//!   rung 0: once suspending, how early is a question about the tail;
+//!   and that rung is not tried again for [`COOLDOWN`] bursts (doubling per miss). The tail
+//!   alone decides, down to rung 0: once suspending, how early is a question about the tail.
+//!   At rung 0 a miss changes nothing: it is the best there is (`priority`'s);
 //! - at "never", a miss also needs the interference to show: the step's median [`SHIFT`] above
 //!   the clean one, or the pooled p95 [`SHIFT`] above the clean p95 (like quantiles, so the
 //!   clean bursts' own spread is not counted). Without either, suspensions would buy nothing;
@@ -43,6 +46,7 @@
 //! - an escalation after which neither the pooled p95 ([`SHIFT`]) nor the median
 //!   ([`MEDIAN_GAIN`]) improved bought nothing: the slowness is not offline's (the host's, the
 //!   online work's own). It is undone, and escalations pause for a while (doubling).
+//!
 //! Every [`EXPLORE_EVERY`] bursts one is held from its start to keep the clean figure fresh.
 //!
 //! Deterministic: a function of the ticks it is given (no clock, no randomness), so tests drive
