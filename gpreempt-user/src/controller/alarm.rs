@@ -75,6 +75,8 @@ impl Alarm {
             // The expiration count; EAGAIN: a spurious wake-up (or re-armed since).
             match nix::unistd::read(self.fd.get_ref().0.as_fd(), &mut [0u8; 8]) {
                 Ok(_) => {
+                    // Drained: the next wait is for the next expiration.
+                    g.clear_ready();
                     self.at = None;
                     return Ok(());
                 }

@@ -43,8 +43,8 @@
 //! - a rung that met the target over at least two steps' bursts moves one rung later, unless
 //!   that rung is cooling down. Escalating needs one step, relaxing two: the asymmetry favours
 //!   the online tail;
-//! - an escalation after which neither the pooled p95 ([`SHIFT`]) nor the median
-//!   ([`MEDIAN_GAIN`]) improved bought nothing: the slowness is not offline's (the host's, the
+//! - an escalation after which neither the pooled p95 (over two steps at the new rung) nor the
+//!   median improved by [`GAIN`] bought nothing: the slowness is not offline's (the host's, the
 //!   online work's own). It is undone, and escalations pause for a while (doubling).
 //!
 //! Every [`EXPLORE_EVERY`] bursts one is held from its start to keep the clean figure fresh.
@@ -76,9 +76,10 @@ pub const TAIL: usize = 95;
 /// A figure this much above (or below) another is a change; within it, noise (the p90 of one
 /// step's 24 bursts scatters by 10-15% in the emulator, a pooled p95 by about half that).
 const SHIFT: f64 = 1.05;
-/// A median (of 24 bursts: it scatters little) this much lower after an escalation: it bought
-/// something.
-const MEDIAN_GAIN: f64 = 1.025;
+/// A pooled p95 (of at least 48 bursts) or a median this much lower after an escalation: it
+/// bought something. A quarter of a 1.1 budget: smaller than noise-sized [`SHIFT`], since that
+/// much of the tail is what the budget is about.
+const GAIN: f64 = 1.025;
 /// One burst in this many is held from its start (a clean sample) once calibrated.
 pub const EXPLORE_EVERY: u64 = 64;
 /// A burst longer than this is not a request (an online process that never idles): it is not
@@ -476,6 +477,13 @@ impl Tuner {
         // alone says how early.
         let interference = median as f64 > u50 as f64 * SHIFT || a as f64 > u95 as f64 * SHIFT;
         let missed = a > t && (old < NEVER || interference);
+        let n = self.pool.len();
+        // Right after an escalation, a miss waits for a second step before it is judged: the
+        // p95 of 24 bursts is their second largest, too rough to compare rungs with.
+        let escalated = self.last_step.is_some_and(|(r, _, _)| r > old);
+        if escalated && missed && n < 2 * ADJUST as usize {
+            return;
+        }
         let last = self.last_step.replace((old, a, median));
         // The step before escalated, and holding offline earlier bought nothing (neither the
         // tail nor the median moved): the slowness is not offline's doing (the host, the
@@ -484,8 +492,8 @@ impl Tuner {
         let no_gain = missed
             && last.is_some_and(|(r, prev, prev_median)| {
                 r > old
-                    && a as f64 >= prev as f64 / SHIFT
-                    && median as f64 >= prev_median as f64 / MEDIAN_GAIN
+                    && a as f64 >= prev as f64 / GAIN
+                    && median as f64 >= prev_median as f64 / GAIN
             });
         if no_gain {
             let (back, prev, _) = last.unwrap_or((NEVER, a, median));
@@ -508,7 +516,6 @@ impl Tuner {
             // and keep pooling.
             return;
         }
-        let n = self.pool.len();
         if missed {
             // Missed: this rung cools down (longer each time), two rungs earlier.
             self.blocked_until[old] = self.bursts + self.cooldown[old];
