@@ -19,6 +19,8 @@ use tests::{bin, require_root, serial, sim, TempDir};
 struct Kernel {
     version: String,
     vmlinuz: PathBuf,
+    /// The Debian package version, and whether it is the pinned one (kernels.txt).
+    debian: String,
 }
 
 fn tools() -> PathBuf {
@@ -34,13 +36,19 @@ fn kernel(series: &str) -> Kernel {
         )
     });
     text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .find(|(v, _)| v.starts_with(&format!("{series}.")))
-        .map(|(v, p)| Kernel {
-            version: v.to_string(),
-            vmlinuz: PathBuf::from(p),
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() == 4 && f[0].starts_with(&format!("{series}.")))
+        .map(|f| Kernel {
+            version: f[0].to_string(),
+            vmlinuz: PathBuf::from(f[1]),
+            debian: format!("{} ({})", f[2], f[3]),
         })
-        .unwrap_or_else(|| panic!("no Linux {series} kernel in {}:\n{text}", list.display()))
+        .unwrap_or_else(|| {
+            panic!(
+                "no Linux {series} kernel in {} (re-run `cargo xtask vm-setup`):\n{text}",
+                list.display()
+            )
+        })
 }
 
 /// Boots `k` and runs `script` (sh) inside with $O (a directory shared with the host, writable)
@@ -216,6 +224,7 @@ fn run_tier(series: &str, debug_api: bool) {
         out
     };
     let v = &k.version;
+    println!("Linux {v}: Debian package version {}", k.debian);
 
     // doctor on the real kernel: kprobes, module BTF, every program through this verifier, and
     // the ioctl filter by the real /dev/kfd's major.
