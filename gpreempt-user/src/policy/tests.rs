@@ -1870,7 +1870,7 @@ fn adaptive_stays_at_once_when_even_that_misses_the_budget() {
 fn adaptive_escalates_on_interference_only_the_tail_shows() {
     // One request in five meets an offline kernel that makes it 6x slower; the others are not
     // disturbed. The medians of free and clean bursts agree: only the tail tells.
-    let slow = |i: usize| if i.is_multiple_of(5) { 6.0 } else { 1.0 };
+    let slow = |i: usize| if i % 5 == 0 { 6.0 } else { 1.0 };
     let (a, p) = adaptive_and_priority("", 600, 4.0, 50.0, slow);
     let mut none = Gpu::new(&adaptive_policy("priority", "").replace("offline", "ignore"));
     none.run(600, 4.0, 50.0, slow);
@@ -1949,7 +1949,7 @@ fn a_deferred_suspend_is_decided_at_its_deadline_not_at_the_next_tick() {
     let mut g = Gpu::new(&adaptive_policy("adaptive", budget));
     g.run(300, 4.0, 50.0, |_| 3.0);
     let defer = g.view().defer_ns.expect("calibrated");
-    assert!(defer > 0 && !defer.is_multiple_of(TICK_NS), "defer {defer}");
+    assert!(defer > 0 && defer % TICK_NS != 0, "defer {defer}");
     // Between requests nothing is due.
     assert_eq!(g.w.e.next_deadline_ns(), None);
     // A request starts: due at its first evidence plus the defer, off the tick grid.
