@@ -131,7 +131,7 @@ impl Metrics {
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
             watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
-            online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time, undisturbed p90 (clean), disturbed p95 (free) and p95 under control (achieved).", &["gpu", "measure"])?,
+            online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time p90, undisturbed (clean), disturbed (free) and under control (achieved).", &["gpu", "measure"])?,
             offline_kept: fgauge(&r, "offline_kept_ratio", "Adaptive strategy: fraction of the time offline work was not held on the GPU.", &["gpu"])?,
             registry: r,
             held: BTreeMap::new(),
@@ -333,8 +333,8 @@ impl Metrics {
             }
             for (m, v) in [
                 ("clean", a.clean_p90_ns),
-                ("free", a.free_p95_ns),
-                ("achieved", a.achieved_p95_ns),
+                ("free", a.free_p90_ns),
+                ("achieved", a.achieved_p90_ns),
             ] {
                 if let Some(v) = v {
                     self.online_service

@@ -7,46 +7,22 @@
 //! service time at the sampling resolution. Each burst is filed by what offline did meanwhile:
 //! *clean* (offline not running, or held from its start on purpose: calibration and
 //! exploration; the undisturbed service time),
-//! *free* (offline ran and was never held: the disturbed one), or neither.
+//! *free* (offline ran and was never held: the disturbed one), or neither. The interference is
+//! free p50 / clean p50; the target is `budget x clean p90` (or an absolute latency).
 //!
 //! The lever is how long into a burst offline may go on before it is suspended (the *defer*),
 //! a ladder from 0 (at once, like `priority`) through fractions of the clean p90 to "never".
-//! The controller wakes at the defer's deadline ([`Tuner::deadline_ns`]), so a rung's defer is
-//! what offline gets, not rounded up to the next tick.
-//!
-//! **Which tail.** The goal is about the request p99, which no sample count here can estimate:
-//! the p99 of 24 bursts is their maximum. So:
-//! - the target is `budget x` the clean p90 (or an absolute latency): the clean figure has few
-//!   samples (12 from calibration, one per [`EXPLORE_EVERY`] bursts after), and the p90 is the
-//!   highest quantile that is not their maximum;
-//! - what a rung achieves is the p95 ([`TAIL`]) of every burst since the rung was set, up to the
-//!   last [`POOL`] (a pooled window: the 5th largest of 96 scatters far less than the p90 of one
-//!   step of [`ADJUST`]). Measuring the achieved p95 against the clean p90 is tighter than like
-//!   against like, on purpose: the check is a p99, and the control's own cost (the suspend call
-//!   at a held burst's start) is inside the clean figure already.
-//!
-//! **Decisions.** Calibration first (suspend at once until the clean samples are in, then leave
-//! offline alone until the free ones are), then a model picks the starting rung: a burst that
-//! runs disturbed at `f` times the undisturbed speed for `t` and then undisturbed ends at
-//! `U + t (1 - 1/f)`, so the longest defer meeting target `T` is `(T - U) f / (f - 1)`, with
-//! `f` the larger of the free/clean ratio of the medians and that of the p95s (interference
-//! that hits a few requests hard shows in the tail only); no suspends when the free p90 is
-//! within the target (like for like here: of a dozen samples a p95 is the maximum) or `f` is
-//! under [`SHIFT`]. Then every [`ADJUST`] bursts:
-//! - a rung that suspends *misses* when its pooled p95 is over the target: two rungs earlier,
-//!   and that rung is not tried again for [`COOLDOWN`] bursts (doubling per miss). The tail
-//!   alone decides, down to rung 0: once suspending, how early is a question about the tail.
-//!   At rung 0 a miss changes nothing: it is the best there is (`priority`'s);
-//! - at "never", a miss also needs the interference to show: the step's median [`SHIFT`] above
-//!   the clean one, or the pooled p95 [`SHIFT`] above the clean p95 (like quantiles, so the
-//!   clean bursts' own spread is not counted). Without either, suspensions would buy nothing;
-//! - a rung that met the target over at least two steps' bursts moves one rung later, unless
-//!   that rung is cooling down. Escalating needs one step, relaxing two: the asymmetry favours
-//!   the online tail;
-//! - an escalation after which neither the pooled p95 (over two steps at the new rung) nor the
-//!   median improved by [`GAIN`] bought nothing: the slowness is not offline's (the host's, the
-//!   online work's own). It is undone, and escalations pause for a while (doubling).
-//!
+//! Calibration first (suspend at once until the clean samples are in, then leave offline alone
+//! until the free ones are), then a model picks the starting rung: a burst that runs disturbed
+//! at `f` times the undisturbed speed for `t` and then undisturbed ends at `U + t (1 - 1/f)`, so
+//! the longest defer meeting target `T` is `(T - U) f / (f - 1)`. Feedback then moves the rung:
+//! every [`ADJUST`] bursts, the p90 of those bursts against the target: over it (with their
+//! median shifted too, [`SHIFT`]: a p90 of a few dozen bursts scatters by as much as a 10%
+//! budget), two rungs earlier, and that rung is not tried again for a while (doubling); else
+//! one rung later. No suspends at all when the free p90 is within the target or the free
+//! median is not [`SHIFT`] above the clean one: suspensions would buy nothing. An escalation
+//! whose next step is no faster is undone, and escalations pause for a while (doubling): the
+//! slowness was not offline's (the host's, or the online work's own).
 //! Every [`EXPLORE_EVERY`] bursts one is held from its start to keep the clean figure fresh.
 //!
 //! Deterministic: a function of the ticks it is given (no clock, no randomness), so tests drive
@@ -69,17 +45,10 @@ const RING: usize = 64;
 pub(crate) const CALIBRATE: usize = 12;
 /// Bursts per feedback step.
 pub const ADJUST: u32 = 24;
-/// Bursts at the current rung whose tail is judged (the pooled window).
-pub const POOL: usize = 96;
-/// The quantile of the achieved (and free) bursts compared with the target.
-pub const TAIL: usize = 95;
-/// A figure this much above (or below) another is a change; within it, noise (the p90 of one
-/// step's 24 bursts scatters by 10-15% in the emulator, a pooled p95 by about half that).
+/// A median this much above the clean one is interference; below it, noise. The p90 of a
+/// feedback step's bursts scatters by 10-15% in the emulator, as much as a 1.1 budget: a miss
+/// needs the median shifted too.
 const SHIFT: f64 = 1.05;
-/// A pooled p95 (of at least 48 bursts) or a median this much lower after an escalation: it
-/// bought something. A quarter of a 1.1 budget: smaller than noise-sized [`SHIFT`], since that
-/// much of the tail is what the budget is about.
-const GAIN: f64 = 1.025;
 /// One burst in this many is held from its start (a clean sample) once calibrated.
 pub const EXPLORE_EVERY: u64 = 64;
 /// A burst longer than this is not a request (an online process that never idles): it is not
@@ -88,13 +57,8 @@ const MAX_BURST_NS: u64 = 2_000_000_000;
 /// Defers in eighths of the clean p90; `None`: never suspend.
 const LADDER: [Option<u64>; 7] = [Some(0), Some(1), Some(2), Some(4), Some(8), Some(16), None];
 const NEVER: usize = LADDER.len() - 1;
-/// First cool-down (in bursts) of a rung that missed the target; doubles per miss. Each
-/// return to a rung that missed costs a step of bursts over the target: ten steps apart at
-/// first, so a rung known to miss is a small share of the requests (the tail the goal is
-/// about), yet tried again should the interference go.
-const COOLDOWN: u64 = 10 * ADJUST as u64;
-/// First pause of escalations after one that bought nothing; doubles each time.
-const CALM: u64 = 4 * ADJUST as u64;
+/// First cool-down (in bursts) of a rung that missed the target; doubles per miss.
+const COOLDOWN: u64 = 4 * ADJUST as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -141,9 +105,6 @@ impl Ring {
     fn p50(&self) -> Option<u64> {
         pct(self.0.iter().copied(), 50)
     }
-    fn tail(&self) -> Option<u64> {
-        pct(self.0.iter().copied(), TAIL)
-    }
 }
 
 fn pct(v: impl Iterator<Item = u64>, p: usize) -> Option<u64> {
@@ -163,11 +124,11 @@ pub struct View {
     /// The online goal (ns): budget x clean p90, or the absolute budget.
     pub target_ns: Option<u64>,
     pub budget: String,
-    /// The undisturbed (clean) service time p90 (the target's base), the disturbed (free) p95,
-    /// and the p95 of the bursts at the current rung as of the last feedback step.
+    /// Undisturbed (clean) and disturbed (free) service time p90s, and the last feedback
+    /// step's p90 under control.
     pub clean_p90_ns: Option<u64>,
-    pub free_p95_ns: Option<u64>,
-    pub achieved_p95_ns: Option<u64>,
+    pub free_p90_ns: Option<u64>,
+    pub achieved_p90_ns: Option<u64>,
     /// The current defer (ns); None: never suspend.
     pub defer_ns: Option<u64>,
     /// Fraction of the time offline was not held on this GPU.
@@ -175,7 +136,7 @@ pub struct View {
     pub bursts: u64,
 }
 
-/// One line for `top`: "goal 4.30ms (1.10x undisturbed): service p95 4.12ms, undisturbed p90
+/// One line for `top`: "goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed
 /// 3.91ms, defer 0.49ms, offline kept 93%".
 impl std::fmt::Display for View {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -188,10 +149,10 @@ impl std::fmt::Display for View {
         };
         write!(
             f,
-            "goal {} ({}): service p95 {}, undisturbed p90 {}, {action}, offline kept {:.0}%",
+            "goal {} ({}): service p90 {}, undisturbed {}, {action}, offline kept {:.0}%",
             ms(self.target_ns),
             self.budget,
-            ms(self.achieved_p95_ns),
+            ms(self.achieved_p90_ns),
             ms(self.clean_p90_ns),
             self.offline_kept * 100.0
         )
@@ -205,10 +166,8 @@ pub struct Tuner {
     last_tick_ns: Option<u64>,
     clean: Ring,
     free: Ring,
-    /// Lengths of the bursts since the last rung change (the last [`POOL`]), and how many
-    /// came since the last feedback step.
-    pool: VecDeque<u64>,
-    step_n: usize,
+    /// Lengths of the bursts since the last rung change.
+    step: Vec<u64>,
     achieved: Option<u64>,
     bursts: u64,
     /// Bursts filed since calibration of the free figure began.
@@ -217,9 +176,8 @@ pub struct Tuner {
     /// Per rung: not tried again before this burst count, and the cool-down of its next miss.
     blocked_until: [u64; LADDER.len()],
     cooldown: [u64; LADDER.len()],
-    /// The last feedback step's rung, pooled p95 and median: whether an escalation bought
-    /// anything.
-    last_step: Option<(usize, u64, u64)>,
+    /// The last feedback step's rung and p90: whether an escalation bought anything.
+    last_step: Option<(usize, u64)>,
     /// No escalation before this burst count (an escalation bought nothing), and the next such
     /// pause.
     calm_until: u64,
@@ -237,8 +195,7 @@ impl Default for Tuner {
             last_tick_ns: None,
             clean: Ring::default(),
             free: Ring::default(),
-            pool: VecDeque::new(),
-            step_n: 0,
+            step: Vec::new(),
             achieved: None,
             bursts: 0,
             free_tries: 0,
@@ -247,7 +204,7 @@ impl Default for Tuner {
             cooldown: [COOLDOWN; LADDER.len()],
             last_step: None,
             calm_until: 0,
-            calm: CALM,
+            calm: COOLDOWN,
             held_ns: 0,
             elapsed_ns: 0,
             notes: Vec::new(),
@@ -342,16 +299,6 @@ impl Tuner {
         self.defer_ns().map(|d| b.start_ns + d)
     }
 
-    /// When offline falls due for suspension in the current burst, whether or not that has
-    /// passed: the controller wakes then rather than at its next tick. None: not in a burst,
-    /// or nothing to suspend in it (calibrating the free figure, the "never" rung).
-    pub fn deadline_ns(&self) -> Option<u64> {
-        if self.burst.as_ref()?.hands_off {
-            return None;
-        }
-        self.trigger_ns()
-    }
-
     pub fn burst_start_ns(&self) -> Option<u64> {
         self.burst.map(|b| b.start_ns)
     }
@@ -402,14 +349,9 @@ impl Tuner {
             }
             Phase::Tuned => {
                 if !b.explore {
-                    if self.pool.len() == POOL {
-                        self.pool.pop_front();
-                    }
-                    self.pool.push_back(len);
-                    self.step_n += 1;
+                    self.step.push(len);
                 }
-                if self.step_n >= ADJUST as usize {
-                    self.step_n = 0;
+                if self.step.len() >= ADJUST as usize {
                     self.feedback(budget);
                 }
             }
@@ -422,20 +364,12 @@ impl Tuner {
         let (Some(u), Some(t)) = (self.clean.p90(), self.target_ns(budget)) else {
             return;
         };
-        // The verdict like for like: with a dozen samples of each, the free p95 is their maximum
-        // and would find interference in noise.
         let d = self.free.p90();
-        // The slowdown: from the medians (robust to a few outliers) or, where offline hits a
-        // few requests hard and leaves the rest, from the tails.
-        let ratio = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        // The slowdown from the medians (robust to a few outliers), the verdict from the tail.
+        let f = match (self.free.p50(), self.clean.p50()) {
             (Some(a), Some(b)) if self.free.len() >= CALIBRATE / 2 => a as f64 / b.max(1) as f64,
             _ => 1.0,
         };
-        let (f50, f95) = (
-            ratio(self.free.p50(), self.clean.p50()),
-            ratio(self.free.tail(), self.clean.tail()),
-        );
-        let f = f50.max(f95);
         let rung = match d {
             Some(d) if d > t && f >= SHIFT => {
                 let tmax = t.saturating_sub(u) as f64 * f / (f - 1.0);
@@ -449,8 +383,7 @@ impl Tuner {
         };
         self.set_rung(rung);
         self.notes.push(format!(
-            "calibrated: clean p90 {}, free p90 {}, interference {f:.2}x (p50 {f50:.2}x, \
-             p{TAIL} {f95:.2}x), target {}: {}",
+            "calibrated: clean p90 {}, free p90 {}, interference {f:.2}x, target {}: {}",
             fmt_ms(u),
             d.map_or("-".into(), fmt_ms),
             fmt_ms(t),
@@ -458,52 +391,32 @@ impl Tuner {
         ));
     }
 
-    /// One feedback step: the pooled tail of the current rung against the target.
     fn feedback(&mut self, budget: Budget) {
-        let tail = pct(self.pool.iter().copied(), TAIL);
-        self.achieved = tail;
-        let (Some(a), Some(t), Some(u50), Some(u95)) = (
-            tail,
-            self.target_ns(budget),
-            self.clean.p50(),
-            self.clean.tail(),
-        ) else {
+        let achieved = pct(self.step.iter().copied(), 90);
+        self.achieved = achieved;
+        let (Some(a), Some(t), Some(u50)) = (achieved, self.target_ns(budget), self.clean.p50())
+        else {
+            self.step.clear();
             return;
         };
-        let median = pct(self.pool.iter().rev().take(ADJUST as usize).copied(), 50).unwrap_or(0);
+        let median = pct(self.step.iter().copied(), 50).unwrap_or(0);
+        let missed = a > t && median as f64 > u50 as f64 * SHIFT;
         let old = self.rung;
-        // Before any suspend, a tail over the target must come with interference: the median
-        // shifted, or the tail above the clean tail (like for like). Once suspending, the tail
-        // alone says how early.
-        let interference = median as f64 > u50 as f64 * SHIFT || a as f64 > u95 as f64 * SHIFT;
-        let missed = a > t && (old < NEVER || interference);
-        let n = self.pool.len();
-        // Right after an escalation, a miss waits for a second step before it is judged: the
-        // p95 of 24 bursts is their second largest, too rough to compare rungs with.
-        let escalated = self.last_step.is_some_and(|(r, _, _)| r > old);
-        if escalated && missed && n < 2 * ADJUST as usize {
-            return;
-        }
-        let last = self.last_step.replace((old, a, median));
-        // The step before escalated, and holding offline earlier bought nothing (neither the
-        // tail nor the median moved): the slowness is not offline's doing (the host, the
-        // online work itself). Back to the rung before, and no escalation for a while (longer
-        // each time).
-        let no_gain = missed
-            && last.is_some_and(|(r, prev, prev_median)| {
-                r > old
-                    && a as f64 >= prev as f64 / GAIN
-                    && median as f64 >= prev_median as f64 / GAIN
-            });
+        let last = self.last_step.replace((old, a));
+        // The step before escalated, and holding offline earlier bought nothing: the slowness
+        // is not offline's doing (the host, the online work itself). Back to the rung before,
+        // and no escalation for a while (longer each time).
+        let no_gain =
+            missed && last.is_some_and(|(r, prev)| r > old && a as f64 >= prev as f64 / SHIFT);
         if no_gain {
-            let (back, prev, _) = last.unwrap_or((NEVER, a, median));
+            let (back, prev) = last.unwrap_or((NEVER, a));
             self.calm_until = self.bursts + self.calm;
-            self.calm = (self.calm * 2).min(64 * CALM);
+            self.calm = (self.calm * 2).min(64 * COOLDOWN);
             self.set_rung(back);
             self.last_step = None;
             self.notes.push(format!(
-                "p{TAIL} {} at this rung vs {} before suspending earlier: suspensions bought \
-                 nothing; {} (no escalation for {} bursts)",
+                "p90 of the last {ADJUST} bursts {} vs {} before suspending earlier: suspensions \
+                 bought nothing; {} (no escalation for {} bursts)",
                 fmt_ms(a),
                 fmt_ms(prev),
                 self.rung_text(),
@@ -511,9 +424,8 @@ impl Tuner {
             ));
             return;
         }
-        if missed && (self.bursts < self.calm_until || old == 0) {
-            // Calm after a useless escalation; or at once already, the best there is: stay,
-            // and keep pooling.
+        if missed && self.bursts < self.calm_until {
+            self.step.clear();
             return;
         }
         if missed {
@@ -521,30 +433,27 @@ impl Tuner {
             self.blocked_until[old] = self.bursts + self.cooldown[old];
             self.cooldown[old] = (self.cooldown[old] * 2).min(64 * COOLDOWN);
             self.set_rung(old.saturating_sub(2));
-        } else if old < NEVER
-            && n >= 2 * ADJUST as usize
-            && self.bursts >= self.blocked_until[old + 1]
-        {
+        } else if old < NEVER && self.bursts >= self.blocked_until[old + 1] {
             self.set_rung(old + 1);
         } else {
+            self.step.clear();
             return;
         }
-        self.notes.push(format!(
-            "p{TAIL} of the last {n} bursts at this rung {} vs target {} ({}; median {}, clean \
-             p50 {}): {}",
-            fmt_ms(a),
-            fmt_ms(t),
-            if missed { "missed" } else { "met" },
-            fmt_ms(median),
-            fmt_ms(u50),
-            self.rung_text()
-        ));
+        if self.rung != old {
+            self.notes.push(format!(
+                "p90 of the last {} bursts {} vs target {} ({}): {}",
+                ADJUST,
+                fmt_ms(a),
+                fmt_ms(t),
+                if missed { "missed" } else { "met" },
+                self.rung_text()
+            ));
+        }
     }
 
     fn set_rung(&mut self, rung: usize) {
         self.rung = rung;
-        self.pool.clear();
-        self.step_n = 0;
+        self.step.clear();
     }
 
     fn rung_text(&self) -> String {
@@ -565,10 +474,10 @@ impl Tuner {
             Phase::Tuned => self.rung_text(),
         };
         format!(
-            "adaptive: {why}; target {}, clean p90 {}, free p{TAIL} {}",
+            "adaptive: {why}; target {}, clean p90 {}, free p90 {}",
             self.target_ns(budget).map_or("-".into(), fmt_ms),
             self.clean.p90().map_or("-".into(), fmt_ms),
-            self.free.tail().map_or("-".into(), fmt_ms),
+            self.free.p90().map_or("-".into(), fmt_ms),
         )
     }
 
@@ -584,8 +493,8 @@ impl Tuner {
             target_ns: self.target_ns(budget),
             budget: budget.to_string(),
             clean_p90_ns: self.clean.p90(),
-            free_p95_ns: self.free.tail(),
-            achieved_p95_ns: self.achieved,
+            free_p90_ns: self.free.p90(),
+            achieved_p90_ns: self.achieved,
             defer_ns: match self.phase {
                 Phase::CalibrateClean => Some(0),
                 Phase::CalibrateFree => None,

@@ -540,8 +540,8 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
         target_ns: Some(4_300_000),
         budget: "1.10x undisturbed".into(),
         clean_p90_ns: Some(3_910_000),
-        free_p95_ns: Some(9_000_000),
-        achieved_p95_ns: Some(4_120_000),
+        free_p90_ns: Some(9_000_000),
+        achieved_p90_ns: Some(4_120_000),
         defer_ns: Some(490_000),
         offline_kept: 0.93,
         bursts: 640,
@@ -552,8 +552,8 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
     assert!(
         l.contains(&format!("GPU {GPU_A}"))
             && l.contains(
-                "adaptive: goal 4.30ms (1.10x undisturbed): service p95 4.12ms, undisturbed \
-                 p90 3.91ms, defer 0.49ms, offline kept 93%"
+                "adaptive: goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed \
+                 3.91ms, defer 0.49ms, offline kept 93%"
             ),
         "{l}"
     );
