@@ -237,16 +237,7 @@ fn enter(ctx: &TracePointContext) {
 #[kprobe]
 pub fn kfd_ioctl_entry(ctx: ProbeContext) -> u32 {
     let cmd = ctx.arg::<u64>(1).unwrap_or(0) as u32;
-    if !kfd::is_kfd_nr(kfd::ioc_nr(cmd)) {
-        return 0;
-    }
-    let Some(cfg) = config() else { return 0 };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
-        return 0;
-    }
-    let arg = ctx.arg::<u64>(2).unwrap_or(0);
-    begin(&ctx, cfg, pid_tgid, -1, cmd, arg, file_kind::KFD, true);
+    kfd_entry(&ctx, cmd, ctx.arg::<u64>(2).unwrap_or(0));
     0
 }
 
@@ -261,18 +252,22 @@ pub fn kfd_ioctl_return(ctx: RetProbeContext) -> u32 {
 /// module's, or vmlinux where amdgpu is built in); the `function` here only names it.
 #[fentry(function = "kfd_ioctl")]
 pub fn kfd_ioctl_fentry(ctx: FEntryContext) -> u32 {
-    let cmd = ctx.arg::<u64>(1) as u32;
+    kfd_entry(&ctx, ctx.arg::<u64>(1) as u32, ctx.arg::<u64>(2));
+    0
+}
+
+/// Entry to `kfd_ioctl`, from either pair: KFD nrs only, the pid filter, then [`begin`].
+#[inline(always)]
+fn kfd_entry<C: EbpfContext>(ctx: &C, cmd: u32, arg: u64) {
     if !kfd::is_kfd_nr(kfd::ioc_nr(cmd)) {
-        return 0;
+        return;
     }
-    let Some(cfg) = config() else { return 0 };
+    let Some(cfg) = config() else { return };
     let pid_tgid = bpf_get_current_pid_tgid();
     if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
-        return 0;
+        return;
     }
-    let arg = ctx.arg::<u64>(2);
-    begin(&ctx, cfg, pid_tgid, -1, cmd, arg, file_kind::KFD, true);
-    0
+    begin(ctx, cfg, pid_tgid, -1, cmd, arg, file_kind::KFD, true);
 }
 
 /// The return value follows the three arguments in an fexit context (read as an argument, not

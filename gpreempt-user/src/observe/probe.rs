@@ -444,10 +444,10 @@ pub struct ProgramCheck {
 /// amdgpu module's or vmlinux's), else against `compat_ptr_ioctl`, whose prototype is the same
 /// (`file_operations.unlocked_ioctl`).
 pub fn verify_programs() -> Result<Vec<ProgramCheck>> {
-    use crate::observe::tracing::{Hook, MapFds, Programs, Target};
+    use crate::observe::tracing::{Hook, Programs, Target};
     use aya::programs::Program;
     let mut ebpf = load_object(false)?;
-    let tracing = MapFds::of(&ebpf).and_then(|fds| Programs::relocate(EBPF_OBJECT, fds));
+    let tracing = Programs::of(&ebpf, EBPF_OBJECT);
     let target = match crate::observe::btf::load_system(Path::new("/")) {
         Ok((vmlinux, module)) => kfd_ioctl_target(&vmlinux, module.as_ref())
             .or_else(|| {
@@ -718,15 +718,13 @@ fn attach_kfd_pair(ebpf: &mut Ebpf) -> Result<(), String> {
 /// Attaches the fentry/fexit pair on `kfd_ioctl` for a moment (doctor's check): Err says why
 /// it cannot be the source here.
 pub fn try_fentry_pair(facts: &HostProbeFacts) -> Result<(), String> {
-    use crate::observe::tracing::{MapFds, Programs};
+    use crate::observe::tracing::Programs;
     let target = facts
         .kfd_ioctl_btf
         .as_ref()
         .ok_or("kfd_ioctl has no BTF (amdgpu not loaded, or built without module BTF)")?;
     let ebpf = load_object(false).map_err(|e| format!("{e:#}"))?;
-    let programs = MapFds::of(&ebpf)
-        .and_then(|fds| Programs::relocate(EBPF_OBJECT, fds))
-        .map_err(|e| format!("{e:#}"))?;
+    let programs = Programs::of(&ebpf, EBPF_OBJECT).map_err(|e| format!("{e:#}"))?;
     attach_fentry_pair(&programs, target).map(drop)
 }
 
@@ -809,9 +807,8 @@ impl Probes {
         preflight()?;
         let mut ebpf = load_object(opts.ebpf_log)?;
         // Before the log reader takes its map out of `ebpf`: the tracing programs need them all.
-        let tracing_programs = crate::observe::tracing::MapFds::of(&ebpf)
-            .and_then(|fds| crate::observe::tracing::Programs::relocate(EBPF_OBJECT, fds))
-            .map_err(|e| format!("{e:#}"));
+        let tracing_programs =
+            crate::observe::tracing::Programs::of(&ebpf, EBPF_OBJECT).map_err(|e| format!("{e:#}"));
         let mut tracing = Vec::new();
         let logger = if opts.ebpf_log {
             Some(aya_log::EbpfLogger::init(&mut ebpf).context("starting the eBPF log reader")?)
@@ -839,8 +836,12 @@ impl Probes {
             IoctlSource::Tracepoint | IoctlSource::Fentry => {
                 Err(format!("--ioctl-source {}", source_name(opts.ioctl_source)))
             }
+            // With fentry to try first, the kprobe pair goes through the verifier only if it
+            // is needed (below).
+            _ if fentry.is_ok() => facts.kfd_pair(),
             _ => facts.kfd_pair().and_then(|()| load_kfd_pair(&mut ebpf)),
         };
+        let kprobe_loaded = kprobe_pair.is_ok() && fentry.is_err();
         if let (IoctlSource::Kprobe, Err(why)) = (opts.ioctl_source, &kprobe_pair) {
             bail!("--ioctl-source kprobe: the kprobe pair on kfd_ioctl cannot be used: {why}");
         }
@@ -894,7 +895,13 @@ impl Probes {
                     }
                 }
             }
-            match kprobe_pair.and_then(|()| attach_kfd_pair(&mut ebpf)) {
+            let kprobe = kprobe_pair.and_then(|()| {
+                if !kprobe_loaded {
+                    load_kfd_pair(&mut ebpf)?;
+                }
+                attach_kfd_pair(&mut ebpf)
+            });
+            match kprobe {
                 Ok(()) => Ok(Pair::Kprobe),
                 Err(e) => {
                     why.push(format!("kprobe: {e}"));

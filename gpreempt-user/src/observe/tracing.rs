@@ -115,7 +115,13 @@ pub struct Programs {
 }
 
 impl Programs {
-    pub fn relocate(object: &[u8], maps: MapFds) -> Result<Self> {
+    /// [`Programs::relocate`] onto the maps `ebpf` created: call it before anything takes a
+    /// map out of `ebpf`.
+    pub fn of(ebpf: &Ebpf, object: &[u8]) -> Result<Self> {
+        Self::relocate(object, MapFds::of(ebpf)?)
+    }
+
+    fn relocate(object: &[u8], maps: MapFds) -> Result<Self> {
         let mut obj = aya_obj::Object::parse(object).context("parsing the eBPF object")?;
         let text: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
         let mut entries = Vec::new();
