@@ -660,8 +660,11 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     // decisions); the old policy stays until the new one parsed.
     let (reload_tx, mut reloaded) = tokio::sync::mpsc::unbounded_channel::<Result<Policy>>();
     let mut reloading = false;
+    // A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
+    let mut alarm = crate::controller::alarm::Alarm::new()?;
     let result: Result<String> = async {
         loop {
+            alarm.set(ctx.engine.next_deadline_ns())?;
             tokio::select! {
                 biased;
                 _ = int.recv() => return Ok("interrupted".into()),
@@ -733,6 +736,11 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                             }
                         }
                     }
+                }
+                // At a deadline the engine named: the decision it defers is due now.
+                r = alarm.fired(), if alarm.armed() => {
+                    r?;
+                    ctx.tick(&mut w).await;
                 }
                 // Decide right after new samples or events: the tick only drives time-based
                 // transitions (resume_after, the guards, watchdogs), so detection-to-ioctl stays short.

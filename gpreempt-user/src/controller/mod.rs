@@ -2,6 +2,7 @@
 //! commands ([`daemon`]: lock, status file), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
 //! ([`requests`], through the backend seam).
+pub mod alarm;
 pub mod audit;
 pub mod daemon;
 pub mod metrics;

@@ -42,13 +42,17 @@ fn fmt_ms(ns: u64) -> String {
 /// Samples kept per kind of burst.
 const RING: usize = 64;
 /// Clean and free bursts wanted before the model picks a rung.
-pub(crate) const CALIBRATE: usize = 12;
+pub(crate) const CALIBRATE: usize = 16;
+/// Clean and free bursts after which calibration calls interference absent.
+pub(crate) const CALIBRATE_MAX: usize = 48;
 /// Bursts per feedback step.
 pub const ADJUST: u32 = 24;
 /// A median this much above the clean one is interference; below it, noise. The p90 of a
 /// feedback step's bursts scatters by 10-15% in the emulator, as much as a 1.1 budget: a miss
 /// needs the median shifted too.
 const SHIFT: f64 = 1.05;
+/// The rank test's z (one-sided, p ~ 0.01) that calls disturbed bursts slower than clean ones.
+const Z: f64 = 2.33;
 /// One burst in this many is held from its start (a clean sample) once calibrated.
 pub const EXPLORE_EVERY: u64 = 64;
 /// A burst longer than this is not a request (an online process that never idles): it is not
@@ -63,10 +67,8 @@ const COOLDOWN: u64 = 4 * ADJUST as u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
-    /// Offline held from each burst's start, for the clean samples.
-    CalibrateClean,
-    /// Offline left alone, for the free samples.
-    CalibrateFree,
+    /// Bursts alternate: offline held from the start (clean samples), left alone (free ones).
+    Calibrate,
     Tuned,
 }
 
@@ -105,6 +107,50 @@ impl Ring {
     fn p50(&self) -> Option<u64> {
         pct(self.0.iter().copied(), 50)
     }
+    fn values(&self) -> Vec<u64> {
+        self.0.iter().copied().collect()
+    }
+}
+
+/// How far `a` lies above `b`, as the Mann-Whitney U statistic's z-score (ties count a half).
+/// A rank test: a few outliers or a scattered p90 do not make two samples of one distribution
+/// look apart, where a ratio of two small samples' percentiles often does.
+fn rank_z(a: &[u64], b: &[u64]) -> f64 {
+    if a.is_empty() || b.is_empty() {
+        return 0.0;
+    }
+    let u: f64 = a
+        .iter()
+        .map(|x| {
+            b.iter()
+                .map(|y| match x.cmp(y) {
+                    std::cmp::Ordering::Greater => 1.0,
+                    std::cmp::Ordering::Equal => 0.5,
+                    std::cmp::Ordering::Less => 0.0,
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    let (n, m) = (a.len() as f64, b.len() as f64);
+    (u - n * m / 2.0) / (n * m * (n + m + 1.0) / 12.0).sqrt()
+}
+
+/// How much more often `a` than `b` exceeds `t`, as a two-proportion z-score: the budget is
+/// about the tail, and interference in the tail (a long offline kernel blocking some requests)
+/// can leave both medians where they were.
+fn tail_z(a: &[u64], b: &[u64], t: u64) -> f64 {
+    if a.is_empty() || b.is_empty() {
+        return 0.0;
+    }
+    let over = |v: &[u64]| v.iter().filter(|&&x| x > t).count() as f64;
+    let (n, m) = (a.len() as f64, b.len() as f64);
+    let (pa, pb) = (over(a) / n, over(b) / m);
+    let p = (over(a) + over(b)) / (n + m);
+    let se = (p * (1.0 - p) * (1.0 / n + 1.0 / m)).sqrt();
+    if se == 0.0 {
+        return 0.0;
+    }
+    (pa - pb) / se
 }
 
 fn pct(v: impl Iterator<Item = u64>, p: usize) -> Option<u64> {
@@ -170,9 +216,10 @@ pub struct Tuner {
     step: Vec<u64>,
     achieved: Option<u64>,
     bursts: u64,
-    /// Bursts filed since calibration of the free figure began.
-    free_tries: u64,
     rung: usize,
+    /// The latest rung feedback relaxes to: the model's. A feedback step judges a few dozen
+    /// bursts' p90, which can meet the target at a rung where the request p99 misses it.
+    cap: usize,
     /// Per rung: not tried again before this burst count, and the cool-down of its next miss.
     blocked_until: [u64; LADDER.len()],
     cooldown: [u64; LADDER.len()],
@@ -182,6 +229,9 @@ pub struct Tuner {
     /// pause.
     calm_until: u64,
     calm: u64,
+    /// Calibrating again after a miss with no suspends, since this burst count.
+    recalibrating: bool,
+    cal_start: u64,
     held_ns: u64,
     elapsed_ns: u64,
     notes: Vec<String>,
@@ -190,7 +240,7 @@ pub struct Tuner {
 impl Default for Tuner {
     fn default() -> Self {
         Self {
-            phase: Phase::CalibrateClean,
+            phase: Phase::Calibrate,
             burst: None,
             last_tick_ns: None,
             clean: Ring::default(),
@@ -198,13 +248,15 @@ impl Default for Tuner {
             step: Vec::new(),
             achieved: None,
             bursts: 0,
-            free_tries: 0,
             rung: 0,
+            cap: NEVER,
             blocked_until: [0; LADDER.len()],
             cooldown: [COOLDOWN; LADDER.len()],
             last_step: None,
             calm_until: 0,
             calm: COOLDOWN,
+            recalibrating: false,
+            cal_start: 0,
             held_ns: 0,
             elapsed_ns: 0,
             notes: Vec::new(),
@@ -248,11 +300,15 @@ impl Tuner {
             (None, Some((first, last))) => {
                 let start = first.min(now);
                 self.bursts += 1;
-                let explore = match self.phase {
-                    Phase::CalibrateClean => true,
-                    Phase::CalibrateFree => false,
-                    Phase::Tuned => self.bursts.is_multiple_of(EXPLORE_EVERY),
-                };
+                // Held on purpose only where offline runs: with offline idle the burst is a
+                // clean sample anyway, and a suspend would buy nothing.
+                let explore = offline_active
+                    && match self.phase {
+                        // Alternating, so that what drifts meanwhile (a process starting, the
+                        // host) weighs on both figures alike.
+                        Phase::Calibrate => self.bursts % 2 == 1,
+                        Phase::Tuned => self.bursts.is_multiple_of(EXPLORE_EVERY),
+                    };
                 self.burst = Some(Burst {
                     start_ns: start,
                     last_work_ns: last.min(now).max(start),
@@ -260,7 +316,7 @@ impl Tuner {
                     held,
                     offline_seen: offline_active,
                     explore,
-                    hands_off: self.phase == Phase::CalibrateFree,
+                    hands_off: self.phase == Phase::Calibrate && !explore,
                 });
             }
             (None, None) => {}
@@ -299,6 +355,15 @@ impl Tuner {
         self.defer_ns().map(|d| b.start_ns + d)
     }
 
+    /// When a decision falls due with no new evidence: the current burst's trigger, unless the
+    /// burst is left alone on purpose.
+    pub fn deadline_ns(&self) -> Option<u64> {
+        if self.burst.as_ref()?.hands_off {
+            return None;
+        }
+        self.trigger_ns()
+    }
+
     pub fn burst_start_ns(&self) -> Option<u64> {
         self.burst.map(|b| b.start_ns)
     }
@@ -334,16 +399,22 @@ impl Tuner {
             self.free.push(len);
         }
         match self.phase {
-            Phase::CalibrateClean => {
-                if self.clean.len() >= CALIBRATE {
-                    self.phase = Phase::CalibrateFree;
-                    self.free_tries = 0;
-                }
-            }
-            Phase::CalibrateFree => {
-                self.free_tries += 1;
-                // Without running offline work there is nothing to measure: no interference.
-                if self.free.len() >= CALIBRATE || self.free_tries >= 2 * CALIBRATE as u64 {
+            Phase::Calibrate => {
+                // Done once interference is evident, or at the latest once there are enough
+                // samples to call it absent. Without running offline work there is nothing to
+                // measure: no interference.
+                let (c, f) = (self.clean.len(), self.free.len());
+                let evident = c >= CALIBRATE
+                    && f >= CALIBRATE
+                    && self.model(budget).is_some_and(|(r, _)| r < NEVER);
+                let met = (self.free.p90())
+                    .zip(self.target_ns(budget))
+                    .is_some_and(|(d, t)| d <= t);
+                let absent = (c >= CALIBRATE && f >= CALIBRATE && met)
+                    || (c >= CALIBRATE_MAX && f >= CALIBRATE_MAX);
+                let no_offline =
+                    c >= CALIBRATE && self.bursts - self.cal_start >= 4 * CALIBRATE as u64;
+                if evident || absent || no_offline {
                     self.calibrated(budget);
                 }
             }
@@ -361,19 +432,45 @@ impl Tuner {
     /// The model's first rung, from the clean and free figures.
     fn calibrated(&mut self, budget: Budget) {
         self.phase = Phase::Tuned;
-        let (Some(u), Some(t)) = (self.clean.p90(), self.target_ns(budget)) else {
+        let again = std::mem::take(&mut self.recalibrating);
+        let Some((rung, text)) = self.model(budget) else {
             return;
         };
+        self.cap = rung;
+        self.set_rung(rung);
+        self.last_step = None;
+        if again && rung == NEVER {
+            // The miss was not offline's: no new experiment for a while (longer each time).
+            self.calm_until = self.bursts + self.calm;
+            self.calm = (self.calm * 2).min(64 * COOLDOWN);
+        }
+        self.notes.push(format!(
+            "{}: {text}: {}",
+            if again { "recalibrated" } else { "calibrated" },
+            self.rung_text()
+        ));
+    }
+
+    /// The longest defer the interference model allows, and the figures it came from. A burst
+    /// that runs disturbed at `f` times the undisturbed speed for `t`, then undisturbed, ends at
+    /// `U + t (1 - 1/f)`: the longest defer meeting target `T` is `(T - U) f / (f - 1)`. The
+    /// verdict (suspend at all) needs the free median shifted ([`SHIFT`]: robust to a few
+    /// outliers) and the free tail over the target; `f` is the larger of the median and p90
+    /// ratios, because the request tail is what the budget is about: a long offline kernel
+    /// blocks an online request outright (no progress for the defer), which the median hides.
+    fn model(&self, budget: Budget) -> Option<(usize, String)> {
+        let (u, t) = (self.clean.p90()?, self.target_ns(budget)?);
         let d = self.free.p90();
-        // The slowdown from the medians (robust to a few outliers), the verdict from the tail.
-        let f = match (self.free.p50(), self.clean.p50()) {
+        let f_med = match (self.free.p50(), self.clean.p50()) {
             (Some(a), Some(b)) if self.free.len() >= CALIBRATE / 2 => a as f64 / b.max(1) as f64,
             _ => 1.0,
         };
+        let f = f_med.max(d.map_or(1.0, |d| d as f64 / u.max(1) as f64));
+        let (free, clean) = (self.free.values(), self.clean.values());
+        let z = rank_z(&free, &clean).max(tail_z(&free, &clean, t));
         let rung = match d {
-            Some(d) if d > t && f >= SHIFT => {
+            Some(d) if d > t && free.len() >= CALIBRATE / 2 && z >= Z => {
                 let tmax = t.saturating_sub(u) as f64 * f / (f - 1.0);
-                // The longest defer within tmax.
                 (0..NEVER)
                     .rev()
                     .find(|&i| LADDER[i].is_some_and(|e| (u * e / 8) as f64 <= tmax))
@@ -381,14 +478,16 @@ impl Tuner {
             }
             _ => NEVER,
         };
-        self.set_rung(rung);
-        self.notes.push(format!(
-            "calibrated: clean p90 {}, free p90 {}, interference {f:.2}x, target {}: {}",
-            fmt_ms(u),
-            d.map_or("-".into(), fmt_ms),
-            fmt_ms(t),
-            self.rung_text()
-        ));
+        Some((
+            rung,
+            format!(
+                "clean p90 {}, free p90 {}, interference {f_med:.2}x (tail {f:.2}x, z {z:.1}), \
+                 target {}",
+                fmt_ms(u),
+                d.map_or("-".into(), fmt_ms),
+                fmt_ms(t)
+            ),
+        ))
     }
 
     fn feedback(&mut self, budget: Budget) {
@@ -400,7 +499,10 @@ impl Tuner {
             return;
         };
         let median = pct(self.step.iter().copied(), 50).unwrap_or(0);
-        let missed = a > t && median as f64 > u50 as f64 * SHIFT;
+        let clean = self.clean.values();
+        let missed = a > t
+            && (tail_z(&self.step, &clean, t) >= Z
+                || (median as f64 > u50 as f64 * SHIFT && rank_z(&self.step, &clean) >= Z));
         let old = self.rung;
         let last = self.last_step.replace((old, a));
         // The step before escalated, and holding offline earlier bought nothing: the slowness
@@ -428,12 +530,34 @@ impl Tuner {
             self.step.clear();
             return;
         }
+        if missed && old == NEVER {
+            // At "never" the figures to compare with are old, and a miss may be the host's or
+            // the online work's own: held and free bursts measured side by side again decide.
+            self.notes.push(format!(
+                "p90 of the last {ADJUST} bursts {} vs target {} (missed) with no suspends: \
+                 measuring held against free bursts again",
+                fmt_ms(a),
+                fmt_ms(t)
+            ));
+            self.phase = Phase::Calibrate;
+            self.recalibrating = true;
+            self.cal_start = self.bursts;
+            self.clean = Ring::default();
+            self.free = Ring::default();
+            self.step.clear();
+            return;
+        }
         if missed {
             // Missed: this rung cools down (longer each time), two rungs earlier.
             self.blocked_until[old] = self.bursts + self.cooldown[old];
             self.cooldown[old] = (self.cooldown[old] * 2).min(64 * COOLDOWN);
             self.set_rung(old.saturating_sub(2));
-        } else if old < NEVER && self.bursts >= self.blocked_until[old + 1] {
+            // What the model now allows bounds the relaxation that follows (NEVER where
+            // calibration saw no interference).
+            if let Some((r, _)) = self.model(budget) {
+                self.cap = r.max(self.rung);
+            }
+        } else if old < self.cap && self.bursts >= self.blocked_until[old + 1] {
             self.set_rung(old + 1);
         } else {
             self.step.clear();
@@ -445,7 +569,11 @@ impl Tuner {
                 ADJUST,
                 fmt_ms(a),
                 fmt_ms(t),
-                if missed { "missed" } else { "met" },
+                match (missed, a > t) {
+                    (true, _) => "missed",
+                    (false, true) => "over it, within noise",
+                    (false, false) => "met",
+                },
                 self.rung_text()
             ));
         }
@@ -468,8 +596,7 @@ impl Tuner {
     pub fn reason(&self, budget: Budget) -> String {
         let b = self.burst.as_ref();
         let why = match self.phase {
-            Phase::CalibrateClean => "calibrating (clean sample)".to_owned(),
-            Phase::CalibrateFree => "calibrating".to_owned(),
+            Phase::Calibrate => "calibrating (clean sample)".to_owned(),
             Phase::Tuned if b.is_some_and(|b| b.explore) => "exploring (clean sample)".to_owned(),
             Phase::Tuned => self.rung_text(),
         };
@@ -496,8 +623,7 @@ impl Tuner {
             free_p90_ns: self.free.p90(),
             achieved_p90_ns: self.achieved,
             defer_ns: match self.phase {
-                Phase::CalibrateClean => Some(0),
-                Phase::CalibrateFree => None,
+                Phase::Calibrate => None,
                 Phase::Tuned => self.defer_ns(),
             },
             offline_kept: if self.elapsed_ns == 0 {
@@ -507,5 +633,27 @@ impl Tuner {
             },
             bursts: self.bursts,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rank_z;
+
+    #[test]
+    fn the_rank_test_separates_a_shift_from_scatter() {
+        let base: Vec<u64> = (0..24).map(|i| 3_000 + (i * 7919) % 2_000).collect();
+        // One sample against itself, and against itself reordered with two outliers: no shift.
+        assert!(rank_z(&base, &base).abs() < 1e-9);
+        let mut outliers = base.clone();
+        outliers.reverse();
+        outliers[0] = 90_000;
+        outliers[1] = 80_000;
+        assert!(rank_z(&outliers, &base) < 1.0);
+        // Every value 15% longer: far apart.
+        let slow: Vec<u64> = base.iter().map(|v| v * 115 / 100).collect();
+        assert!(rank_z(&slow, &base) > super::Z, "{}", rank_z(&slow, &base));
+        assert!(rank_z(&base, &slow) < -super::Z);
+        assert_eq!(rank_z(&[], &base), 0.0);
     }
 }

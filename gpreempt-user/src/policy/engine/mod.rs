@@ -97,6 +97,8 @@ pub struct Engine {
     gpus: BTreeMap<u32, GpuMem>,
     /// NVIDIA processes whose timeslice lever failed: paused like `lever = "pause"`.
     pause_anyway: std::collections::BTreeSet<u32>,
+    /// `now` of the last `decide`.
+    last_now_ns: u64,
 }
 
 impl Engine {
@@ -110,6 +112,7 @@ impl Engine {
             held: BTreeMap::new(),
             gpus: BTreeMap::new(),
             pause_anyway: Default::default(),
+            last_now_ns: 0,
         }
     }
 
@@ -143,6 +146,29 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// The earliest time after the last `decide` at which a decision falls due with no new
+    /// evidence: a deferred suspend's deadline (the burst's start plus the defer, or later
+    /// where the rate limit or the starvation guard hold it back). The controller decides
+    /// again then, not at its next tick, so the SUSPEND is issued at the deadline.
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        if !matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
+            return None;
+        }
+        let p = &self.policy;
+        self.gpus
+            .iter()
+            .filter(|(&id, g)| g.fenced.is_none() && p.manages(id))
+            .filter_map(|(_, g)| {
+                let due = g.tuner.as_ref()?.deadline_ns()?;
+                let allowed = g
+                    .last_suspend_ns
+                    .map_or(0, |t| t.saturating_add(p.min_interval_ns));
+                Some(due.max(allowed).max(g.no_suspend_until))
+            })
+            .filter(|&t| t > self.last_now_ns)
+            .min()
     }
 
     /// Per GPU under the adaptive strategy: its goal and what it measured.
@@ -225,6 +251,7 @@ impl Engine {
     /// decisions made.
     pub fn decide(&mut self, state: &State, now_ns: u64) -> Vec<Decision> {
         self.tick += 1;
+        self.last_now_ns = now_ns;
         for g in self.gpus.values_mut() {
             g.new_tick();
         }
