@@ -103,27 +103,31 @@ fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
     let s = suspends(&audit);
     println!("emulated: {notes:#?}\n{} suspends", s.len());
     assert!(err.contains("nothing is left suspended"), "{err}");
-    let cal = notes
-        .iter()
-        .find(|n| n.starts_with("calibrated:"))
-        .unwrap_or_else(|| panic!("no calibration: {notes:?}\n{err}"));
-    // "... interference 2.18x, target ...": offline running slows the online service time (about
-    // 2x on a quiet host; a CI host under load measured medians 1.12x apart with the tails 1.5x
-    // apart). Above the tuner's own noise threshold (1.05x) is what "measures interference" means.
-    let f: f64 = cal
-        .split("interference ")
-        .nth(1)
-        .and_then(|r| r.split('x').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no interference figure in {cal:?}"));
-    assert!(f >= 1.05, "{cal}");
-    // It decides to act at calibration, or (when the free bursts happened to meet the target,
-    // seen once in CI on a loaded host: free p90 8.60 ms vs target 9.19 ms) at the first
-    // feedback that misses.
     assert!(
-        !cal.ends_with("no suspends") || notes.iter().any(|n| n.contains("(missed): suspend")),
-        "{notes:?}"
+        notes.iter().any(|n| n.starts_with("calibrated:")),
+        "no calibration: {notes:?}\n{err}"
     );
+    // It decides to act at calibration, or (when the free bursts happened to meet the target,
+    // seen once in CI on a loaded host) after a miss, when held and free bursts measured side
+    // by side again show the interference: "calibrated: clean p90 5.12ms, free p90 7.17ms,
+    // interference 1.28x (tail 1.40x, z 2.6), target 5.63ms: suspend after 1.28ms of a burst".
+    let acted = notes
+        .iter()
+        .find(|n| n.contains("calibrated:") && !n.ends_with("no suspends"))
+        .unwrap_or_else(|| panic!("never decided to suspend: {notes:?}\n{err}"));
+    let figure = |key: &str, end: char| -> f64 {
+        acted
+            .split(key)
+            .nth(1)
+            .and_then(|r| r.split(end).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key:?} figure in {acted:?}"))
+    };
+    // Offline running measurably slows the online bursts: the free ones are slower by the
+    // tuner's test (z >= 2.33), and their tail at least 5% longer (on a quiet host about 2x; a
+    // CI host under load measured medians 1.1x apart with the tails 1.4x apart).
+    assert!(figure("z ", ')') >= 2.33, "{acted}");
+    assert!(figure("(tail ", 'x') >= 1.05, "{acted}");
     // It acts on many requests (400 in 20 s), every suspend with the tuner's reasoning.
     assert!(s.len() > 50, "{} suspends: {notes:?}", s.len());
     assert!(
