@@ -1628,16 +1628,7 @@ fn adaptive_escalates_when_interference_appears() {
 #[test]
 fn adaptive_with_noisy_requests_is_never_worse_than_no_control() {
     // Request sizes 2-8 ms and slowdowns 1.5-3.5x from a fixed sequence.
-    let mut x = 12345u64;
-    let mut next = move || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (x >> 33) as f64 / (1u64 << 31) as f64
-    };
-    let seq: Vec<(f64, f64)> = (0..600)
-        .map(|_| (2.0 + 6.0 * next(), 1.5 + 2.0 * next()))
-        .collect();
+    let seq = noisy(12345, 600, (2.0, 8.0), (1.5, 3.5));
     let run = |policy: &str| {
         let mut g = Gpu::new(policy);
         for &(work, slow) in &seq {
@@ -1886,8 +1877,8 @@ fn adaptive_defers_by_the_tail_where_offline_kernels_block_some_requests() {
 }
 
 /// Request sizes and slowdowns from a fixed pseudo-random sequence.
-fn noisy(n: usize, work: (f64, f64), slow: (f64, f64)) -> Vec<(f64, f64)> {
-    let mut x = 987654321u64;
+fn noisy(seed: u64, n: usize, work: (f64, f64), slow: (f64, f64)) -> Vec<(f64, f64)> {
+    let mut x = seed;
     let mut next = move || {
         x = x
             .wrapping_mul(6364136223846793005)
@@ -1914,7 +1905,7 @@ fn adaptive_with_noisy_samples_settles_without_oscillating() {
         g
     };
     // Interference throughout (2.5-3.5x), request sizes 3-5 ms.
-    let seq = noisy(1000, (3.0, 5.0), (2.5, 3.5));
+    let seq = noisy(987654321, 1000, (3.0, 5.0), (2.5, 3.5));
     let a = run(&adaptive_policy("adaptive", ""), &seq);
     let p = run(&adaptive_policy("priority", ""), &seq);
     // Settled: at most one return to a rung that missed (two changes) in the last 500.
@@ -1927,7 +1918,7 @@ fn adaptive_with_noisy_samples_settles_without_oscillating() {
     );
     // No interference, the same noisy sizes: no suspends beyond calibration, exploration and
     // at most two feedback steps (an escalation on noise, then its undo).
-    let seq = noisy(1000, (3.0, 5.0), (1.0, 1.0));
+    let seq = noisy(987654321, 1000, (3.0, 5.0), (1.0, 1.0));
     let a = run(&adaptive_policy("adaptive", ""), &seq);
     let most = super::adaptive::CALIBRATE
         + 1000 / super::adaptive::EXPLORE_EVERY as usize
