@@ -567,6 +567,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         }
         None => None,
     };
+    // A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
+    // Made before the backends, so that failing to make it leaves nothing to undo.
+    let mut alarm = crate::controller::alarm::Alarm::new()?;
     let backends = if args.dry_run {
         Backends {
             list: Vec::new(),
@@ -660,8 +663,6 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     // decisions); the old policy stays until the new one parsed.
     let (reload_tx, mut reloaded) = tokio::sync::mpsc::unbounded_channel::<Result<Policy>>();
     let mut reloading = false;
-    // A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
-    let mut alarm = crate::controller::alarm::Alarm::new()?;
     let result: Result<String> = async {
         loop {
             alarm.set(ctx.engine.next_deadline_ns())?;

@@ -353,21 +353,17 @@ impl Tuner {
 
     /// When the current burst made offline due for suspension: its start when held from the
     /// start, else its start plus the defer.
+    /// None for a burst left alone on purpose. Also the deadline at which the engine decides
+    /// again with no new evidence.
     pub fn trigger_ns(&self) -> Option<u64> {
         let b = self.burst.as_ref()?;
+        if b.hands_off {
+            return None;
+        }
         if b.explore {
             return Some(b.start_ns);
         }
         self.defer_ns().map(|d| b.start_ns + d)
-    }
-
-    /// When a decision falls due with no new evidence: the current burst's trigger, unless the
-    /// burst is left alone on purpose.
-    pub fn deadline_ns(&self) -> Option<u64> {
-        if self.burst.as_ref()?.hands_off {
-            return None;
-        }
-        self.trigger_ns()
     }
 
     pub fn burst_start_ns(&self) -> Option<u64> {

@@ -161,7 +161,7 @@ impl Engine {
             .iter()
             .filter(|(&id, g)| g.fenced.is_none() && p.manages(id))
             .filter_map(|(_, g)| {
-                let due = g.tuner.as_ref()?.deadline_ns()?;
+                let due = g.tuner.as_ref()?.trigger_ns()?;
                 let allowed = g
                     .last_suspend_ns
                     .map_or(0, |t| t.saturating_add(p.min_interval_ns));
