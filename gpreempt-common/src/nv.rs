@@ -42,10 +42,41 @@ pub const fn arg_size(nr: u32) -> u32 {
 /// parameters (`*pAllocParms`) or an RM_CONTROL's (`*params`), read at exit, after the re-read
 /// NVOS21/NVOS64/NVOS54 struct.
 pub const PARAMS_HEAD_AT: usize = 48;
-/// Bytes copied (enough for the TSG's engineType at 12, and for the controls the trace decodes):
-/// all of them for RM_ALLOC; for RM_CONTROL at most paramsSize (32, 8 or 4).
+/// Bytes of an RM_CONTROL's parameters copied (enough for the controls the trace decodes), at most
+/// paramsSize (32, 8 or 4).
 pub const PARAMS_HEAD_LEN: usize = 32;
-const _: () = assert!(PARAMS_HEAD_AT + PARAMS_HEAD_LEN <= crate::record::ARGS_MAX);
+/// Bytes of an RM_ALLOC's parameters copied: a channel's up to its first USERD offset
+/// ([`channel`]); a TSG's engineType at 12 is well inside. Where that many cannot be read (the
+/// struct ends at the end of a mapping) the programs fall back to [`PARAMS_HEAD_LEN`].
+pub const ALLOC_HEAD_LEN: usize = 72;
+const _: () = assert!(PARAMS_HEAD_AT + ALLOC_HEAD_LEN <= crate::record::ARGS_MAX);
+const _: () = assert!(PARAMS_HEAD_LEN <= ALLOC_HEAD_LEN);
+
+/// `NV_CHANNEL_ALLOC_PARAMS` (alloc params of every `*_CHANNEL_GPFIFO_*` class, 368 bytes;
+/// alloc/alloc_channel.h): where the channel's GPFIFO ring and its USERD (the control page whose
+/// GP_GET / GP_PUT say how far the GPU and the client are) live. `NV_MAX_SUBDEVICES` is 8.
+pub mod channel {
+    /// hObjectBuffer: the memory object of the ring (documented "no longer used"; libcuda 13
+    /// fills it with the ring's memory, the same object as hUserdMemory[0]).
+    pub const H_OBJECT_BUFFER: usize = 4;
+    /// gpFifoOffset (u64): the ring's GPU virtual address.
+    pub const GPFIFO_OFFSET: usize = 8;
+    /// gpFifoEntries (u32): ring entries (8 bytes each); GP_GET / GP_PUT are indices modulo it.
+    pub const GPFIFO_ENTRIES: usize = 16;
+    /// hUserdMemory[0]: the memory object that holds the USERD (0: the RM's own USERD pool).
+    pub const H_USERD_MEMORY: usize = 32;
+    /// userdOffset[0] (u64): the USERD's offset inside that memory object.
+    pub const USERD_OFFSET: usize = 64;
+}
+
+/// USERD of a Volta+ GPFIFO channel (clc86f.h `Nvc86fControl`, dev_ram.h NV_RAMUSERD): 512 bytes.
+pub mod userd {
+    /// GPGet: the next entry the GPU's host will fetch (written back by the GPU).
+    pub const GP_GET: usize = 0x88;
+    /// GPPut: one past the last entry the client submitted.
+    pub const GP_PUT: usize = 0x8c;
+    pub const SIZE: usize = 512;
+}
 
 /// NVOS21 (RM_ALLOC, 32 bytes) and NVOS64 (48 bytes, libcuda 13) field offsets.
 pub mod alloc {
@@ -240,6 +271,10 @@ mod tests {
             disable_channels::H_CHANNEL_LIST + 4 * 64
         );
         assert_eq!(PARAMS_HEAD_AT as u32, alloc::NVOS64_SIZE);
+        // hUserdMemory[8] (u32) then userdOffset[8] (u64), and the head ends after the first.
+        assert_eq!(channel::USERD_OFFSET, channel::H_USERD_MEMORY + 4 * 8);
+        assert_eq!(ALLOC_HEAD_LEN, channel::USERD_OFFSET + 8);
+        assert_eq!(userd::GP_PUT, userd::GP_GET + 4);
         assert!(class::is_channel(class::HOPPER_CHANNEL_GPFIFO_A));
         assert!(!class::is_channel(class::KEPLER_CHANNEL_GROUP_A));
         assert!(class::is_client(0) && class::is_client(0x41));

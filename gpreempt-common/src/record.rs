@@ -4,8 +4,10 @@
 //! `#[repr(C)]`, 8-byte aligned and padded explicitly so the layout is the same on both sides.
 
 /// Bytes of an ioctl argument struct that the programs copy. The largest KFD argument we decode is
-/// `kfd_ioctl_create_queue_args` (96 bytes, KFD 1.17+); larger structs are copied truncated.
-pub const ARGS_MAX: usize = 96;
+/// `kfd_ioctl_create_queue_args` (96 bytes, KFD 1.17+); larger structs are copied truncated. The
+/// output side also carries an RM_ALLOC's parameter head after its 48-byte NVOS64 (up to a
+/// channel's first `userdOffset`, [`crate::nv::ALLOC_HEAD_LEN`]), hence 128.
+pub const ARGS_MAX: usize = 128;
 /// `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;
 

@@ -409,7 +409,9 @@ fn finish<C: EbpfContext>(ctx: &C, ret: i64) {
             let p = u64::from_le_bytes([a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23]]);
             // A control's buffer may be smaller than the head: never read past paramsSize.
             let size = u32::from_le_bytes([a[24], a[25], a[26], a[27]]);
-            let len = if nr == nv::nr::RM_ALLOC || size >= nv::PARAMS_HEAD_LEN as u32 {
+            let len = if nr == nv::nr::RM_ALLOC {
+                nv::ALLOC_HEAD_LEN
+            } else if size >= nv::PARAMS_HEAD_LEN as u32 {
                 nv::PARAMS_HEAD_LEN
             } else if size >= 8 {
                 8
@@ -421,6 +423,9 @@ fn finish<C: EbpfContext>(ctx: &C, ret: i64) {
             let dst = (*rec).out.as_mut_ptr().add(nv::PARAMS_HEAD_AT);
             if len > 0 && read_user(dst, p, len as u64) > 0 {
                 (*rec).out_len = (nv::PARAMS_HEAD_AT + len) as u32;
+            } else if nr == nv::nr::RM_ALLOC && read_user(dst, p, nv::PARAMS_HEAD_LEN as u64) > 0 {
+                // A small struct at the end of a mapping: the TSG head is enough.
+                (*rec).out_len = (nv::PARAMS_HEAD_AT + nv::PARAMS_HEAD_LEN) as u32;
             }
         }
     }

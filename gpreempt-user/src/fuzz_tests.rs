@@ -176,9 +176,9 @@ proptest! {
         file_kind in 0u32..4,
         cmd in any::<u32>(),
         ret in any::<i64>(),
-        args_len in 0u32..200,
-        out_len in 0u32..200,
-        payload in proptest::collection::vec(any::<u8>(), 192),
+        args_len in 0u32..300,
+        out_len in 0u32..300,
+        payload in proptest::collection::vec(any::<u8>(), 2 * gpreempt_common::record::ARGS_MAX),
     ) {
         use gpreempt_common::record::IoctlRecord;
         let mut r = IoctlRecord::default();
@@ -189,8 +189,9 @@ proptest! {
         r.ret = ret;
         r.args_len = args_len;
         r.out_len = out_len;
-        r.args.copy_from_slice(&payload[..96]);
-        r.out.copy_from_slice(&payload[96..]);
+        let m = gpreempt_common::record::ARGS_MAX;
+        r.args.copy_from_slice(&payload[..m]);
+        r.out.copy_from_slice(&payload[m..]);
         let bytes = events::tests::bytes_of(&r);
         // Every kind is long enough: a record of the largest size decodes to something.
         let ev = events::decode(&bytes);

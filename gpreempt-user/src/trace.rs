@@ -269,6 +269,12 @@ pub fn nv_fields(n: &NvEvent) -> Vec<(&'static str, Val)> {
             if let Some(e) = n.engine_type() {
                 f.push(("engineType", Val::Hex(e.into())));
             }
+            if let Some(r) = n.channel_ring() {
+                f.push(("gpFifoOffset", Val::Hex(r.gpfifo_va)));
+                f.push(("gpFifoEntries", Val::U(r.entries.into())));
+                f.push(("hUserdMemory", Val::Hex(r.h_userd.into())));
+                f.push(("userdOffset", Val::Hex(r.userd_offset)));
+            }
             f.push(("status", Val::Hex((*status).into())));
         }
         NvCall::Free {
@@ -729,9 +735,19 @@ pub mod dispatches {
         let (Some(read), Some(write)) = (a.read_dispatch_id, a.write_dispatch_id) else {
             return Ok(());
         };
-        serde_json::to_writer(
-            &mut *w,
-            &serde_json::json!({
+        // An NVIDIA TSG's ids count GPFIFO entries over its channels, not AQL packets.
+        let v = if q.nv.is_some() {
+            serde_json::json!({
+                "type": "gpfifo_sample",
+                "ts_ns": a.sample_ns,
+                "pid": pid,
+                "gpu_id": q.gpu_id,
+                "tsg": q.queue_id,
+                "gp_get_total": read,
+                "gp_put_total": write,
+            })
+        } else {
+            serde_json::json!({
                 "type": "aql_sample",
                 "ts_ns": a.sample_ns,
                 "pid": pid,
@@ -739,8 +755,9 @@ pub mod dispatches {
                 "queue_id": q.queue_id,
                 "read_dispatch_id": read,
                 "write_dispatch_id": write,
-            }),
-        )?;
+            })
+        };
+        serde_json::to_writer(&mut *w, &v)?;
         w.write_all(b"\n")
     }
 

@@ -342,6 +342,13 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
         return write_failed(e);
     }
     eprintln!("gpreempt-ebpf: summary: packets written={written}");
+    if w.channels.reads > 0 {
+        eprintln!(
+            "gpreempt-ebpf: NVIDIA channel activity: {} USERD reads, {:.1} us each on average",
+            w.channels.reads,
+            w.channels.read_ns as f64 / w.channels.reads as f64 / 1e3
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

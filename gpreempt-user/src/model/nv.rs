@@ -80,6 +80,7 @@ impl State {
                             h_subdevice: c.subdevice,
                             engine_type: engine,
                             channels: Vec::new(),
+                            rings: Vec::new(),
                             timeslice_us: None,
                         };
                         let kind = if engine == abi::ENGINE_TYPE_GRAPHICS {
@@ -113,6 +114,7 @@ impl State {
                         };
                         if let Some(t) = q.nv.as_mut().filter(|t| t.h_client == h_root) {
                             t.channels.push(h_object_new);
+                            t.rings.extend(n.channel_ring());
                             q.last_event_ns = ts;
                         }
                     }
@@ -151,6 +153,7 @@ impl State {
                         .and_then(|q| q.nv.as_mut())
                     {
                         t.channels.retain(|&h| h != h_object_old);
+                        t.rings.retain(|r| r.h_channel != h_object_old);
                     }
                 }
             }

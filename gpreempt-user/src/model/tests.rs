@@ -2200,7 +2200,7 @@ pub(crate) mod nvidia {
         h_class: u32,
         params_head: u32,
     ) -> Update {
-        let mut p = [0u8; abi::PARAMS_HEAD_LEN];
+        let mut p = [0u8; abi::ALLOC_HEAD_LEN];
         let at = if h_class == class::KEPLER_CHANNEL_GROUP_A {
             abi::TSG_ENGINE_TYPE_AT
         } else {
@@ -2219,6 +2219,42 @@ pub(crate) mod nvidia {
                 status: 0,
                 nvos64: true,
                 alloc_params: Some(p),
+                alloc_params_len: abi::PARAMS_HEAD_LEN,
+            },
+        )
+    }
+
+    /// RM_ALLOC of a Hopper channel `new` under TSG `tsg`, its whole alloc-params head read:
+    /// the ring at `gpfifo_va` (`entries`) and the USERD at `userd_offset` of memory `h_mem`.
+    pub(crate) fn rm_channel(
+        ts: u64,
+        pid: u32,
+        client: u32,
+        tsg: u32,
+        new: u32,
+        ring: (u64, u32, u32, u64),
+    ) -> Update {
+        use abi::channel as c;
+        let (gpfifo_va, entries, h_mem, userd_offset) = ring;
+        let mut p = [0u8; abi::ALLOC_HEAD_LEN];
+        p[c::H_OBJECT_BUFFER..][..4].copy_from_slice(&h_mem.to_le_bytes());
+        p[c::GPFIFO_OFFSET..][..8].copy_from_slice(&gpfifo_va.to_le_bytes());
+        p[c::GPFIFO_ENTRIES..][..4].copy_from_slice(&entries.to_le_bytes());
+        p[c::H_USERD_MEMORY..][..4].copy_from_slice(&h_mem.to_le_bytes());
+        p[c::USERD_OFFSET..][..8].copy_from_slice(&userd_offset.to_le_bytes());
+        rm_event(
+            ts,
+            pid,
+            NvCall::Alloc {
+                h_root: client,
+                h_object_parent: tsg,
+                h_object_new: new,
+                h_class: class::HOPPER_CHANNEL_GPFIFO_A,
+                params_size: 0,
+                status: 0,
+                nvos64: true,
+                alloc_params: Some(p),
+                alloc_params_len: abi::ALLOC_HEAD_LEN,
             },
         )
     }

@@ -215,6 +215,9 @@ pub struct NvTsg {
     pub engine_type: u32,
     /// Its GPFIFO channels (handles), in allocation order.
     pub channels: Vec<u32>,
+    /// Where each channel's ring and USERD live (from its allocation; channels whose alloc
+    /// params were not read have none): what the activity sampler reads GP_GET / GP_PUT from.
+    pub rings: Vec<crate::observe::events::ChannelRing>,
     /// Its hardware timeslice as a controller changed it: (original us, current us). None: not
     /// changed by a controller (the driver's own value).
     pub timeslice_us: Option<(u64, u64)>,

@@ -400,14 +400,20 @@ fn ensure_tracefs() -> Result<()> {
             return Ok(());
         }
     }
-    nix::mount::mount(
+    let r = nix::mount::mount(
         Some("tracefs"),
         TRACEFS,
         Some("tracefs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC,
+        nix::mount::MsFlags::MS_NOSUID
+            | nix::mount::MsFlags::MS_NODEV
+            | nix::mount::MsFlags::MS_NOEXEC,
         None::<&str>,
-    )
-    .with_context(|| {
+    );
+    // Another instance starting at the same moment mounted it first.
+    if r == Err(nix::errno::Errno::EBUSY) && Path::new(TRACEFS).join("events").is_dir() {
+        return Ok(());
+    }
+    r.with_context(|| {
         format!("tracefs is not mounted and mounting it at {TRACEFS} failed: mount -t tracefs tracefs {TRACEFS}")
     })?;
     log::info!("mounted tracefs at {TRACEFS}");

@@ -82,6 +82,8 @@ pub struct Watcher {
     names: crate::observe::kernel_names::KernelNames,
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
+    /// NVIDIA channels' GP_GET / GP_PUT, read from their USERD.
+    pub channels: crate::nv::activity::ChannelSampler,
 }
 
 impl Watcher {
@@ -121,6 +123,7 @@ impl Watcher {
             hints: Default::default(),
             names: Default::default(),
             applied: [0; APPLIED.len()],
+            channels: Default::default(),
         })
     }
 
@@ -437,10 +440,12 @@ impl Watcher {
     }
 
     fn sample_now(&mut self) {
-        let samples = sampler::sample(&self.state);
+        let mut samples = sampler::sample(&self.state);
+        let now = monotonic_ns();
+        samples.extend(self.channels.sample(&self.state, now));
         if !samples.is_empty() {
             self.state.apply(Update::Samples {
-                ts_ns: monotonic_ns(),
+                ts_ns: now,
                 samples,
             });
         }
@@ -594,6 +599,10 @@ impl Watcher {
             .filter(|&(_, v)| v > 0)
             .map(|(k, v)| (format!("applied_{k}"), v))
             .collect();
+        if self.channels.reads > 0 {
+            m.insert("nv_userd_reads".into(), self.channels.reads);
+            m.insert("nv_userd_read_ns".into(), self.channels.read_ns);
+        }
         if let Some((probes, src)) = self.events.as_ref() {
             if let Ok(k) = probes.stats() {
                 m.insert("kernel_seen".into(), k.seen);

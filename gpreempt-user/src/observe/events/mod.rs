@@ -56,7 +56,8 @@ pub struct NvEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NvCall {
     /// NVOS21 (32 bytes) or NVOS64 (48 bytes, `nvos64`). `alloc_params`: the head of
-    /// `*pAllocParms`, read at exit (None if unreadable).
+    /// `*pAllocParms`, read at exit (None if unreadable), zero-padded past `alloc_params_len`
+    /// bytes ([`nv::ALLOC_HEAD_LEN`], or [`nv::PARAMS_HEAD_LEN`] where the struct ended sooner).
     Alloc {
         h_root: u32,
         h_object_parent: u32,
@@ -65,7 +66,8 @@ pub enum NvCall {
         params_size: u32,
         status: u32,
         nvos64: bool,
-        alloc_params: Option<[u8; nv::PARAMS_HEAD_LEN]>,
+        alloc_params: Option<[u8; nv::ALLOC_HEAD_LEN]>,
+        alloc_params_len: usize,
     },
     Free {
         h_root: u32,
@@ -124,6 +126,47 @@ impl NvEvent {
             _ => None,
         }
     }
+
+    /// A channel allocation's ring and USERD placement (its alloc params' head), when the
+    /// whole head was read.
+    pub fn channel_ring(&self) -> Option<ChannelRing> {
+        match &self.call {
+            NvCall::Alloc {
+                h_class,
+                h_object_new,
+                alloc_params: Some(p),
+                alloc_params_len,
+                ..
+            } if nv::class::is_channel(*h_class) && *alloc_params_len >= nv::ALLOC_HEAD_LEN => {
+                use nv::channel as c;
+                Some(ChannelRing {
+                    h_channel: *h_object_new,
+                    gpfifo_va: nv::u64_at(p, c::GPFIFO_OFFSET),
+                    entries: nv::u32_at(p, c::GPFIFO_ENTRIES),
+                    h_buffer: nv::u32_at(p, c::H_OBJECT_BUFFER),
+                    h_userd: nv::u32_at(p, c::H_USERD_MEMORY),
+                    userd_offset: nv::u64_at(p, c::USERD_OFFSET),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Where a GPFIFO channel's ring and USERD live, as its allocation said (`NV_CHANNEL_ALLOC_PARAMS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChannelRing {
+    pub h_channel: u32,
+    /// gpFifoOffset: the ring's GPU virtual address (libcuda maps it at the same CPU address).
+    pub gpfifo_va: u64,
+    /// gpFifoEntries.
+    pub entries: u32,
+    /// hObjectBuffer: the ring's memory object.
+    pub h_buffer: u32,
+    /// hUserdMemory[0] (0: the RM's own USERD pool, which the client maps through the channel).
+    pub h_userd: u32,
+    /// userdOffset[0]: the USERD's offset in `h_userd`.
+    pub userd_offset: u64,
 }
 
 /// Decodes an RM escape record.
@@ -145,11 +188,15 @@ pub fn decode_nv(r: &IoctlRecord) -> NvEvent {
             } else {
                 (nv::alloc::NVOS21_PARAMS_SIZE, nv::alloc::NVOS21_STATUS)
             };
-            let end = nv::PARAMS_HEAD_AT + nv::PARAMS_HEAD_LEN;
             // Inputs: read at exit whatever the outcome.
-            let alloc_params = (out_len >= end).then(|| {
-                let mut p = [0u8; nv::PARAMS_HEAD_LEN];
-                p.copy_from_slice(&r.out[nv::PARAMS_HEAD_AT..end]);
+            let alloc_params_len = out_len
+                .saturating_sub(nv::PARAMS_HEAD_AT)
+                .min(nv::ALLOC_HEAD_LEN);
+            let alloc_params = (alloc_params_len >= nv::PARAMS_HEAD_LEN).then(|| {
+                let mut p = [0u8; nv::ALLOC_HEAD_LEN];
+                p[..alloc_params_len].copy_from_slice(
+                    &r.out[nv::PARAMS_HEAD_AT..nv::PARAMS_HEAD_AT + alloc_params_len],
+                );
                 p
             });
             NvCall::Alloc {
@@ -161,6 +208,7 @@ pub fn decode_nv(r: &IoctlRecord) -> NvEvent {
                 status: u(status_at),
                 nvos64,
                 alloc_params,
+                alloc_params_len,
             }
         }
         (nv::nr::RM_FREE, n) if n >= nv::free::SIZE => NvCall::Free {

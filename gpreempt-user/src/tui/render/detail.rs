@@ -113,6 +113,16 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
     if let Some(t) = &q.nv {
         // The RM objects a pause goes through, in place of the AMD ring and pointers.
         pairs.retain(|(k, _)| !matches!(*k, "ring" | "rptr" | "wptr" | "doorbell" | "pointers"));
+        // Its activity counts GPFIFO entries over its channels (GP_GET / GP_PUT in USERD).
+        for (k, _) in pairs.iter_mut() {
+            *k = match *k {
+                "dispatch/s" => "gpfifo entries/s",
+                "backlog" => "entries pending",
+                "read id" => "gp_get total",
+                "write id" => "gp_put total",
+                other => other,
+            };
+        }
         pairs.extend([
             ("rm client", format!("{:#x} (fd {})", t.h_client, t.fd)),
             ("subdevice", hex(t.h_subdevice.map(u64::from))),
@@ -129,6 +139,20 @@ fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
         ]);
         let list: Vec<String> = t.channels.iter().map(|c| format!("{c:#x}")).collect();
         wide.push(("channels", format!("{}: {}", list.len(), list.join(" "))));
+        if !t.rings.is_empty() {
+            let r = &t.rings[0];
+            wide.push((
+                "rings",
+                format!(
+                    "{} with USERD known, first at {:#x} ({} entries), USERD {:#x}+{:#x}",
+                    t.rings.len(),
+                    r.gpfifo_va,
+                    r.entries,
+                    r.h_userd,
+                    r.userd_offset
+                ),
+            ));
+        }
     }
     (pairs, wide)
 }
