@@ -1,12 +1,14 @@
 """Offline job, back to back; prints throughput (JSON: iterations, items_per_s, seconds).
 
-Usage: offline.py SECS OUT.json [--model resnet50|resnet50_train|gpt_train|encoder] [--batch N]
+Usage: offline.py SECS OUT.json [--model resnet50|resnet50_train|gpt_train|encoder|gemm] [--batch N]
   resnet50        ResNet-50 inference, batch 1024 (the seeds' job; the default), images/s
   encoder         BERT-base-sized encoder inference (12 layers, d_model 768, seq 128), batch 8:
                   the seeds' transformer case (many small-grid kernels), sequences/s
   resnet50_train  ResNet-50 training step (forward, backward, SGD), batch 128, images/s
   gpt_train       GPT-style decoder training step: 6 layers, d_model 1024, 16 heads, seq 512,
                   batch 8, vocab 32000, causal mask, AdamW; tokens/s
+  gemm            fp16 GEMM loop: --batch (8) matmuls of 8192x8192 by 8192x8192 back to back per
+                  iteration (each ~1.1 TFLOP, a few ms: long kernels); TFLOP/s
 Random weights and data, built from code. After the warm-up it prints "ready" (stdout), then
 runs for SECS or until SIGINT/SIGTERM, and writes the JSON either way. `ends` lists the
 iterations' end times (epoch s), so a caller can take the throughput inside a window.
@@ -14,12 +16,11 @@ iterations' end times (epoch s), so a caller can take the throughput inside a wi
 caller can switch the offline load on and off without reloading the model.
 """
 import argparse, json, os, signal, sys, time
-import torch
 
 ap = argparse.ArgumentParser()
 ap.add_argument("secs", type=float)
 ap.add_argument("out")
-ap.add_argument("--model", default="resnet50", choices=["resnet50", "resnet50_train", "gpt_train", "encoder"])
+ap.add_argument("--model", default="resnet50", choices=["resnet50", "resnet50_train", "gpt_train", "encoder", "gemm"])
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--gate", default=None)
@@ -31,6 +32,8 @@ def _stop(*_):
     stop = True
 signal.signal(signal.SIGINT, _stop)
 signal.signal(signal.SIGTERM, _stop)
+
+import torch  # after the arguments: --help works without torch
 
 if a.model == "resnet50":
     import torchvision
@@ -63,6 +66,15 @@ elif a.model == "encoder":
     def step():
         with torch.no_grad():
             m(x)
+elif a.model == "gemm":
+    B, N = a.batch or 8, 8192
+    ga = torch.randn(N, N, device="cuda", dtype=torch.half)
+    gb = torch.randn(N, N, device="cuda", dtype=torch.half)
+    gc = torch.empty(N, N, device="cuda", dtype=torch.half)
+    per_it, unit = B * 2 * N ** 3 / 1e12, "TFLOP"
+    def step():
+        for _ in range(B):
+            torch.matmul(ga, gb, out=gc)
 else:
     B, S, D, V = a.batch or 8, 512, 1024, 32000
     class GPT(torch.nn.Module):
