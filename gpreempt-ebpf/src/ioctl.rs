@@ -278,6 +278,106 @@ pub fn kfd_ioctl_fexit(ctx: FExitContext) -> u32 {
     0
 }
 
+/// `long nvidia_unlocked_ioctl(struct file *file, unsigned int cmd, unsigned long i_arg)`
+/// (kernel-open/nvidia/nv.c; the file operation of /dev/nvidiactl and /dev/nvidiaN, also their
+/// compat_ioctl on x86-64; nvidia-uvm and nvidia-modeset have their own): the file is an RM node
+/// by construction, so no other ioctl on the host runs a program. Loaded by user space against
+/// the nvidia module's BTF (fentry) or as a kprobe pair.
+#[fentry(function = "nvidia_unlocked_ioctl")]
+pub fn nv_ioctl_fentry(ctx: FEntryContext) -> u32 {
+    nv_entry(
+        &ctx,
+        ctx.arg::<u64>(0),
+        ctx.arg::<u64>(1) as u32,
+        ctx.arg::<u64>(2),
+    );
+    0
+}
+
+#[fexit(function = "nvidia_unlocked_ioctl")]
+pub fn nv_ioctl_fexit(ctx: FExitContext) -> u32 {
+    finish(&ctx, ctx.arg::<i64>(3));
+    0
+}
+
+#[kprobe]
+pub fn nv_ioctl_entry(ctx: ProbeContext) -> u32 {
+    let file = ctx.arg::<u64>(0).unwrap_or(0);
+    let cmd = ctx.arg::<u64>(1).unwrap_or(0) as u32;
+    nv_entry(&ctx, file, cmd, ctx.arg::<u64>(2).unwrap_or(0));
+    0
+}
+
+#[kretprobe]
+pub fn nv_ioctl_return(ctx: RetProbeContext) -> u32 {
+    finish(&ctx, ctx.ret::<i64>());
+    0
+}
+
+/// Entry to `nvidia_unlocked_ioctl`, from either pair: RM escapes only, the pid filter, then
+/// [`begin`]. The function has the file, not the fd the process used; the model needs the fd
+/// only where a client is created (the RM ties a client to its file, and the controller
+/// duplicates that fd), so only then is it looked up in the caller's fd table.
+#[inline(always)]
+fn nv_entry<C: EbpfContext>(ctx: &C, file: u64, cmd: u32, arg: u64) {
+    let nr = kfd::ioc_nr(cmd);
+    if !nv::is_rm_nr(nr) {
+        return;
+    }
+    let Some(cfg) = config() else { return };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
+        return;
+    }
+    let mut fd = -1;
+    if nr == nv::nr::RM_ALLOC {
+        let mut class = u32::MAX;
+        // SAFETY: reads 4 bytes of the caller's struct into `class`; a fault returns an error.
+        let r = unsafe {
+            generated::bpf_probe_read_user(
+                core::ptr::addr_of_mut!(class).cast(),
+                4,
+                (arg + nv::alloc::H_CLASS as u64) as *const _,
+            )
+        };
+        if r == 0 && nv::class::is_client(class) {
+            fd = fd_of(file);
+        }
+    }
+    begin(ctx, cfg, pid_tgid, fd, cmd, arg, file_kind::NVIDIA, false);
+}
+
+/// Fds searched for a file (libcuda's RM fds are among a process's first).
+const FD_SCAN: u64 = 256;
+
+/// The caller's fd that refers to `file`, or -1 (not among its first [`FD_SCAN`]).
+#[inline(always)]
+fn fd_of(file: u64) -> i32 {
+    let Some(o) = OFFSETS.get(0) else {
+        return -1;
+    };
+    // SAFETY: no arguments; returns the current task's address (only ever read through
+    // bpf_probe_read_kernel below).
+    let task = unsafe { bpf_get_current_task() };
+    let Some(fdt) = read(task, o, kf::TASK_FILES).and_then(|f| read(f, o, kf::FILES_FDT)) else {
+        return -1;
+    };
+    let max = read(fdt, o, kf::FDT_MAX_FDS).unwrap_or(0);
+    let Some(fds) = read(fdt, o, kf::FDT_FD) else {
+        return -1;
+    };
+    let mut i = 0u64;
+    while i < FD_SCAN && i < max {
+        // SAFETY: a probe read of one slot of the fd array (i < max_fds); faults return an error.
+        let f = unsafe { bpf_probe_read_kernel((fds + 8 * i) as *const u64) }.unwrap_or(0);
+        if f == file {
+            return i as i32;
+        }
+        i += 1;
+    }
+    -1
+}
+
 /// Records the call's entry (rate limit, argument copy) for [`finish`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

@@ -206,6 +206,18 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     // the NVIDIA driver (nothing NVIDIA is printed elsewhere).
     let pidfd = (root.base == Path::new("/") && nvidia_present(root)).then(try_pidfd_getfd);
     checks.extend(nvidia_checks(root, pidfd.as_ref(), p.ptrace));
+    if nvidia_present(root) {
+        let by_file = facts
+            .offsets
+            .has_all(gpreempt_common::kprobe::field::FILE_CHAIN);
+        let plan = facts.nv_plan(true, crate::observe::probe::IoctlSource::Auto, by_file);
+        let trial = (root.base == Path::new("/") && p.bpf).then(|| {
+            plan.as_ref()
+                .map_err(Clone::clone)
+                .and_then(|pl| crate::observe::probe::try_nv_pair(&facts, pl))
+        });
+        checks.push(nvidia::nvidia_ioctl_source_check(&plan, trial.as_ref()));
+    }
     checks.push(ptrace_scope_check(
         root.value("/proc/sys/kernel/yama/ptrace_scope").as_deref(),
         p.ptrace,

@@ -313,3 +313,39 @@ pub fn nvidia_checks(
     checks.push(mps_check(&mps_daemons(root)));
     checks
 }
+
+/// Where NVIDIA RM escapes come from: a pair on `nvidia_unlocked_ioctl` (fentry/fexit against
+/// the nvidia module's BTF, or kprobes), so that no other ioctl on the host runs a program, or
+/// the syscall tracepoints (every ioctl on the host pays). `plan`: the sources this host offers
+/// ([`crate::observe::probe::HostProbeFacts::nv_plan`]); `trial`: attaching it for a moment (None:
+/// not tried, not the running host).
+pub fn nvidia_ioctl_source_check(
+    plan: &std::result::Result<Vec<crate::observe::probe::Pair>, String>,
+    trial: Option<&std::result::Result<crate::observe::probe::Pair, String>>,
+) -> Check {
+    use crate::observe::probe::NV_IOCTL;
+    const NAME: &str = "nvidia-ioctl-source";
+    match (plan, trial) {
+        (_, Some(Ok(p))) => Check::ok(
+            NAME,
+            format!(
+                "RM escapes from a {} pair on {NV_IOCTL}: no other ioctl on the host runs a program",
+                p.name()
+            ),
+        ),
+        (Ok(_), None) => Check::ok(
+            NAME,
+            format!("a pair on {NV_IOCTL} can be the source (not tried here)"),
+        ),
+        (Err(why), _) | (_, Some(Err(why))) => Check::warn(
+            NAME,
+            format!(
+                "RM escapes from the syscall tracepoints ({why}): every ioctl on the host runs \
+                 the filter"
+            ),
+            "a kernel with BPF trampolines and an nvidia module built with BTF \
+             (CONFIG_DEBUG_INFO_BTF_MODULES, pahole at DKMS build time), or CONFIG_KPROBES, makes \
+             nvidia_unlocked_ioctl the source",
+        ),
+    }
+}

@@ -359,6 +359,7 @@ fn doctor_ioctl_source_follows_the_fentry_trial() {
         offsets: Default::default(),
         missing: Vec::new(),
         kfd_ioctl_btf: Some(kfd_ioctl_in("amdgpu")),
+        nv_ioctl_btf: None,
     };
     let c = ioctl_source_check(&facts, &devices, Some(&Ok(())));
     assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
@@ -410,6 +411,7 @@ fn doctor_btf_offsets_ok_when_every_needed_field_resolves() {
         offsets,
         missing,
         kfd_ioctl_btf: None,
+        nv_ioctl_btf: None,
     };
     let c = btf_offsets_check(&facts);
     assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
@@ -924,4 +926,79 @@ fn doctor_no_nvidia_line_on_an_amd_host() {
     assert!(nvidia_checks(&t.root(), Some(&Ok(())), true).is_empty());
     let cs = run_checks(&t.root(), &t.root().path("/dev/kfd"), &t.0);
     assert!(nv_names(&cs).is_empty(), "{cs:#?}");
+}
+
+/// NVIDIA RM escapes: the pair on nvidia_unlocked_ioctl, fentry first where the module has BTF,
+/// the kprobe pair where kprobes reach it, else the syscall tracepoints with the reason.
+#[test]
+fn the_nvidia_source_is_the_driver_entry_pair_where_one_can_attach() {
+    use crate::observe::probe::{IoctlSource, Pair, NV_IOCTL};
+    let mut facts = HostProbeFacts {
+        kprobes: Ok(()),
+        kallsyms: [NV_IOCTL.to_string()].into_iter().collect(),
+        offsets: Default::default(),
+        missing: Vec::new(),
+        kfd_ioctl_btf: None,
+        nv_ioctl_btf: Some(crate::observe::tracing::Target {
+            function: NV_IOCTL.into(),
+            btf_object: "nvidia".into(),
+            type_id: 77,
+        }),
+    };
+    assert_eq!(
+        facts.nv_plan(true, IoctlSource::Auto, true),
+        Ok(vec![Pair::Fentry, Pair::Kprobe])
+    );
+    // Not an NVIDIA host, forced to the tracepoints, or files cannot be told apart.
+    assert!(facts.nv_plan(false, IoctlSource::Auto, true).is_err());
+    let e = facts
+        .nv_plan(true, IoctlSource::Tracepoint, true)
+        .unwrap_err();
+    assert!(e.contains("--ioctl-source tracepoint"), "{e}");
+    let e = facts.nv_plan(true, IoctlSource::Auto, false).unwrap_err();
+    assert!(e.contains("files cannot be told apart"), "{e}");
+    // No module BTF: the kprobe pair.
+    facts.nv_ioctl_btf = None;
+    assert_eq!(
+        facts.nv_plan(true, IoctlSource::Auto, true),
+        Ok(vec![Pair::Kprobe])
+    );
+    // Neither (the device VM has fentry but no kprobes; here neither): both reasons.
+    facts.kprobes = Err("kprobes are unavailable: no kprobe PMU".into());
+    let e = facts.nv_plan(true, IoctlSource::Auto, true).unwrap_err();
+    assert!(e.contains("no BTF") && e.contains("no kprobe PMU"), "{e}");
+    facts.kprobes = Ok(());
+    facts.kallsyms.clear();
+    let e = facts.nv_plan(true, IoctlSource::Auto, true).unwrap_err();
+    assert!(e.contains("not in /proc/kallsyms"), "{e}");
+}
+
+/// With the pair live the tracepoints leave NVIDIA's major to it, and no longer need to stay
+/// attached for it.
+#[test]
+fn the_nvidia_pair_takes_the_major_from_the_tracepoints() {
+    use gpreempt_common::{nv, record::file_kind};
+    let mut d = crate::observe::gpufiles::Devices {
+        nvidia_loaded: true,
+        ..Default::default()
+    };
+    let kind_of_major = |d: &crate::observe::gpufiles::Devices| {
+        d.rules()
+            .0
+            .iter()
+            .find(|r| r.dev >> 20 == nv::NV_MAJOR_DEVICE_NUMBER && r.mask != u32::MAX)
+            .map(|r| r.kind)
+    };
+    assert_eq!(kind_of_major(&d), Some(file_kind::NVIDIA));
+    assert!(d.beyond_amdkfd().is_some());
+    d.nv_pair = true;
+    assert_eq!(kind_of_major(&d), Some(file_kind::KPROBED));
+    assert_eq!(d.beyond_amdkfd(), None);
+    // A stand-in node is still the tracepoints' to serve.
+    d.nvidia.push(crate::observe::gpufiles::FileId {
+        rdev: None,
+        dev: 5,
+        ino: 9,
+    });
+    assert!(d.beyond_amdkfd().is_some());
 }

@@ -7,13 +7,26 @@ use super::{LogKind, NvTsg, Queue, QueueKind, Source, State};
 use crate::observe::events::{NvCall, NvEvent};
 
 /// What the model remembers of one RM client.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) struct NvClient {
+    /// -1 until an event names it (the nvidia_unlocked_ioctl pair names it at the client's
+    /// creation only, and not where the fd is past its scan).
     fd: i32,
     objects: HashMap<u32, (u32, u32)>,
     /// NV01_DEVICE_0 handle -> device index (its alloc params' deviceId).
     devices: HashMap<u32, u32>,
     subdevice: Option<u32>,
+}
+
+impl Default for NvClient {
+    fn default() -> Self {
+        Self {
+            fd: -1,
+            objects: HashMap::new(),
+            devices: HashMap::new(),
+            subdevice: None,
+        }
+    }
 }
 
 impl State {
@@ -58,7 +71,10 @@ impl State {
                 let c = self.nv_objects.entry((pid, client)).or_default();
                 // The RM ties a client to the file it was created on: every call on it uses
                 // that fd.
-                c.fd = n.fd;
+                // The pair on nvidia_unlocked_ioctl names the fd only where a client is made.
+                if n.fd >= 0 {
+                    c.fd = n.fd;
+                }
                 if class::is_client(h_class) {
                     return;
                 }

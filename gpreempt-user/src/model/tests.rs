@@ -2358,6 +2358,62 @@ pub(crate) mod nvidia {
         assert_eq!(proc_(&s, PID).live_queues().count(), 0);
     }
 
+    /// The pair on nvidia_unlocked_ioctl names the fd where the client is made (the file is
+    /// what it sees): later events without one keep it, and a TSG carries it for the pause.
+    #[test]
+    fn a_client_keeps_its_fd_when_later_events_name_none() {
+        let mut s = State::new();
+        let no_fd = |mut u: Update| {
+            if let Update::Event(Event::Nv(n)) = &mut u {
+                n.fd = -1;
+            }
+            u
+        };
+        s.apply(alloc(1, 0, CLIENT, class::NV01_ROOT_CLIENT, 0)); // fd 8
+        s.apply(no_fd(alloc(
+            2,
+            CLIENT,
+            0x5c00_0001,
+            class::NV01_DEVICE_0,
+            0,
+        )));
+        s.apply(no_fd(alloc(
+            3,
+            0x5c00_0001,
+            0x5c00_0002,
+            class::NV20_SUBDEVICE_0,
+            0,
+        )));
+        s.apply(no_fd(alloc(
+            4,
+            0x5c00_0001,
+            0x5c00_0015,
+            class::KEPLER_CHANNEL_GROUP_A,
+            1,
+        )));
+        let t = proc_(&s, PID).queues[&0x5c00_0015].nv.clone().unwrap();
+        assert_eq!(t.fd, 8);
+        // A client first seen without its creation has no fd to act through.
+        s.apply(no_fd(rm_alloc(
+            5,
+            PID,
+            0xc1d0_0099,
+            0xc1d0_0099,
+            0x10,
+            class::NV01_DEVICE_0,
+            0,
+        )));
+        s.apply(no_fd(rm_alloc(
+            6,
+            PID,
+            0xc1d0_0099,
+            0x10,
+            0x20,
+            class::KEPLER_CHANNEL_GROUP_A,
+            1,
+        )));
+        assert_eq!(proc_(&s, PID).queues[&0x20].nv.as_ref().unwrap().fd, -1);
+    }
     #[test]
     fn failed_rm_calls_change_nothing() {
         let mut s = State::new();

@@ -73,6 +73,9 @@ pub struct Devices {
     /// amdkfd's calls come from the kprobe pair on `kfd_ioctl`: its major's rule says
     /// [`file_kind::KPROBED`].
     pub kprobed: bool,
+    /// NVIDIA's calls come from the pair on `nvidia_unlocked_ioctl`: its major's rule says
+    /// [`file_kind::KPROBED`] too (the tracepoints leave those files to the pair).
+    pub nv_pair: bool,
 }
 
 impl Devices {
@@ -86,13 +89,17 @@ impl Devices {
             nvidia_loaded: char_major(&devices, "nvidia-frontend").is_some()
                 || char_major(&devices, "nvidia").is_some(),
             kprobed: false,
+            nv_pair: false,
         }
     }
 
     /// Why GPU files beyond amdkfd's own nodes need the syscall tracepoints (None: the kprobe
     /// pair on `kfd_ioctl` sees every GPU call here, and no other ioctl runs a program).
     pub fn beyond_amdkfd(&self) -> Option<String> {
-        if self.nvidia_loaded || !self.nvidia.is_empty() {
+        if !self.nvidia.is_empty() {
+            return Some("NVIDIA stand-in devices".into());
+        }
+        if self.nvidia_loaded && !self.nv_pair {
             return Some("NVIDIA devices".into());
         }
         self.kfd_stand_in()
@@ -142,7 +149,14 @@ impl Devices {
             mask: u32::MAX,
             ino: 0,
         });
-        v.push(major(file_kind::NVIDIA, nv::NV_MAJOR_DEVICE_NUMBER));
+        v.push(major(
+            if self.nv_pair {
+                file_kind::KPROBED
+            } else {
+                file_kind::NVIDIA
+            },
+            nv::NV_MAJOR_DEVICE_NUMBER,
+        ));
         if let Some(id) = &self.kfd {
             // A node with amdkfd's major is covered by the major rule.
             let covered = matches!((id.rdev, self.kfd_major),
@@ -205,6 +219,9 @@ pub fn describe(rules: &[GpuFile]) -> String {
         let what = match r.kind {
             file_kind::KFD => "KFD",
             file_kind::NVIDIA => "NVIDIA",
+            file_kind::KPROBED if r.dev >> 20 == nv::NV_MAJOR_DEVICE_NUMBER => {
+                "NVIDIA (by the nvidia_unlocked_ioctl pair)"
+            }
             file_kind::KPROBED => "KFD (by the kfd_ioctl pair)",
             _ => "not GPU",
         };

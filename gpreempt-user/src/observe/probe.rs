@@ -190,6 +190,8 @@ pub struct HostProbeFacts {
     /// `kfd_ioctl`'s BTF (the amdgpu module's, or vmlinux's where amdgpu is built in): the
     /// fentry/fexit target.
     pub kfd_ioctl_btf: Option<crate::observe::tracing::Target>,
+    /// `nvidia_unlocked_ioctl`'s BTF (the nvidia module's, where it was built with BTF).
+    pub nv_ioctl_btf: Option<crate::observe::tracing::Target>,
 }
 
 /// The decision for one kernel-internal probe.
@@ -215,31 +217,46 @@ impl HostProbeFacts {
         let wanted: HashSet<&str> = PROBES
             .iter()
             .flat_map(|p| p.functions.iter().copied())
+            .chain([NV_IOCTL])
             .collect();
         let kallsyms = std::fs::read_to_string(root.join("proc/kallsyms"))
             .map(|t| kallsyms_present(&t, &wanted))
             .unwrap_or_default();
-        let (offsets, missing, kfd_ioctl_btf) = match crate::observe::btf::load_system(root) {
-            Ok((vmlinux, module)) => {
-                let r = crate::observe::btf::resolve(&vmlinux, module.as_ref());
-                (
-                    r.offsets,
-                    r.missing,
-                    kfd_ioctl_target(&vmlinux, module.as_ref()),
-                )
-            }
-            Err(e) => {
-                let why = format!("{e:#}");
-                let missing = (0..FIELDS.len()).map(|i| (i, why.clone())).collect();
-                (KernelOffsets::default(), missing, None)
-            }
-        };
+        let (offsets, missing, kfd_ioctl_btf, nv_ioctl_btf) =
+            match crate::observe::btf::load_system(root) {
+                Ok((vmlinux, module)) => {
+                    let r = crate::observe::btf::resolve(&vmlinux, module.as_ref());
+                    let nvidia = crate::observe::btf::load_module(root, &vmlinux, "nvidia")
+                        .unwrap_or_else(|e| {
+                            log::info!("the nvidia module's BTF: {e:#}");
+                            None
+                        });
+                    (
+                        r.offsets,
+                        r.missing,
+                        kfd_ioctl_target(&vmlinux, module.as_ref()),
+                        nvidia.as_ref().and_then(|b| {
+                            Some(crate::observe::tracing::Target {
+                                function: NV_IOCTL.into(),
+                                btf_object: "nvidia".into(),
+                                type_id: b.function_id(NV_IOCTL)?,
+                            })
+                        }),
+                    )
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    let missing = (0..FIELDS.len()).map(|i| (i, why.clone())).collect();
+                    (KernelOffsets::default(), missing, None, None)
+                }
+            };
         Self {
             kprobes,
             kallsyms,
             offsets,
             missing,
             kfd_ioctl_btf,
+            nv_ioctl_btf,
         }
     }
 
@@ -261,6 +278,44 @@ impl HostProbeFacts {
             return Err("kfd_ioctl is not in /proc/kallsyms (amdgpu not loaded)".into());
         }
         Ok(())
+    }
+
+    /// The NVIDIA RM escapes' source, in the order to try: a pair on `nvidia_unlocked_ioctl`
+    /// (fentry/fexit where the nvidia module has BTF, else a kprobe pair where kprobes reach it),
+    /// or Err(why the syscall tracepoints serve them). `by_file`: the tracepoints can tell files
+    /// apart (the pair needs the caller's fd table to name a client's fd, and the tracepoints,
+    /// where they stay for other files, must leave NVIDIA's to the pair). Pure: unit-tested.
+    pub fn nv_plan(
+        &self,
+        nvidia_loaded: bool,
+        source: IoctlSource,
+        by_file: bool,
+    ) -> Result<Vec<Pair>, String> {
+        if !nvidia_loaded {
+            return Err("no NVIDIA driver".into());
+        }
+        if source == IoctlSource::Tracepoint {
+            return Err("--ioctl-source tracepoint".into());
+        }
+        if !by_file {
+            return Err("struct file offsets unknown (no BTF): files cannot be told apart".into());
+        }
+        let mut plan = Vec::new();
+        let mut why = Vec::new();
+        match &self.nv_ioctl_btf {
+            Some(_) => plan.push(Pair::Fentry),
+            None => why.push("the nvidia module has no BTF".to_string()),
+        }
+        match (&self.kprobes, self.kallsyms.contains(NV_IOCTL)) {
+            (Ok(()), true) => plan.push(Pair::Kprobe),
+            (Ok(()), false) => why.push(format!("{NV_IOCTL} is not in /proc/kallsyms")),
+            (Err(e), _) => why.push(e.clone()),
+        }
+        if plan.is_empty() {
+            Err(why.join("; "))
+        } else {
+            Ok(plan)
+        }
     }
 
     fn verdict(&self, spec: &ProbeSpec) -> Result<Vec<&'static str>, String> {
@@ -339,6 +394,8 @@ pub struct Probes {
     filter: IoctlFilter,
     /// Which pair on `kfd_ioctl` KFD ioctls come from (None: the syscall tracepoints).
     kfd_pair: Option<Pair>,
+    /// Which pair on `nvidia_unlocked_ioctl` RM escapes come from (None: the tracepoints).
+    nv_pair: Option<Pair>,
     /// Programs loaded against kernel BTF here rather than by aya; dropping detaches them.
     _tracing: Vec<crate::observe::tracing::Attached>,
     /// The syscall ioctl tracepoints are attached (the floor, or for GPU files beyond amdkfd).
@@ -734,6 +791,13 @@ pub fn try_fentry_pair(facts: &HostProbeFacts) -> Result<(), String> {
     attach_fentry_pair(&programs, target).map(drop)
 }
 
+/// Attaches the NVIDIA pair for a moment (doctor's check): which one attached, or why none.
+pub fn try_nv_pair(facts: &HostProbeFacts, plan: &[Pair]) -> Result<Pair, String> {
+    let mut ebpf = load_object(false).map_err(|e| format!("{e:#}"))?;
+    let programs = crate::observe::tracing::Programs::of(&ebpf, EBPF_OBJECT).ok();
+    attach_nv_pair(&mut ebpf, programs.as_ref(), facts, plan).map(|(p, _links)| p)
+}
+
 /// Which pair of programs on `kfd_ioctl` gives the KFD ioctl records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pair {
@@ -757,6 +821,56 @@ fn source_name(s: IoctlSource) -> &'static str {
         IoctlSource::Kprobe => "kprobe",
         IoctlSource::Tracepoint => "tracepoint",
     }
+}
+
+/// The NVIDIA driver's ioctl entry for /dev/nvidiactl and /dev/nvidiaN (kernel-open/nvidia/nv.c).
+pub const NV_IOCTL: &str = "nvidia_unlocked_ioctl";
+/// The fentry/fexit programs of the NVIDIA ioctl pair, exit first.
+pub const NV_FENTRY_PAIR: [(&str, crate::observe::tracing::Hook); 2] = [
+    ("nv_ioctl_fexit", crate::observe::tracing::Hook::Exit),
+    ("nv_ioctl_fentry", crate::observe::tracing::Hook::Entry),
+];
+/// The kprobe pair's programs, entry first (attached in reverse).
+const NV_PAIR: [&str; 2] = ["nv_ioctl_entry", "nv_ioctl_return"];
+
+/// Attaches the NVIDIA ioctl source per `plan` (the first that attaches wins).
+fn attach_nv_pair(
+    ebpf: &mut Ebpf,
+    programs: Option<&crate::observe::tracing::Programs>,
+    facts: &HostProbeFacts,
+    plan: &[Pair],
+) -> Result<(Pair, Vec<crate::observe::tracing::Attached>), String> {
+    let mut why = Vec::new();
+    for p in plan {
+        let r = match p {
+            Pair::Fentry => match (programs, &facts.nv_ioctl_btf) {
+                (Some(programs), Some(t)) => NV_FENTRY_PAIR
+                    .iter()
+                    .map(|(name, hook)| programs.attach(name, *hook, t))
+                    .collect::<Result<Vec<_>>>()
+                    .map_err(|e| format!("{e:#}")),
+                _ => Err("no BTF-typed programs".into()),
+            },
+            Pair::Kprobe => (|| {
+                for program in NV_PAIR {
+                    pair_program(ebpf, program)?.load().map_err(|e| {
+                        format!("the verifier rejected {program}: {}", verifier_text(&e))
+                    })?;
+                }
+                for program in NV_PAIR.iter().rev() {
+                    pair_program(ebpf, program)?
+                        .attach(NV_IOCTL, 0)
+                        .map_err(|e| format!("attaching {program} to {NV_IOCTL}: {e}"))?;
+                }
+                Ok(Vec::new())
+            })(),
+        };
+        match r {
+            Ok(links) => return Ok((*p, links)),
+            Err(e) => why.push(format!("{}: {e}", p.name())),
+        }
+    }
+    Err(why.join("; "))
 }
 
 /// The fentry/fexit programs of the KFD ioctl pair, exit first (an entry without its exit
@@ -873,6 +987,27 @@ impl Probes {
         if let Some((rate, burst)) = opts.rate_limit {
             (config.rate_per_s, config.rate_burst) = (rate, burst.max(1));
         }
+        // The NVIDIA source: a pair on nvidia_unlocked_ioctl where one can be had, so that no
+        // other ioctl on the host runs a program; the syscall tracepoints otherwise.
+        let by_file = offsets_written.is_ok() && facts.offsets.has_all(kprobe::field::FILE_CHAIN);
+        let nv_pair = facts
+            .nv_plan(devices.nvidia_loaded, opts.ioctl_source, by_file)
+            .and_then(|plan| {
+                attach_nv_pair(&mut ebpf, tracing_programs.as_ref().ok(), &facts, &plan)
+            });
+        let nv_pair = match nv_pair {
+            Ok((p, links)) => {
+                tracing.extend(links);
+                devices.nv_pair = true;
+                Some(p)
+            }
+            Err(why) => {
+                if devices.nvidia_loaded {
+                    log::info!("NVIDIA ioctls from the syscall tracepoints: {why}");
+                }
+                None
+            }
+        };
         let (mut filter, mut rules) = choose_filter(&facts, &offsets_written, &devices);
         let pair = match (&filter, pair) {
             // Without the file rules the tracepoints cannot tell a stand-in from amdkfd's node.
@@ -884,6 +1019,17 @@ impl Probes {
         };
         configure(&mut ebpf, config, &filter, &rules, devices.kprobed)?;
         let mut sources = Vec::new();
+        if let Some(p) = nv_pair {
+            sources.push(SourceStatus {
+                name: format!("{NV_IOCTL} entry/return"),
+                kind: match p {
+                    Pair::Fentry => SourceKind::Fentry,
+                    Pair::Kprobe => SourceKind::Kprobe,
+                },
+                live: true,
+                detail: "NVIDIA RM escapes".into(),
+            });
+        }
         let attached = pair.and_then(|()| {
             let mut why = Vec::new();
             if let (Ok(target), Ok(programs)) = (&fentry, &tracing_programs) {
@@ -1013,6 +1159,7 @@ impl Probes {
             launch_ready,
             filter,
             kfd_pair,
+            nv_pair,
             _tracing: tracing,
             ioctl_tracepoints,
         })
@@ -1040,7 +1187,24 @@ impl Probes {
             ),
             _ => format!("ioctls from syscall tracepoints {how}"),
         };
-        format!("{}, {ioctls}", summarize(&self.sources))
+        let nv = match (self.nv_pair, self.ioctl_tracepoints) {
+            (Some(p), false) => format!(
+                ", NVIDIA RM escapes from {} {NV_IOCTL} (no other ioctl runs a program)",
+                p.name()
+            ),
+            (Some(p), true) => format!(", NVIDIA RM escapes from {} {NV_IOCTL}", p.name()),
+            (None, _) => String::new(),
+        };
+        format!("{}, {ioctls}{nv}", summarize(&self.sources))
+    }
+
+    /// Where NVIDIA RM escape records come from (Tracepoint: the syscall tracepoints).
+    pub fn nv_source(&self) -> IoctlSource {
+        match self.nv_pair {
+            Some(Pair::Fentry) => IoctlSource::Fentry,
+            Some(Pair::Kprobe) => IoctlSource::Kprobe,
+            None => IoctlSource::Tracepoint,
+        }
     }
 
     /// Where KFD ioctl records come from.

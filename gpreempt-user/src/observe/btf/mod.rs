@@ -776,16 +776,21 @@ pub fn load_system(root: &Path) -> anyhow::Result<(Btf, Option<Btf>)> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", vpath.display())),
     };
     let vmlinux = Btf::parse(&data).with_context(|| format!("parsing {}", vpath.display()))?;
-    let mpath = dir.join("amdgpu");
-    let module = match std::fs::read(&mpath) {
-        Ok(d) => Some(
-            Btf::parse_split(&d, &vmlinux)
-                .with_context(|| format!("parsing {}", mpath.display()))?,
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", mpath.display())),
-    };
+    let module = load_module(root, &vmlinux, "amdgpu")?;
     Ok((vmlinux, module))
+}
+
+/// A loaded module's split BTF under `root` (/sys/kernel/btf/NAME), None where it has none.
+pub fn load_module(root: &Path, vmlinux: &Btf, name: &str) -> anyhow::Result<Option<Btf>> {
+    let mpath = root.join("sys/kernel/btf").join(name);
+    match std::fs::read(&mpath) {
+        Ok(d) => Ok(Some(
+            Btf::parse_split(&d, vmlinux)
+                .with_context(|| format!("parsing {}", mpath.display()))?,
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", mpath.display())),
+    }
 }
 
 #[cfg(test)]
