@@ -1,13 +1,27 @@
 #!/bin/bash
 # Evaluation matrix 2 for the NVIDIA levers and the adaptive strategy, phase design (as
-# scripts/gpu-phases.sh), one or more workload pairs per invocation, on the device machine (H100;
+# scripts/gpu-phases.sh), one or more workload pairs per invocation, on the device machine (H100s;
 # no network; python3 with torch/torchvision), the release binary carried at .carry/gpreempt-ebpf.
-# Device command (two pairs fit in one 10-minute command with the defaults), e.g.:
+# Device command, 4 pairs at once on a 4-GPU host (nvidia-h100-x4; ~5 minutes with the defaults):
+#   OUT=$OUT scripts/gpu-matrix2.sh E F G H
+# or, on one GPU, two pairs one after the other (~10 minutes with the defaults):
 #   OUT=$OUT scripts/gpu-matrix2.sh E F
-# Per pair the processes start once: the controller (`run`), the offline job(s) (each gated by
-# its own file) and the online service. The columns are phases of PHASE seconds, every column once
-# per round, rounds interleaved, switched by two things only: the offline gates (a job works while
-# its file exists) and the controller's policy (rewritten, then SIGHUP). No probe here.
+# PARALLEL (more than one pair, more than one GPU, no more pairs than GPUs): pair i runs on GPU
+# i of GPUS (CUDA_VISIBLE_DEVICES=GPUS[i] for its online and offline processes), every pair at
+# once under ONE controller (`run`: one per host, it owns /run/gpreempt-ebpf and decides per GPU,
+# so pairs on different GPUs do not interact), with one phase schedule: the columns switch for all
+# pairs together (every pair's gates, the one policy file + SIGHUP). Right after every process
+# printed "ready" a sanity check (scripts/gpu/matrix2_report.py --gpu-check) prints each pid's
+# GPU (nvidia-smi --query-compute-apps; /dev/nvidiaN descriptors where nvidia-smi does not list a
+# pid), its CUDA_VISIBLE_DEVICES and the controller's class for it (status.json); if two pairs
+# share a GPU the run is aborted (workloads and controller stopped, files written, exit 3).
+# SEQUENTIAL (one pair, one GPU, GPUS of one entry, or more pairs than GPUs): as before, one pair
+# after the other, each with its own controller (pinned to GPUS' first entry only where GPUS is
+# given).
+# Per group the processes start once: the controller (`run`), the offline job(s) (each gated by
+# its own file) and the online service(s). The columns are phases of PHASE seconds, every column
+# once per round, rounds interleaved, switched by two things only: the offline gates (a job works
+# while its file exists) and the controller's policy (rewritten, then SIGHUP). No probe here.
 #
 # PAIR  (scripts/gpu/pairs.sh; models of scripts/gpu/online.py, scripts/gpu/offline.py)
 #   A-D  as in scripts/gpu-phases.sh
@@ -36,25 +50,36 @@
 #
 # Env: OUT (./gpu-out), GP (.carry/gpreempt-ebpf), PHASE (10), SETTLE (3), SETTLE_ADAPTIVE (8),
 #   ROUNDS (3), PHASES ("alone colo ts_static ts_dynamic pause adaptive"), TIMESLICE (200us),
-#   BUDGET (1.1: online_p99_budget), RUNV (-v), START_EST (35: seconds to start a pair's
+#   BUDGET (1.1: online_p99_budget), RUNV (-v), START_EST (35: seconds to start a group's
 #   processes, for the estimate), DRY (1: print the estimate and the policies, run nothing),
+#   GPUS (GPU indices, "0 1 2 3" or "0,1,2,3"; default: every GPU nvidia-smi lists),
+#   RUNDIR (/run/gpreempt-ebpf: where the controller publishes status.json; read only),
 #   DEADLINE (592: seconds from this script's start; a round that would end after it is not
-#   begun, and a pair that could not finish one round is skipped, so a 10-minute device command
+#   begun, and a group that could not finish one round is skipped, so a 10-minute device command
 #   always ends with every started pair's files written and reported).
 # Results per pair: $OUT/$PAIR-on.json (per-request arrivals/latencies), $OUT/$PAIR-off<i>.json
 #   (per offline process: iteration end times), $OUT/$PAIR-phases.jsonl (each phase's window and
-#   whether its policy reload was applied), $OUT/$PAIR-audit.jsonl, $OUT/$PAIR-run.err,
-#   $OUT/$PAIR-clock, $OUT/$PAIR-meta.json, $OUT/$PAIR-policy-<column>.toml, and the table from
-#   scripts/gpu/matrix2_report.py ($OUT/$PAIR-matrix2.{md,json}).
+#   whether its policy reload was applied; the same windows for every pair of a group),
+#   $OUT/$PAIR-audit.jsonl (in parallel: the pair's records of the one audit log, split by pid, by
+#   GPU for records without a pid; matrix2_report.py --split-audit), $OUT/$PAIR-clock,
+#   $OUT/$PAIR-meta.json (with pids, GPU and the sanity check's mapping),
+#   $OUT/$PAIR-policy-<column>.toml, and the table from scripts/gpu/matrix2_report.py
+#   ($OUT/$PAIR-matrix2.{md,json}). Per group ($G = $OUT/$PAIR alone, $OUT/all-<PAIRS> in parallel):
+#   $G-run.err (the controller's stderr), $G-gpus.csv, $G-apps.csv (nvidia-smi at the sanity
+#   check), $G-gpucheck.json, $G-status.json (the controller's status then); in parallel also
+#   $G-audit.jsonl (the whole audit log), $G-audit-unattributed.jsonl, $G-matrix2.json.
+# The device tool brings back at most 8 files from $OUT: tar $OUT into one file there.
 set -u
-[ $# -ge 1 ] || { echo "usage: scripts/gpu-matrix2.sh PAIR... (A-H; env OUT PHASE SETTLE" \
-                       "SETTLE_ADAPTIVE ROUNDS PHASES TIMESLICE BUDGET DRY)" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: scripts/gpu-matrix2.sh PAIR... (A-H; env OUT GPUS PHASE SETTLE" \
+                       "SETTLE_ADAPTIVE ROUNDS PHASES TIMESLICE BUDGET DRY DEADLINE)" >&2; exit 2; }
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 GP=${GP:-.carry/gpreempt-ebpf}
 PHASE=${PHASE:-10}; SETTLE=${SETTLE:-3}; SETTLE_ADAPTIVE=${SETTLE_ADAPTIVE:-8}; ROUNDS=${ROUNDS:-3}
 PHASES=${PHASES:-alone colo ts_static ts_dynamic pause adaptive}
 TIMESLICE=${TIMESLICE:-200us}; BUDGET=${BUDGET:-1.1}; RUNV=${RUNV--v}
 START_EST=${START_EST:-35}; DRY=${DRY:-}; DEADLINE=${DEADLINE:-592}
+RUNDIR=${RUNDIR:-/run/gpreempt-ebpf}
+REPORT=scripts/gpu/matrix2_report.py
 
 # policy COLUMN: the policy file of a column, from one template. Change a column's policy here.
 #   strategy   [policy] strategy
@@ -99,20 +124,54 @@ EOF
 
 settle_of() { [ "$1" = adaptive ] && echo "$SETTLE_ADAPTIVE" || echo "$SETTLE"; }
 
-# Validate the pairs and columns, and estimate the wall time.
+# Validate the pairs and columns.
 for pair in "$@"; do ( . scripts/gpu/pairs.sh "$pair" ) || exit 2; done
 for ph in $PHASES; do policy "$ph" >/dev/null || exit 2; done
+[ "$(printf '%s\n' "$@" | sort | uniq -d)" ] && { echo "a pair is named twice: $*" >&2; exit 2; }
+
+# The GPUs, and whether the pairs run at once (one per GPU) or one after the other.
+GPUS_GIVEN=${GPUS:+1}
+GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)}
+read -ra GPU_LIST <<<"$(echo ${GPUS//,/ })"
+NG=${#GPU_LIST[@]}
+for g in "${GPU_LIST[@]}"; do
+  [[ "$g" =~ ^[0-9]+$ ]] || { echo "GPUS: not a GPU index: '$g' (GPUS='$GPUS')" >&2; exit 2; }
+done
+[ "$(printf '%s\n' "${GPU_LIST[@]}" | sort | uniq -d)" ] && { echo "GPUS names a GPU twice:" \
+    "${GPU_LIST[*]}" >&2; exit 2; }
+PARALLEL=
+[ $# -gt 1 ] && [ "$NG" -gt 1 ] && [ $# -le "$NG" ] && PARALLEL=1
+
+# The estimate: the phases of one group, its start and stop.
 round_s=0
 for ph in $PHASES; do round_s=$((round_s + PHASE + $(settle_of "$ph"))); done
-TOTAL=$((ROUNDS * round_s))           # the phases of one pair
+TOTAL=$((ROUNDS * round_s))           # the phases of one group
 PAIR_EST=$((START_EST + 1 + TOTAL + 8)) # start, online settling, phases, stop + report
-ALL_EST=$(($# * PAIR_EST))
 echo "gpu-matrix2: pairs $*; $ROUNDS round(s) of [$PHASES], ${PHASE}s each after ${SETTLE}s" \
      "(adaptive ${SETTLE_ADAPTIVE}s) settling"
-echo "estimate: ${TOTAL}s of phases + ~$((PAIR_EST - TOTAL))s start/stop = ~${PAIR_EST}s" \
-     "($((PAIR_EST / 60))m$((PAIR_EST % 60))s) per pair; ~${ALL_EST}s for all $# pair(s)"
-[ "$ALL_EST" -gt "$DEADLINE" ] && echo "warning: over DEADLINE=${DEADLINE}s: rounds of the last" \
-    "pair(s) will be cut (run fewer pairs per command, or lower ROUNDS/PHASE)"
+if [ -n "$PARALLEL" ]; then
+  # Once: start (all processes load at once), the sanity check, the phases; per extra pair a few
+  # seconds of stopping its processes and reporting.
+  ALL_EST=$((START_EST + 1 + 3 + TOTAL + 8 + 3 * ($# - 1)))
+  echo "parallel: ONE controller; pair i on GPU i of GPUS:" \
+       "$(i=0; for p in "$@"; do printf '%s->%s ' "$p" "${GPU_LIST[$i]}"; i=$((i + 1)); done)"
+  echo "estimate: ${TOTAL}s of phases + ~$((ALL_EST - TOTAL))s start/check/stop = ~${ALL_EST}s" \
+       "($((ALL_EST / 60))m$((ALL_EST % 60))s) for all $# pairs at once"
+  [ "$ALL_EST" -gt "$DEADLINE" ] && echo "warning: over DEADLINE=${DEADLINE}s: the last" \
+      "round(s) will be cut (lower ROUNDS/PHASE)"
+else
+  ALL_EST=$(($# * PAIR_EST))
+  if [ $# -eq 1 ]; then why="one pair"
+  elif [ "$NG" -eq 0 ]; then why="no GPU list (GPUS unset, nvidia-smi lists none)"
+  elif [ "$NG" -eq 1 ]; then why="one GPU (${GPU_LIST[0]})"
+  else why="$# pairs > $NG GPUs"; fi
+  echo "sequential ($why): one pair after the other, a controller each$([ -n "$GPUS_GIVEN" ] \
+       && echo " (pinned to GPU ${GPU_LIST[0]})")"
+  echo "estimate: ${TOTAL}s of phases + ~$((PAIR_EST - TOTAL))s start/stop = ~${PAIR_EST}s" \
+       "($((PAIR_EST / 60))m$((PAIR_EST % 60))s) per pair; ~${ALL_EST}s for all $# pair(s)"
+  [ "$ALL_EST" -gt "$DEADLINE" ] && echo "warning: over DEADLINE=${DEADLINE}s: rounds of the last" \
+      "pair(s) will be cut (run fewer pairs per command, or lower ROUNDS/PHASE)"
+fi
 
 if [ -n "$DRY" ]; then
   for ph in $PHASES; do echo "--- $ph"; policy "$ph"; done
@@ -127,106 +186,177 @@ now() { date +%s.%N; }
 # The number of "policy reloaded"/"NOT reloaded" lines in the controller's stderr so far.
 reload_counts() { echo "$(grep -c '^policy reloaded: ' "$1") $(grep -c 'NOT reloaded' "$1")"; }
 
-run_pair() {
-  local PAIR=$1 on rate off noff
-  . scripts/gpu/pairs.sh "$PAIR"
+# run_group GPU PAIR...: one controller, the pairs' processes (pair j pinned to GPU j of the
+# space-separated list GPU, "-" = not pinned), the rounds, the stop, the reports. Returns 3 when
+# the sanity check found two pairs on one GPU (after a clean stop).
+run_group() {
+  local -a gpus pairs=("${@:2}")
+  read -ra gpus <<<"$1"
+  local np=${#pairs[@]} PAIR P G j i k ph est
+  if [ "$np" -gt 1 ]; then G="$OUT/all-$(printf '%s' "${pairs[@]}")"; est=$ALL_EST
+  else G="$OUT/${pairs[0]}"; est=$PAIR_EST; fi
   if [ $((SECONDS + START_EST + round_s + 10)) -gt "$DEADLINE" ]; then
-    echo "=== pair $PAIR skipped: not even one round fits before DEADLINE=${DEADLINE}s" \
+    echo "=== pair(s) ${pairs[*]} skipped: not even one round fits before DEADLINE=${DEADLINE}s" \
          "(now ${SECONDS}s)"
     return 0
   fi
-  local pair_t0=$SECONDS
-  local P="$OUT/$PAIR" i ph k
-  rm -f "$P"-*
-  printf '{"pair":"%s","online":"%s","rate":%s,"offline":"%s","offline_processes":%d,' \
-    "$PAIR" "$on" "$rate" "$off" "$noff" > "$P-meta.json"
-  printf '"phase_s":%s,"settle_s":%s,"settle_adaptive_s":%s,"rounds":%s,"phases":"%s",' \
-    "$PHASE" "$SETTLE" "$SETTLE_ADAPTIVE" "$ROUNDS" "$PHASES" >> "$P-meta.json"
-  printf '"timeslice":"%s","budget":%s}\n' "$TIMESLICE" "$BUDGET" >> "$P-meta.json"
-  echo "=== pair $PAIR: online $on @$rate/s vs offline $off x$noff ($(date +%T))"
+  local grp_t0=$SECONDS audit="$G-audit.jsonl"
+  [ "$np" -gt 1 ] && rm -f "$G"-*
+  local -A ON RATE OFF NOFF GPU
+  local on rate off noff
+  for j in "${!pairs[@]}"; do
+    PAIR=${pairs[$j]}; P="$OUT/$PAIR"
+    . scripts/gpu/pairs.sh "$PAIR"
+    ON[$PAIR]=$on RATE[$PAIR]=$rate OFF[$PAIR]=$off NOFF[$PAIR]=$noff GPU[$PAIR]=${gpus[$j]:--}
+    rm -f "$P"-*
+    echo "=== pair $PAIR: online $on @$rate/s vs offline $off x$noff$([ "${GPU[$PAIR]}" != - ] \
+         && echo " on GPU ${GPU[$PAIR]}") ($(date +%T))"
+  done
+  write_meta() {  # PAIR [more JSON members, each starting with ","]
+    local p=$1 g=${GPU[$1]}
+    printf '{"pair":"%s","online":"%s","rate":%s,"offline":"%s","offline_processes":%d,' \
+      "$p" "${ON[$p]}" "${RATE[$p]}" "${OFF[$p]}" "${NOFF[$p]}" > "$OUT/$p-meta.json"
+    printf '"phase_s":%s,"settle_s":%s,"settle_adaptive_s":%s,"rounds":%s,"phases":"%s",' \
+      "$PHASE" "$SETTLE" "$SETTLE_ADAPTIVE" "$ROUNDS" "$PHASES" >> "$OUT/$p-meta.json"
+    printf '"timeslice":"%s","budget":%s,"gpu":%s,"group":"%s"%s}\n' "$TIMESLICE" "$BUDGET" \
+      "$([ "$g" = - ] && echo null || echo "$g")" "${pairs[*]}" "${2:-}" >> "$OUT/$p-meta.json"
+  }
+  for PAIR in "${pairs[@]}"; do write_meta "$PAIR"; done
+  [ "$np" -gt 1 ] && echo "=== ${pairs[*]} at once under one controller ($G-*)"
   # The audit log's clock (CLOCK_MONOTONIC) against the epoch, for the report.
-  python3 -c 'import time; print(time.time() - time.monotonic())' > "$P-clock"
-  for ph in $PHASES; do policy "$ph" > "$P-policy-$ph.toml"; done
+  python3 -c 'import time; print(time.time() - time.monotonic())' > "$G-clock.tmp"
+  for PAIR in "${pairs[@]}"; do
+    cp "$G-clock.tmp" "$OUT/$PAIR-clock"
+    for ph in $PHASES; do policy "$ph" > "$OUT/$PAIR-policy-$ph.toml"; done
+  done
+  rm -f "$G-clock.tmp"
   local first=${PHASES%% *}
-  cp "$P-policy-$first.toml" "$OUT/policy.toml"
+  policy "$first" > "$OUT/policy.toml"
 
-  "$GP" $RUNV run --policy "$OUT/policy.toml" --audit "$P-audit.jsonl" 2>"$P-run.err" &
+  "$GP" $RUNV run --policy "$OUT/policy.toml" --audit "$audit" 2>"$G-run.err" &
   local RUNP=$!
   for i in $(seq 600); do
-    grep -q "gpreempt-ebpf run:" "$P-run.err" 2>/dev/null && break
-    kill -0 $RUNP 2>/dev/null || { echo "run exited:"; tail -5 "$P-run.err"; return 1; }
+    grep -q "gpreempt-ebpf run:" "$G-run.err" 2>/dev/null && break
+    kill -0 $RUNP 2>/dev/null || { echo "run exited:"; tail -5 "$G-run.err"; return 1; }
     sleep 0.1
   done
-  grep -E "self-test" "$P-run.err" | tail -1
+  grep -E "self-test" "$G-run.err" | tail -1
 
   # All workloads start at once (loads overlap); each offline job warms up with its gate open,
   # then idles. They run until stopped (SIGTERM) and write their JSON then.
-  local LONG=$((TOTAL + 900)) OFFP=() ONP
-  for i in $(seq "$noff"); do
-    touch "$OUT/gate$i"
-    python3 scripts/gpu/offline.py "$LONG" "$P-off$i.json" --model "$off" --gate "$OUT/gate$i" \
-        >"$P-off$i.log" 2>"$P-off$i.err" & OFFP+=($!)
+  local LONG=$((TOTAL + 900))
+  local -a PID=() NAME=() LOG=() ERR=() GATES=() envv
+  local -A ONP=() OFFPS=()
+  for PAIR in "${pairs[@]}"; do
+    P="$OUT/$PAIR"; envv=()
+    [ "${GPU[$PAIR]}" != - ] && envv=("CUDA_VISIBLE_DEVICES=${GPU[$PAIR]}")
+    for i in $(seq "${NOFF[$PAIR]}"); do
+      touch "$OUT/gate-$PAIR-$i"; GATES+=("$OUT/gate-$PAIR-$i")
+      env "${envv[@]}" python3 scripts/gpu/offline.py "$LONG" "$P-off$i.json" \
+          --model "${OFF[$PAIR]}" --gate "$OUT/gate-$PAIR-$i" >"$P-off$i.log" 2>"$P-off$i.err" &
+      PID+=($!) NAME+=("$PAIR offline $i") LOG+=("$P-off$i.log") ERR+=("$P-off$i.err")
+      OFFPS[$PAIR]="${OFFPS[$PAIR]:-}${OFFPS[$PAIR]:+,}$!"
+    done
+    env "${envv[@]}" python3 scripts/gpu/online.py "$LONG" "${RATE[$PAIR]}" "$P-on.json" \
+        --model "${ON[$PAIR]}" --samples >"$P-on.log" 2>"$P-on.err" &
+    PID+=($!) NAME+=("$PAIR online") LOG+=("$P-on.log") ERR+=("$P-on.err"); ONP[$PAIR]=$!
   done
-  python3 scripts/gpu/online.py "$LONG" "$rate" "$P-on.json" --model "$on" --samples \
-      >"$P-on.log" 2>"$P-on.err" & ONP=$!
-  local t_start=$SECONDS ok
+  local t_start=$SECONDS ok n
+  local -A DEAD=()
   for i in $(seq 1800); do
     ok=1
-    for k in $(seq "$noff"); do grep -q ready "$P-off$k.log" 2>/dev/null || ok=; done
-    grep -q ready "$P-on.log" 2>/dev/null || ok=
-    [ -n "$ok" ] && break
-    for k in $(seq "$noff"); do
-      kill -0 "${OFFP[$((k - 1))]}" 2>/dev/null || { echo "offline $k died:"; tail -3 "$P-off$k.err"; }
+    for n in "${!PID[@]}"; do
+      grep -q ready "${LOG[$n]}" 2>/dev/null && continue
+      if ! kill -0 "${PID[$n]}" 2>/dev/null; then
+        [ -z "${DEAD[$n]:-}" ] && { echo "${NAME[$n]} died:"; tail -3 "${ERR[$n]}"; DEAD[$n]=1; }
+        continue
+      fi
+      ok=
     done
-    kill -0 $ONP 2>/dev/null || { echo "online died:"; tail -3 "$P-on.err"; break; }
+    [ -n "$ok" ] && break
     sleep 0.1
   done
-  [ -n "$ok" ] || echo "warning: not every workload reported ready"
-  for i in $(seq "$noff"); do rm -f "$OUT/gate$i"; done
+  [ -n "$ok" ] && [ ${#DEAD[@]} -eq 0 ] || echo "warning: not every workload reported ready"
+  rm -f "${GATES[@]}"
   echo "workloads ready after $((SECONDS - t_start))s"
-  sleep 1   # the online service runs alone a moment (the first phase settles too)
+
+  # Sanity check: which GPU each process is on (nvidia-smi, as the controller would see them),
+  # and how the controller classified it. Two pairs on one GPU: abort.
+  for PAIR in "${pairs[@]}"; do
+    write_meta "$PAIR" ",\"pids\":{\"online\":${ONP[$PAIR]},\"offline\":[${OFFPS[$PAIR]}]}"
+  done
+  sleep 1   # the online service runs alone a moment (the first phase settles too); status.json
+  nvidia-smi --query-gpu=index,pci.bus_id,uuid --format=csv,noheader > "$G-gpus.csv" 2>&1
+  nvidia-smi --query-compute-apps=pid,gpu_bus_id --format=csv,noheader > "$G-apps.csv" 2>&1
+  cp "$RUNDIR/status.json" "$G-status.json" 2>/dev/null || echo "(no $RUNDIR/status.json)"
+  local abort= crc
+  python3 "$REPORT" --gpu-check "$G" "${pairs[@]/#/$OUT/}"; crc=$?
+  [ "$crc" -eq 3 ] && abort=3
+  [ "$crc" -ne 0 ] && [ "$crc" -ne 3 ] && echo "warning: the sanity check could not run (rc $crc)"
 
   local reloads=0 rc0 rc1 r0 r1 rs ts t0 t1 st
+  [ -n "$abort" ] && echo "ABORT: the sanity check failed (rc $abort): no rounds; stopping"
   for k in $(seq "$ROUNDS"); do
+    [ -n "$abort" ] && break
     if [ $((SECONDS + round_s + 10)) -gt "$DEADLINE" ]; then
       echo "  warning: round $k not begun: it would end after DEADLINE=${DEADLINE}s" \
            "(now ${SECONDS}s); $((k - 1)) round(s) done"
       break
     fi
     for ph in $PHASES; do
-      read -r r0 rs <<<"$(reload_counts "$P-run.err")"
-      cp "$P-policy-$ph.toml" "$OUT/policy.tmp" && mv "$OUT/policy.tmp" "$OUT/policy.toml"
+      read -r r0 rs <<<"$(reload_counts "$G-run.err")"
+      cp "$OUT/${pairs[0]}-policy-$ph.toml" "$OUT/policy.tmp" && mv "$OUT/policy.tmp" "$OUT/policy.toml"
       kill -HUP $RUNP; reloads=$((reloads + 1))
-      for i in $(seq "$noff"); do
-        case "$ph" in alone) rm -f "$OUT/gate$i" ;; *) touch "$OUT/gate$i" ;; esac
-      done
+      case "$ph" in alone) rm -f "${GATES[@]}" ;; *) touch "${GATES[@]}" ;; esac
       ts=$(now); st=$(settle_of "$ph"); sleep "$st"
       # Was this phase's policy applied? (the reload is answered within the settling)
-      read -r r1 rc1 <<<"$(reload_counts "$P-run.err")"
+      read -r r1 rc1 <<<"$(reload_counts "$G-run.err")"
       if [ "$rc1" -gt "$rs" ]; then rc0=refused; echo "  warning: $ph policy NOT reloaded:" \
-          "$(grep 'NOT reloaded' "$P-run.err" | tail -1 | cut -c1-200)"
+          "$(grep 'NOT reloaded' "$G-run.err" | tail -1 | cut -c1-200)"
       elif [ "$r1" -gt "$r0" ]; then rc0=ok; else rc0=unknown; fi
       t0=$(now); sleep "$PHASE"; t1=$(now)
-      printf '{"round":%d,"phase":"%s","switched":%s,"start":%s,"end":%s,"reload":"%s"}\n' \
-          "$k" "$ph" "$ts" "$t0" "$t1" "$rc0" >> "$P-phases.jsonl"
+      for PAIR in "${pairs[@]}"; do
+        printf '{"round":%d,"phase":"%s","switched":%s,"start":%s,"end":%s,"reload":"%s"}\n' \
+            "$k" "$ph" "$ts" "$t0" "$t1" "$rc0" >> "$OUT/$PAIR-phases.jsonl"
+      done
       echo "  round $k $ph done (reload $rc0)"
     done
   done
-  for i in $(seq "$noff"); do rm -f "$OUT/gate$i"; done
-  kill -TERM $ONP; wait $ONP; echo "online rc=$?"
-  for i in $(seq "$noff"); do
-    kill -TERM "${OFFP[$((i - 1))]}"; wait "${OFFP[$((i - 1))]}"; echo "offline $i rc=$?"
-  done
+  rm -f "${GATES[@]}"
+  # Stop: every workload at once (each writes its JSON), then the controller.
+  for n in "${!PID[@]}"; do kill -TERM "${PID[$n]}" 2>/dev/null; done
+  for n in "${!PID[@]}"; do wait "${PID[$n]}"; echo "${NAME[$n]} rc=$?"; done
   kill -INT $RUNP
   for i in $(seq 200); do kill -0 $RUNP 2>/dev/null || break; sleep 0.1; done
   kill -0 $RUNP 2>/dev/null && { echo "run did not stop on SIGINT: kill -9"; kill -9 $RUNP; }
   wait $RUNP; echo "run rc=$?"
-  echo "reloads sent $reloads; reloaded: $(grep -c '^policy reloaded: ' "$P-run.err")," \
-       "refused: $(grep -c 'NOT reloaded' "$P-run.err")"
-  grep -iE "nothing is left|left suspended|guardian|lease|silent" "$P-run.err" | tail -5 | cut -c1-240
+  echo "reloads sent $reloads; reloaded: $(grep -c '^policy reloaded: ' "$G-run.err")," \
+       "refused: $(grep -c 'NOT reloaded' "$G-run.err")"
+  grep -iE "nothing is left|left suspended|guardian|lease|silent" "$G-run.err" | tail -5 | cut -c1-240
   pgrep -af "scripts/gpu/(online|offline)\.py" && echo "warning: workloads left running"
-  python3 scripts/gpu/matrix2_report.py "$P"
-  echo "=== pair $PAIR done ($(date +%T), $((SECONDS - pair_t0))s; estimate ${PAIR_EST}s)"
+  if [ "$np" -gt 1 ]; then
+    # The one audit log, split per pair: by pid, by GPU for records without a pid.
+    python3 "$REPORT" --split-audit "$audit" "${pairs[@]/#/$OUT/}"
+  fi
+  if [ -n "$abort" ]; then
+    echo "=== ${pairs[*]} ABORTED ($(date +%T), $((SECONDS - grp_t0))s): see $G-gpucheck.json"
+    return 3
+  fi
+  if [ "$np" -gt 1 ]; then
+    python3 "$REPORT" "${pairs[@]/#/$OUT/}" --json "$G-matrix2.json"
+  else
+    python3 "$REPORT" "$OUT/${pairs[0]}"
+  fi
+  echo "=== pair(s) ${pairs[*]} done ($(date +%T), $((SECONDS - grp_t0))s; estimate ${est}s)"
 }
 
-for pair in "$@"; do run_pair "$pair"; done
+if [ -n "$PARALLEL" ]; then
+  run_group "${GPU_LIST[*]:0:$#}" "$@"
+  exit $?
+fi
+rc=0
+for pair in "$@"; do
+  run_group "$([ -n "$GPUS_GIVEN" ] && echo "${GPU_LIST[0]}" || echo -)" "$pair" || rc=$?
+  [ "$rc" -eq 3 ] && exit 3
+done
+exit "$rc"

@@ -26,6 +26,22 @@ Verdict (per pair; the adaptive column against the others, pooled p99 and median
      lowest pooled p99 (ties: higher offline), on both: p99 <= 1.10x and offline >= 0.90x its
   4. pair G only: adaptive's offline >= 0.98x colo's
 Real GPU, not emulated.
+
+Two helpers of scripts/gpu-matrix2.sh's parallel mode (several pairs at once, one per GPU, under
+one controller):
+  matrix2_report.py --gpu-check G PREFIX...   the sanity check after every process is ready:
+      each pair's pids (PREFIX-meta.json "pids") against nvidia-smi's compute apps (G-apps.csv:
+      pid, gpu_bus_id; G-gpus.csv: index, pci.bus_id, uuid), or, for a pid nvidia-smi does not
+      list, the /dev/nvidiaN it holds open (minor -> bus from /proc/driver/nvidia/gpus); prints
+      the per-pid mapping, CUDA_VISIBLE_DEVICES and the controller's class (G-status.json
+      "classes"); writes G-gpucheck.json and each pair's GPU identifiers into its meta
+      ("gpu_check"). Exit 3 when nvidia-smi shows two pairs on one GPU (the caller aborts).
+  matrix2_report.py --split-audit AUDIT PREFIX...   the one audit log, per pair: a record goes to
+      the pair of its "pid"; one without a pid of ours goes by its GPU ("gpu_id" or "gpu"): the
+      pair whose pids' records name that GPU, else the pair whose GPU identifiers (index, minor,
+      bus, uuid from --gpu-check) match it; a record with neither goes to every pair (global);
+      the rest to AUDIT's -unattributed.jsonl. A record without ts_ns gets the one before it in
+      AUDIT (ts_inherited). Writes PREFIX-audit.jsonl.
 """
 import argparse, collections, glob, json, os, re, statistics, sys
 
@@ -164,6 +180,12 @@ def report(prefix, noise):
             f"(real GPU, not emulated; median (min-max) over rounds; p99 / alone from pooled "
             f"p99s; offline in {unit}/s{', the sum over processes' if n > 1 else ''}; online "
             f"busy alone (rate x mean latency) {r(busy)})")
+    group = str(meta.get("group") or "").split()
+    if len(group) > 1:
+        others = " ".join(x for x in group if x != pair)
+        head += (f"; run at once with {others} under one controller"
+                 + (f", on GPU {meta['gpu']}" if meta.get("gpu") is not None else "")
+                 + " (audit records: this pair's, by pid or GPU)")
     hdr = ["column", "rounds", "requests", "p50 ms", "p99 ms", "pooled p99", "p99 / alone",
            f"offline {unit}/s"] + (["per process"] if n > 1 else []) + \
           ["offline / colo", "offline / ts_static", "pauses", "timeslice changes",
@@ -257,13 +279,313 @@ def judge(pair, cols, noise):
     return {"pass": ok, "goals": goals, "noise": noise, "line": line}
 
 
+def norm_bus(b):
+    """A PCI bus id in one spelling: "00000000:1B:00.0" and "0000:1b:00.0" -> "0000:1b:00.0"."""
+    parts = str(b).strip().lower().split(":")
+    try:
+        if len(parts) == 3:
+            return f"{int(parts[0], 16):04x}:{int(parts[1], 16):02x}:{parts[2]}"
+        if len(parts) == 2:
+            return f"0000:{int(parts[0], 16):02x}:{parts[1]}"
+    except ValueError:
+        pass
+    return str(b).strip().lower()
+
+
+def csv_rows(path):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return []
+    return [[c.strip() for c in l.split(",")] for l in lines if l.strip()]
+
+
+def read_meta(prefix):
+    try:
+        return json.load(open(f"{prefix}-meta.json"))
+    except (OSError, ValueError):
+        return {}
+
+
+def meta_pids(meta):
+    p = meta.get("pids") or {}
+    out = {}
+    if isinstance(p.get("online"), int):
+        out[p["online"]] = "online"
+    for i, x in enumerate(p.get("offline") or [], 1):
+        out[x] = f"offline {i}"
+    return out
+
+
+def driver_minors(root="/proc/driver/nvidia/gpus"):
+    """bus id -> device minor (/dev/nvidiaN), from the driver's per-GPU information files."""
+    out = {}
+    for f in glob.glob(f"{root}/*/information"):
+        txt = open(f).read()
+        m = re.search(r"Device Minor:\s*(\d+)", txt)
+        if m:
+            out[norm_bus(os.path.basename(os.path.dirname(f)))] = int(m.group(1))
+    return out
+
+
+def proc_minors(pid):
+    """The /dev/nvidiaN (N: minor) a process holds open; None if unreadable."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    out = set()
+    for fd in fds:
+        try:
+            m = re.fullmatch(r"/dev/nvidia(\d+)", os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        if m:
+            out.add(int(m.group(1)))
+    return out
+
+
+def proc_env(pid, key="CUDA_VISIBLE_DEVICES"):
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    except OSError:
+        return "?"
+    for e in env:
+        if e.startswith(key.encode() + b"="):
+            return e.split(b"=", 1)[1].decode(errors="replace")
+    return "(unset)"
+
+
+def gpu_check(group, prefixes):
+    """The parallel mode's sanity check (module docstring): 0 ok, 3 two pairs share a GPU."""
+    gpus = {}  # bus -> {index, uuid, minor}
+    for row in csv_rows(f"{group}-gpus.csv"):
+        if len(row) >= 3 and row[0].isdigit():
+            gpus[norm_bus(row[1])] = {"index": int(row[0]), "bus": norm_bus(row[1]),
+                                      "uuid": row[2]}
+    minors = driver_minors()
+    for bus, mi in minors.items():
+        gpus.setdefault(bus, {"index": None, "bus": bus, "uuid": None})["minor"] = mi
+    by_minor = {g["minor"]: bus for bus, g in gpus.items() if g.get("minor") is not None}
+    apps = collections.defaultdict(set)  # pid -> buses
+    for row in csv_rows(f"{group}-apps.csv"):
+        if len(row) >= 2 and row[0].isdigit():
+            apps[int(row[0])].add(norm_bus(row[1]))
+    try:
+        classes = json.load(open(f"{group}-status.json")).get("classes") or {}
+    except (OSError, ValueError, AttributeError):
+        classes = None
+    name = lambda bus: (f"GPU {gpus[bus]['index']} ({bus})" if bus in gpus and
+                        gpus[bus]["index"] is not None else bus)
+
+    pairs, rows, warnings = {}, [], []
+    for prefix in prefixes:
+        meta = read_meta(prefix)
+        pair = meta.get("pair") or os.path.basename(prefix)
+        want = meta.get("gpu")
+        want_bus = next((b for b, g in gpus.items() if g["index"] == want), None)
+        smi, fdb, pids = set(), set(), {}
+        for pid, role in meta_pids(meta).items():
+            buses, source = set(apps.get(pid, ())), "nvidia-smi"
+            if buses:
+                smi |= buses
+            else:
+                mins = proc_minors(pid)
+                buses = {by_minor.get(m, f"minor {m}") for m in (mins or ())}
+                source = ("/dev/nvidiaN" if buses else "unknown" if mins is not None
+                          else "exited")
+                fdb |= buses
+            cls = None if classes is None else classes.get(str(pid), "(not classified)")
+            pids[pid] = {"role": role, "gpus": sorted(buses), "source": source,
+                         "cuda_visible_devices": proc_env(pid), "class": cls}
+            rows.append((pair, pid, role, pids[pid]["cuda_visible_devices"],
+                         ", ".join(name(b) for b in sorted(buses)) or "-", source,
+                         cls if cls is not None else "(no status.json)"))
+            if role == "online" and cls is not None and cls != "online":
+                warnings.append(f"pair {pair}: online pid {pid} is classified {cls!r}, "
+                                "not 'online'")
+            if source == "exited":
+                warnings.append(f"pair {pair}: pid {pid} ({role}) has exited")
+            elif source == "unknown":
+                warnings.append(f"pair {pair}: pid {pid} ({role}): GPU unknown (not listed by "
+                                "nvidia-smi, no /dev/nvidiaN open): cannot verify")
+        if want_bus and smi and smi != {want_bus}:
+            warnings.append(f"pair {pair}: expected on GPU {want} ({want_bus}), nvidia-smi "
+                            f"shows {', '.join(name(b) for b in sorted(smi))}")
+        if len(smi | fdb) > 1:
+            warnings.append(f"pair {pair}: its processes are on several GPUs: "
+                            f"{', '.join(name(b) for b in sorted(smi | fdb))}")
+        pairs[pair] = {"prefix": prefix, "gpu": want, "smi": smi, "fd": fdb, "pids": pids}
+
+    shared, unsure = [], []
+    names = list(pairs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            both = pairs[a]["smi"] & pairs[b]["smi"]
+            if both:
+                shared.append(f"pairs {a} and {b} share {', '.join(name(x) for x in both)} "
+                              "(nvidia-smi)")
+            loose = ((pairs[a]["smi"] | pairs[a]["fd"]) & (pairs[b]["smi"] | pairs[b]["fd"])) - both
+            if loose:
+                unsure.append(f"pairs {a} and {b} both hold {', '.join(name(x) for x in loose)} "
+                              "open (/dev/nvidiaN; nvidia-smi did not list them): not proven")
+    w = max([len(str(r[3])) for r in rows] + [20])
+    print(f"GPU check ({len(names)} pair(s); {len(gpus)} GPU(s) listed; nvidia-smi lists "
+          f"{len(apps)} compute pid(s)):")
+    print(f"  {'pair':4} {'pid':>8} {'role':10} {'CUDA_VISIBLE_DEVICES':{w}} {'gpu':28} "
+          f"{'source':13} class")
+    for r_ in rows:
+        print(f"  {r_[0]:4} {r_[1]:>8} {r_[2]:10} {r_[3]:{w}} {r_[4]:28} {r_[5]:13} {r_[6]}")
+    if any(v["class"] not in (None, "offline") and v["role"] != "online"
+           for p in pairs.values() for v in p["pids"].values()):
+        print("  (an offline pid's class is what the first column's policy gives it: alone and "
+              "colo have no offline rule)")
+    for x in warnings + unsure:
+        print(f"  warning: {x}")
+    for x in shared:
+        print(f"  SHARED GPU: {x}")
+    ok = not shared
+    print(f"GPU check: {'ok: every pair on its own GPU' if ok and not unsure and all(p['smi'] for p in pairs.values()) else 'ok (not every pid verified by nvidia-smi)' if ok else 'FAILED: two pairs on one GPU'}")
+    for pair, p in pairs.items():
+        ids = [gpus.get(b, {"bus": b}) for b in sorted(p["smi"] | p["fd"])]
+        meta = read_meta(p["prefix"])
+        meta["gpu_check"] = {
+            "pids": {str(k): v for k, v in p["pids"].items()},
+            "bus_ids": [g.get("bus") for g in ids], "indices": [g.get("index") for g in ids],
+            "uuids": [g.get("uuid") for g in ids], "minors": [g.get("minor") for g in ids]}
+        json.dump(meta, open(f"{p['prefix']}-meta.json", "w"))
+    json.dump({"ok": ok, "shared": shared, "warnings": warnings + unsure,
+               "gpus": list(gpus.values()),
+               "pairs": {k: {"gpu": v["gpu"], "nvidia_smi": sorted(v["smi"]),
+                             "dev_nvidia": sorted(v["fd"]),
+                             "pids": {str(a): b for a, b in v["pids"].items()}}
+                         for k, v in pairs.items()}},
+              open(f"{group}-gpucheck.json", "w"), indent=1)
+    return 0 if ok else 3
+
+
+def gpu_value(rec):
+    """A record's GPU as an int where it reads as one (the controller writes gpu_id numbers)."""
+    v = rec.get("gpu_id", rec.get("gpu"))
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            return v.strip().lower()
+    return v
+
+
+def id_candidates(meta):
+    """What a pair's GPU may be called in a record: index, minor, PCI bus number, bus:dev.fn as
+    one number, bus id, uuid."""
+    gc = meta.get("gpu_check") or {}
+    out = set()
+    for x in (gc.get("indices") or []) + (gc.get("minors") or []) + [meta.get("gpu")]:
+        if isinstance(x, int):
+            out.add(x)
+    for b in gc.get("bus_ids") or []:
+        if not b:
+            continue
+        out.add(str(b).lower())
+        m = re.fullmatch(r"([0-9a-f]+):([0-9a-f]+):([0-9a-f]+)\.([0-7])", str(b).lower())
+        if m:
+            bus, dev, fn = int(m.group(2), 16), int(m.group(3), 16), int(m.group(4))
+            out |= {bus, (bus << 8) | (dev << 3) | fn}
+    for u in gc.get("uuids") or []:
+        if u:
+            out.add(str(u).lower())
+    return out
+
+
+def split_audit(audit, prefixes):
+    """One audit log per pair (module docstring)."""
+    metas = {p: read_meta(p) for p in prefixes}
+    pid2p = {pid: p for p, m in metas.items() for pid in meta_pids(m)}
+    recs, last = [], 0
+    try:
+        lines = open(audit).read().splitlines()
+    except OSError as e:
+        print(f"audit split: {e}")
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if isinstance(rec.get("ts_ns"), (int, float)):
+            last = rec["ts_ns"]
+        else:
+            rec = dict(rec, ts_ns=last, ts_inherited=True)
+        recs.append(rec)
+    learned = collections.defaultdict(set)  # GPU value -> prefixes, from records with our pids
+    for rec in recs:
+        g = gpu_value(rec)
+        if g is not None and rec.get("pid") in pid2p:
+            learned[g].add(pid2p[rec["pid"]])
+    for g, ps in learned.items():
+        if len(ps) > 1:
+            print(f"audit split: warning: GPU {g!r} carries records of the pids of "
+                  f"{', '.join(os.path.basename(p) for p in sorted(ps))}: pairs share a GPU?")
+    cands = {p: id_candidates(m) for p, m in metas.items()}
+    out = {p: [] for p in prefixes}
+    unattributed, how = [], collections.Counter()
+    for rec in recs:
+        pid, g = rec.get("pid"), gpu_value(rec)
+        dest = None
+        if pid in pid2p:
+            dest, why = [pid2p[pid]], "pid"
+        elif g is not None:
+            ps = learned.get(g, set())
+            if len(ps) != 1:
+                ps = {p for p, c in cands.items() if g in c}
+            if len(ps) != 1 and len(prefixes) == 1:
+                ps = set(prefixes)
+            dest, why = (sorted(ps), "gpu") if len(ps) == 1 else (None, None)
+        elif pid is None:
+            dest, why = list(prefixes), "global"
+        if dest is None:
+            unattributed.append(rec)
+            continue
+        how[why] += 1
+        for p in dest:
+            out[p].append(rec)
+    for p, rs in out.items():
+        with open(f"{p}-audit.jsonl", "w") as f:
+            for rec in rs:
+                f.write(json.dumps(rec) + "\n")
+    base = audit[:-len(".jsonl")] if audit.endswith(".jsonl") else audit
+    with open(f"{base}-unattributed.jsonl", "w") as f:
+        for rec in unattributed:
+            f.write(json.dumps(rec) + "\n")
+    print(f"audit split: {len(recs)} record(s) of {audit}: "
+          + ", ".join(f"{os.path.basename(p)} {len(rs)}" for p, rs in out.items())
+          + f" (by pid {how['pid']}, by GPU {how['gpu']}, global {how['global']} to every pair)"
+          + (f"; {len(unattributed)} unattributed (GPUs "
+             f"{sorted(set(str(gpu_value(x)) for x in unattributed))[:8]}, pids "
+             f"{sorted(set(str(x.get('pid')) for x in unattributed))[:8]}) -> "
+             f"{base}-unattributed.jsonl" if unattributed else ""))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("prefix", nargs="+")
     ap.add_argument("--noise", type=float, default=0.0,
                     help="goal 1: 'worse' means beyond this relative margin (default 0)")
     ap.add_argument("--json", default=None, help="also write all pairs' results to this file")
+    ap.add_argument("--gpu-check", metavar="G", default=None,
+                    help="gpu-matrix2.sh's sanity check for group prefix G (exit 3: shared GPU)")
+    ap.add_argument("--split-audit", metavar="AUDIT", default=None,
+                    help="split this audit log into PREFIX-audit.jsonl per pair")
     a = ap.parse_args()
+    if a.gpu_check:
+        return gpu_check(a.gpu_check, a.prefix)
+    if a.split_audit:
+        return split_audit(a.split_audit, a.prefix)
     res = [report(p, a.noise) for p in a.prefix]
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)

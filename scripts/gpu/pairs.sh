@@ -11,6 +11,8 @@
 #   G  resnet50 b8 fp16 @50 req/s vs ONE resnet50 training b128 ("nothing to remove")
 #   H  encoder @50 req/s       vs encoder inference b8 (offline of many short kernels, launch-bound)
 # gpu-matrix.sh and gpu-phases.sh run one offline process: there F is the same as G.
+# gpu-matrix2.sh runs several pairs at once (one per GPU, one controller) where the host has the
+# GPUs: a pair here must not assume it is alone on the host (nothing host-wide per pair).
 noff=1
 case "$1" in
   A) on=resnet18 rate=20 off=resnet50 ;;
