@@ -129,6 +129,12 @@ pub mod config_flag {
     /// the rules say which files are amdkfd's ([`super::file_kind::KPROBED`]); without it the
     /// syscall tracepoints leave every 'K' call to the pair.
     pub const KFD_BY_KPROBE: u32 = 4;
+    /// With [`FILTER_FILES`]: no file here is KFD's for the tracepoints (no KFD node, or the pair
+    /// on `kfd_ioctl` serves them all), so a KFD nr ends the program at once instead of walking
+    /// the caller's fd table (many tty ioctls share KFD's nrs).
+    pub const NO_KFD_FILES: u32 = 8;
+    /// With [`FILTER_FILES`]: likewise, no file is NVIDIA's for the tracepoints.
+    pub const NO_NVIDIA_FILES: u32 = 16;
 }
 
 /// The programs' configuration, index 0 of the `CONFIG` array map, written by user space before attach.

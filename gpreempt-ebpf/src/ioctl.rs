@@ -182,11 +182,19 @@ fn enter(ctx: &TracePointContext) {
     let cmd = field::<u64>(ctx, ENTER_CMD) as u32;
     let (ty, nr) = (kfd::ioc_type(cmd), kfd::ioc_nr(cmd));
     // The drivers dispatch by nr: a call with neither a KFD nor an RM nr does nothing anywhere.
-    let (kfd_nr, rm_nr) = (kfd::is_kfd_nr(nr), nv::is_rm_nr(nr));
+    let (mut kfd_nr, mut rm_nr) = (kfd::is_kfd_nr(nr), nv::is_rm_nr(nr));
     if !kfd_nr && !rm_nr {
         return;
     }
     let Some(cfg) = config() else { return };
+    // Vendors with no file for the tracepoints here: their nrs are nobody's.
+    if cfg.flags & config_flag::FILTER_FILES != 0 {
+        kfd_nr &= cfg.flags & config_flag::NO_KFD_FILES == 0;
+        rm_nr &= cfg.flags & config_flag::NO_NVIDIA_FILES == 0;
+        if !kfd_nr && !rm_nr {
+            return;
+        }
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
         return;

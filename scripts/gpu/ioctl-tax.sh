@@ -25,9 +25,10 @@ start_run() {  # SOURCE
   sleep 1
 }
 stop() { kill -INT "$@" 2>/dev/null; wait "$@" 2>/dev/null; }
+SOURCES=${SOURCES:-auto tracepoint}
 for round in 1 2; do
   measure bare
-  for src in auto tracepoint; do
+  for src in $SOURCES; do
     start_run "$src"
     measure "run-$src"
     "$GP" trace --ioctl-source "$src" --json > /dev/null 2> "$OUT/trace-$src.err" & TRP=$!
@@ -37,7 +38,7 @@ for round in 1 2; do
     sleep 1
   done
 done | tee "$OUT/tax.txt"
-for src in auto tracepoint; do
+for src in $SOURCES; do
   echo "== $src"; head -3 "$OUT/trace-$src.err" | cut -c1-400
   grep -m2 -iE "self-test|refus|error|source" "$OUT/run-$src.err" | cut -c1-300
 done

@@ -989,11 +989,20 @@ fn the_nvidia_pair_takes_the_major_from_the_tracepoints() {
             .find(|r| r.dev >> 20 == nv::NV_MAJOR_DEVICE_NUMBER && r.mask != u32::MAX)
             .map(|r| r.kind)
     };
+    use gpreempt_common::record::config_flag::{NO_KFD_FILES, NO_NVIDIA_FILES};
     assert_eq!(kind_of_major(&d), Some(file_kind::NVIDIA));
     assert!(d.beyond_amdkfd().is_some());
+    // An NVIDIA host without KFD: KFD nrs (tty ioctls share them) end the tracepoint at once.
+    assert_eq!(d.tracepoint_skips(), NO_KFD_FILES);
     d.nv_pair = true;
     assert_eq!(kind_of_major(&d), Some(file_kind::KPROBED));
     assert_eq!(d.beyond_amdkfd(), None);
+    assert_eq!(d.tracepoint_skips(), NO_KFD_FILES | NO_NVIDIA_FILES);
+    // amdkfd loaded: its nrs are the tracepoints' unless the kfd_ioctl pair serves them.
+    d.kfd_major = Some(510);
+    assert_eq!(d.tracepoint_skips(), NO_NVIDIA_FILES);
+    d.kprobed = true;
+    assert_eq!(d.tracepoint_skips(), NO_KFD_FILES | NO_NVIDIA_FILES);
     // A stand-in node is still the tracepoints' to serve.
     d.nvidia.push(crate::observe::gpufiles::FileId {
         rdev: None,
@@ -1001,4 +1010,5 @@ fn the_nvidia_pair_takes_the_major_from_the_tracepoints() {
         ino: 9,
     });
     assert!(d.beyond_amdkfd().is_some());
+    assert_eq!(d.tracepoint_skips(), NO_KFD_FILES);
 }

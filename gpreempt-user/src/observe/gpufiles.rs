@@ -106,6 +106,22 @@ impl Devices {
             .then(|| "a KFD node amdkfd does not serve (a stand-in)".into())
     }
 
+    /// [`config_flag`](gpreempt_common::record::config_flag) bits for the vendors that have no
+    /// file the tracepoints serve here (no node at all, or the vendor's pair serves them all):
+    /// their nrs end the tracepoint program at once. Only honoured with the file filter.
+    pub fn tracepoint_skips(&self) -> u32 {
+        use gpreempt_common::record::config_flag;
+        let mut f = 0;
+        let kfd_none = self.kfd.is_none() && self.kfd_major.is_none();
+        if kfd_none || (self.kprobed && !self.kfd_stand_in()) {
+            f |= config_flag::NO_KFD_FILES;
+        }
+        if self.nvidia.is_empty() && (!self.nvidia_loaded || self.nv_pair) {
+            f |= config_flag::NO_NVIDIA_FILES;
+        }
+        f
+    }
+
     /// The KFD node is not amdkfd's own (the emulator's, or another driver's).
     pub fn kfd_stand_in(&self) -> bool {
         match (&self.kfd, self.kfd_major) {

@@ -727,10 +727,11 @@ fn configure(
     filter: &IoctlFilter,
     rules: &[gpreempt_common::record::GpuFile],
     kprobed: bool,
+    skip: u32,
 ) -> Result<()> {
     match filter {
         IoctlFilter::ByFile(rules_text) => {
-            config.flags |= config_flag::FILTER_FILES;
+            config.flags |= config_flag::FILTER_FILES | skip;
             config.files[..rules.len()].copy_from_slice(rules);
             log::info!("GPU ioctls selected by file: {rules_text}");
         }
@@ -1017,7 +1018,14 @@ impl Probes {
             }
             (_, p) => p,
         };
-        configure(&mut ebpf, config, &filter, &rules, devices.kprobed)?;
+        configure(
+            &mut ebpf,
+            config,
+            &filter,
+            &rules,
+            devices.kprobed,
+            devices.tracepoint_skips(),
+        )?;
         let mut sources = Vec::new();
         if let Some(p) = nv_pair {
             sources.push(SourceStatus {
@@ -1083,7 +1091,14 @@ impl Probes {
                     log::warn!("the kprobe pair on kfd_ioctl did not attach ({why}): KFD ioctls come from the syscall tracepoints");
                     devices.kprobed = false;
                     (filter, rules) = choose_filter(&facts, &offsets_written, &devices);
-                    configure(&mut ebpf, config, &filter, &rules, false)?;
+                    configure(
+                        &mut ebpf,
+                        config,
+                        &filter,
+                        &rules,
+                        false,
+                        devices.tracepoint_skips(),
+                    )?;
                 } else {
                     log::info!("KFD ioctls from the syscall tracepoints: {why}");
                 }
