@@ -435,9 +435,10 @@ impl Engine {
         }
     }
 
-    /// NVIDIA processes yield by the policy's lever: never paused with `timeslice` (the
-    /// hardware timeslice does it), paused with `both` only once an online episode on one of
-    /// their GPUs has outlasted `pause_after`. Everything else may be suspended.
+    /// NVIDIA processes yield by the policy's lever: never suspended with `timeslice` (the
+    /// hardware timeslice does it) or `none` (left alone), suspended with `both` only once an
+    /// online episode on one of their GPUs has outlasted `pause_after`; with `dynamic` a
+    /// "suspend" is the short timeslice for the episode. Everything else may be suspended.
     fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
         if p.vendor() != Some(crate::model::Vendor::Nvidia) {
             return true;
@@ -447,8 +448,10 @@ impl Engine {
             return true;
         }
         match nv.lever {
-            NvLever::Pause => true,
-            NvLever::Timeslice => false,
+            // Under `dynamic` the decisions reach the backend, which shortens the timeslice
+            // instead of pausing (backend/nv/worker.rs).
+            NvLever::Pause | NvLever::Dynamic => true,
+            NvLever::Timeslice | NvLever::None => false,
             NvLever::Both => p.live_queues().any(|q| {
                 self.gpus
                     .get(&q.gpu_id)
