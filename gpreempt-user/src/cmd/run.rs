@@ -317,7 +317,7 @@ impl Ctx {
         }
         let acted = match self.backends.for_pid(&w.state, d.pid) {
             Ok(b) if suspend => {
-                b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                b.policy_suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
                     .await
             }
             Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
@@ -339,7 +339,15 @@ impl Ctx {
             Ok(report) => {
                 let done = report.done();
                 self.engine.confirm(&d, &done);
-                self.apply_report(w, &report, suspend);
+                match report.timeslice_us {
+                    // The NVIDIA `dynamic` lever: the queues keep running (with a short
+                    // timeslice during the episode); the model's states stay as they are.
+                    Some(us) => {
+                        rec["lever"] = serde_json::json!("dynamic");
+                        rec["timeslice_us"] = serde_json::json!(us);
+                    }
+                    None => self.apply_report(w, &report, suspend),
+                }
                 let by = |o: QueueOutcome| -> Vec<u32> {
                     report
                         .queues
@@ -430,6 +438,8 @@ impl Ctx {
                     "from_us": change.from_us,
                     "to_us": change.to_us,
                     "original_us": change.original_us,
+                    "issued_ns": change.issued_ns,
+                    "returned_ns": change.returned_ns,
                     "reason": why,
                     "by": "control",
                 }));

@@ -13,6 +13,8 @@ pub(crate) struct Fake {
     /// SET_TIMESLICE calls (tsg, us).
     pub(crate) ts_calls: Vec<(u32, u64)>,
     pub(crate) ts_fail: bool,
+    /// GET_TIMESLICE calls (tsg).
+    pub(crate) ts_gets: Vec<u32>,
     /// While set, FIFO_DISABLE_CHANNELS calls through [`Shared`] wait (a call the driver holds).
     pub(crate) gate: bool,
     /// Calls waiting at the gate now.
@@ -110,6 +112,7 @@ impl NvOps for &mut Fake {
         Ok(Duration::from_micros(900))
     }
     fn get_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32) -> Result<u64> {
+        self.ts_gets.push(h_tsg);
         Ok(*self.timeslices.get(&h_tsg).unwrap_or(&2048))
     }
     fn set_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32, us: u64) -> Result<()> {
@@ -128,7 +131,14 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
     let mut fake = Fake::default();
     fake.timeslices.insert(0x20, 1024);
     let mut c = NvControl::unguarded(&mut fake);
-    let ch = c.set_timeslices(&s, 7, 200).unwrap();
+    let mut ch = c.set_timeslices(&s, 7, 200).unwrap();
+    // The call is timed for the audit.
+    assert!(ch
+        .iter()
+        .all(|c| c.issued_ns > 0 && c.returned_ns >= c.issued_ns));
+    for c in &mut ch {
+        (c.issued_ns, c.returned_ns) = (0, 0);
+    }
     // Only the compute (GR) TSG; the copy TSG 0x30 keeps its own.
     assert_eq!(
         ch,
@@ -137,7 +147,9 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
             tsg: 0x20,
             from_us: 1024,
             to_us: 200,
-            original_us: 1024
+            original_us: 1024,
+            issued_ns: 0,
+            returned_ns: 0,
         }]
     );
     assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
@@ -163,6 +175,106 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
         "{:?}",
         fake.ts_calls
     );
+}
+
+/// The `dynamic` lever's episode end: the original goes back but stays known, so the next
+/// episode is one SET per TSG (no GET, no new guardian hold); a restore after that still finds
+/// nothing left to undo, and shutdown restores a TSG shortened at the time.
+#[test]
+fn relaxing_puts_the_original_back_and_keeps_it_for_the_next_episode() {
+    let s = host();
+    let mut fake = Fake::default();
+    fake.timeslices.insert(0x20, 1024);
+    let mut c = NvControl::unguarded(&mut fake);
+    for _episode in 0..3 {
+        let ch = c.set_timeslices(&s, 7, 200).unwrap();
+        assert_eq!((ch.len(), ch[0].from_us, ch[0].to_us), (1, 1024, 200));
+        assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
+        let back = c.relax_timeslices(7).unwrap();
+        assert_eq!(
+            (
+                back.len(),
+                back[0].from_us,
+                back[0].to_us,
+                back[0].original_us
+            ),
+            (1, 200, 1024, 1024)
+        );
+        assert!(
+            c.timeslices().is_empty(),
+            "nothing changed between episodes"
+        );
+        assert!(c.relax_timeslices(7).unwrap().is_empty(), "idempotent");
+    }
+    assert!(c.restore_timeslices(7).unwrap().is_empty());
+    c.set_timeslices(&s, 7, 200).unwrap();
+    assert_eq!(c.shutdown().len(), 0, "nothing paused");
+    drop(c);
+    // Once for the three episodes; again after the restore (which forgets it).
+    assert_eq!(
+        fake.ts_gets,
+        vec![0x20, 0x20],
+        "the original was read once per hold"
+    );
+    assert_eq!(
+        fake.ts_calls,
+        vec![
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024)
+        ]
+    );
+    assert_eq!(fake.timeslices[&0x20], 1024);
+}
+
+/// The guardian learns each original once, at the `dynamic` lever's first episode, in the same
+/// hold line as the static lever's (the one it restores from on a controller death or a lapsed
+/// lease: nv/guardian/tests.rs); later episodes make no round trip.
+#[test]
+fn the_dynamic_lever_hands_the_guardian_each_original_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("gpreempt-dyn-guardian-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let log = d.join("lines");
+    let exe = d.join("fake-guardian");
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\necho ready\nwhile read l; do echo \"$l\" >> {}; echo ok; done\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = host();
+    let mut fake = Fake::default();
+    fake.timeslices.insert(0x20, 1024);
+    let mut c = NvControl::unguarded(&mut fake);
+    (c.exe, c.journal, c.use_guardian) = (exe, d.join("journal"), true);
+    for _episode in 0..3 {
+        assert_eq!(c.set_timeslices(&s, 7, 200).unwrap().len(), 1);
+        assert_eq!(c.relax_timeslices(7).unwrap().len(), 1);
+    }
+    c.shutdown();
+    drop(c);
+    let lines = std::fs::read_to_string(&log).unwrap();
+    // The channels' hold (made when the process is learnt), then the timeslices' once.
+    let holds: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("\"hold\"") && l.contains("timeslices"))
+        .collect();
+    assert_eq!(holds.len(), 1, "{lines}");
+    assert!(
+        holds[0].contains(r#""timeslices":[{"h_tsg":32,"original_us":1024}]"#),
+        "{}",
+        holds[0]
+    );
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -281,8 +393,8 @@ fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
     );
 }
 
-/// The timeslice lever (the default) never pauses; `both` pauses only once online work has
-/// stayed busy for `pause_after`.
+/// The timeslice lever (the default) and `none` never pause; `both` pauses only once online
+/// work has stayed busy for `pause_after`; `dynamic` decides at once.
 #[test]
 fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
     use crate::policy::{Action, Engine, Policy};
@@ -297,6 +409,10 @@ fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
             Some(5 * ms),
         ),
         ("[nvidia]\nlever = \"pause\"\n", Some(0)),
+        // `none`: nothing is done; `dynamic`: decided like a pause, at the episode's start
+        // (the backend turns it into the short timeslice).
+        ("[nvidia]\nlever = \"none\"\n", None),
+        ("[nvidia]\nlever = \"dynamic\"\n", Some(0)),
     ] {
         let text = format!("[policy]\nmin_interval = \"1ms\"\n{nvidia}{rules}");
         let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap());
