@@ -11,6 +11,7 @@ mod classify;
 mod engine;
 mod file;
 mod glob;
+mod levers;
 
 use std::fmt;
 
@@ -21,6 +22,7 @@ pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use engine::Engine;
 pub use file::{parse_duration, PolicyError};
 pub use glob::Glob;
+pub use levers::{LeverChange, LeverTuner};
 
 const MS: u64 = 1_000_000;
 
