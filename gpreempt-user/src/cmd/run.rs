@@ -258,6 +258,9 @@ impl Ctx {
             self.notice(w, n);
         }
         let decisions = self.engine.decide(&w.state, now);
+        // The NVIDIA lever tuner's changes reach the backends before the decisions made under
+        // them (the worker serves its commands in order).
+        self.lever_changes(now);
         for d in decisions {
             self.act(w, d).await;
         }
@@ -270,6 +273,34 @@ impl Ctx {
                 "reason": note,
                 "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
             }));
+        }
+    }
+
+    /// The lever tuner's changes (strategy `adaptive` on NVIDIA GPUs): logged, audited and
+    /// handed to the backends, which undo what the old lever did as on a reload.
+    fn lever_changes(&mut self, now: u64) {
+        for (gpu_id, c) in self.engine.take_lever_changes() {
+            log::info!(
+                "GPU {gpu_id:#x}: NVIDIA lever {} -> {} ({})",
+                c.from,
+                c.to,
+                c.reason
+            );
+            self.record(serde_json::json!({
+                "ts_ns": now,
+                "gpu": gpu_id,
+                "action": "lever",
+                "from": c.from.label(),
+                "to": c.to.label(),
+                "reason": c.reason,
+                "dry_run": self.dry_run,
+            }));
+        }
+        // Every tick, not only on a change: a reload drops the tuners without one (the
+        // backends ignore an unchanged map).
+        let levers = self.engine.nv_levers();
+        for b in &mut self.backends.list {
+            b.set_gpu_levers(&levers);
         }
     }
 

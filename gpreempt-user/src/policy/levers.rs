@@ -631,7 +631,7 @@ pub fn decide(sums: &[Summary], budget: Budget, current: NvLever) -> Decision {
     }
     // Nothing meets the target: closest to the reference, ties by offline progress.
     let mut close: Vec<&Summary> = sums.iter().collect();
-    close.sort_by(|a, b| a.p90_ns.cmp(&b.p90_ns));
+    close.sort_by_key(|a| a.p90_ns);
     let best_p90 = close[0].p90_ns as f64;
     let mut tied: Vec<&Summary> = close
         .iter()

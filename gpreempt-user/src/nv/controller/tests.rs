@@ -435,6 +435,158 @@ fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
     }
 }
 
+/// Adds an offline NVIDIA process `pid` running offline.py (a compute TSG 0x20).
+fn add_offline(s: &mut State, pid: u32) {
+    alloc_for(s, pid, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+    alloc_for(s, pid, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+    alloc_for(s, pid, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+    alloc_for(s, pid, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+    alloc_for(s, pid, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+    s.apply(Update::ProcInfo {
+        pid,
+        info: crate::observe::procinfo::ProcInfo {
+            comm: "python3".into(),
+            cmdline: "python3 scripts/gpu/offline.py 45".into(),
+            start_time: 100 + u64::from(pid),
+            ..Default::default()
+        },
+    });
+}
+
+const ADAPTIVE_NV: &str = "[policy]\nstrategy = \"adaptive\"\nmin_interval = \"1ms\"\n\
+                           resume_after = \"3ms\"\nwindow = \"10ms\"\n\
+                           [[rule]]\nclass = \"online\"\ncmdline = 'online'\n\
+                           [[rule]]\nclass = \"offline\"\ncmdline = 'offline'\n";
+
+/// Strategy `adaptive` on an NVIDIA GPU: the engine runs the lever tuner from the evidence
+/// entry points (`nv_burst`, `nv_offline_progress`), reports each lever change, decides
+/// under the chosen lever, and a reload away from it releases what the old lever holds.
+#[test]
+fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
+    use crate::policy::{Action, Engine, NvLever, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let gpu = s.procs[&8].queues[&0x20].gpu_id;
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    // A pair where only pausing keeps the online bursts within 1.1x of the best.
+    let burst_ms = |l: NvLever| match l {
+        NvLever::None => 8.0,
+        NvLever::Dynamic => 6.0,
+        NvLever::Timeslice => 5.5,
+        _ => 4.0,
+    };
+    let mut changes = Vec::new();
+    let mut notes = Vec::new();
+    let start = 1_000 * ms;
+    let mut now = start;
+    while now < start + 30_000 * ms {
+        now += ms;
+        let lever = e
+            .nv_levers()
+            .get(&gpu)
+            .copied()
+            .unwrap_or(NvLever::Timeslice);
+        if (now - start).is_multiple_of(50 * ms) {
+            e.nv_burst(gpu, now, (burst_ms(lever) * 1e6) as u64);
+        }
+        if (now - start).is_multiple_of(10 * ms) {
+            e.nv_offline_progress(gpu, now, 10);
+        }
+        e.decide(&s, now);
+        changes.extend(e.take_lever_changes());
+        notes.extend(e.take_notes());
+    }
+    assert_eq!(e.nv_levers().get(&gpu), Some(&NvLever::Pause), "{notes:?}");
+    assert!(changes.iter().all(|(g, _)| *g == gpu));
+    assert!(
+        changes[0].1.reason.starts_with("calibrating: epoch 1"),
+        "{changes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|(g, n)| *g == gpu && n.starts_with("lever: chose pause")),
+        "{notes:?}"
+    );
+    // Under the chosen lever an online launch pauses the offline process.
+    s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now);
+    now += ms;
+    let ds = e.decide(&s, now);
+    let d = ds
+        .iter()
+        .find(|d| d.action == Action::Suspend)
+        .expect("a suspend");
+    assert_eq!((d.pid, d.queues.clone()), (8, vec![0x20]));
+    assert!(
+        d.reason.starts_with("adaptive: lever pause;"),
+        "{}",
+        d.reason
+    );
+    e.confirm(d, &d.queues);
+    // A reload to a policy whose lever is `none`: said as a lever change, and what pause holds
+    // is released at once.
+    let text = ADAPTIVE_NV.replace("strategy = \"adaptive\"", "strategy = \"priority\"");
+    let mut p = Policy::parse(&text, "p.toml").unwrap();
+    p.nvidia.lever = NvLever::None;
+    e.set_policy(p);
+    let ch = e.take_lever_changes();
+    assert!(
+        matches!(&ch[..], [(g, c)] if *g == gpu && c.from == NvLever::Pause && c.to == NvLever::None),
+        "{ch:?}"
+    );
+    assert!(e.nv_levers().is_empty());
+    now += ms;
+    let ds = e.decide(&s, now);
+    let r = ds
+        .iter()
+        .find(|d| d.action == Action::Resume)
+        .expect("a resume");
+    assert_eq!((r.pid, r.reason.as_str()), (8, "NVIDIA lever now none"));
+}
+
+/// Without the sampler the engine estimates bursts from launch hints: a periodic online
+/// service starts the calibration; a process joining the GPU is a mix change.
+#[test]
+fn launch_hints_feed_the_lever_tuner_and_a_joining_process_is_a_mix_change() {
+    use crate::policy::{Engine, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    let start = 1_000 * ms;
+    let mut changes = Vec::new();
+    let mut notes = Vec::new();
+    let mut now = start;
+    while now < start + 2_000 * ms {
+        now += ms;
+        // A request every 50 ms, launching for 4 ms.
+        if (now - start) % (50 * ms) < 4 * ms {
+            s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now);
+        }
+        e.decide(&s, now);
+        changes.extend(e.take_lever_changes());
+        notes.extend(e.take_notes());
+    }
+    assert!(
+        changes
+            .iter()
+            .any(|(_, c)| c.reason.starts_with("calibrating")),
+        "{changes:?} {notes:?}"
+    );
+    add_offline(&mut s, 9);
+    e.classify(&s);
+    now += ms;
+    e.decide(&s, now);
+    let notes = e.take_notes();
+    assert!(
+        notes
+            .iter()
+            .any(|(_, n)| n.starts_with("lever: mix changed")),
+        "{notes:?}"
+    );
+}
+
 #[test]
 fn pauses_the_listed_tsgs_channels_and_resumes_them() {
     let s = host();
