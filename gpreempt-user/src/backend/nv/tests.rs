@@ -622,3 +622,70 @@ fn a_refused_dynamic_timeslice_pauses_instead() {
     );
     block_on(Box::new(b).shutdown());
 }
+
+/// The lever tuner's per-GPU choice reaches the worker in order with the acts, over the
+/// policy's lever: static -> dynamic puts the original back (the episodes shorten it again),
+/// dynamic -> static keeps it short from the next re-check, an empty map returns to the
+/// policy's lever, `none` puts it back.
+#[test]
+fn the_tuners_lever_per_gpu_reaches_the_worker() {
+    use crate::policy::NvLever;
+    let s = host();
+    let gpu = s.procs[&7].queues[&0x20].gpu_id;
+    let fake = Shared::default();
+    let current = |fake: &Shared| fake.with(|f| f.timeslices[&0x20]);
+    let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
+    b.set_policy(&Policy::default()); // lever = "timeslice"
+    block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+    sync(&b);
+    drain(&mut rx);
+    assert_eq!(current(&fake), 200, "the policy's static lever");
+    let levers = |l: Option<NvLever>| l.map(|l| (gpu, l)).into_iter().collect();
+
+    b.set_gpu_levers(&levers(Some(NvLever::Dynamic)));
+    sync(&b);
+    let n = notices(drain(&mut rx));
+    assert_eq!(ts_notice(&n), (200, 2048, 2048));
+    assert!(
+        matches!(&n[0], Notice::Timeslice { why, .. } if why == "lever tuner: timeslice -> dynamic"),
+        "{n:?}"
+    );
+    assert!(b.upkeep(&s, LEVER_RECHECK_NS).is_empty());
+    sync(&b);
+    assert!(
+        drain(&mut rx).is_empty(),
+        "no static re-check under dynamic"
+    );
+    let (r, _) = policy_act(&mut b, &mut rx, &s, true);
+    assert_eq!(r.timeslice_us, Some(200));
+    assert_eq!(current(&fake), 200);
+
+    // Mid-episode to the static lever: stays short, now for good.
+    b.set_gpu_levers(&levers(Some(NvLever::Timeslice)));
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    let (_, n) = policy_act(&mut b, &mut rx, &s, false);
+    assert!(
+        n.is_empty(),
+        "the episode's end keeps the static value: {n:?}"
+    );
+    assert_eq!(current(&fake), 200);
+
+    // Back to the policy's lever (timeslice too): nothing changes. Then `none`: back.
+    b.set_gpu_levers(&levers(None));
+    b.upkeep(&s, 3 * LEVER_RECHECK_NS);
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    b.set_gpu_levers(&levers(Some(NvLever::None)));
+    sync(&b);
+    assert_eq!(ts_notice(&notices(drain(&mut rx))), (200, 2048, 2048));
+    assert_eq!(current(&fake), 2048);
+    // Under `none` nothing is re-applied.
+    b.upkeep(&s, 5 * LEVER_RECHECK_NS);
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    // (The episode's resume under the static lever was an enable of running channels.)
+    assert!(fake.with(|f| f.calls.iter().all(|c| !c.1)), "never paused");
+    block_on(Box::new(b).shutdown());
+    assert_eq!(current(&fake), 2048);
+}
