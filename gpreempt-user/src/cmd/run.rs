@@ -137,6 +137,7 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
+            nv_levers: self.engine.lever_views(),
             metrics: self.metrics_addr.clone(),
             unit: self.unit.clone(),
         }

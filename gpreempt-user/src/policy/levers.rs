@@ -34,6 +34,8 @@
 //! starts a full calibration, whose conclusion alone may change the lever. A mix change
 //! starts over (once the new mix shows bursts again).
 
+use serde::{Deserialize, Serialize};
+
 use super::{Budget, LeverSet, NvLever};
 
 const MS: u64 = 1_000_000;
@@ -122,7 +124,7 @@ struct Stat {
 }
 
 /// A lever's figures over a measurement: the medians of its epochs'.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub lever: NvLever,
     pub p50_ns: u64,
@@ -156,6 +158,19 @@ enum Phase {
     },
     /// The choice holds until `next_check_ns`.
     Settled { next_check_ns: u64 },
+}
+
+/// What the status file shows per NVIDIA GPU under the adaptive strategy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LeverView {
+    pub gpu_id: u32,
+    /// Applied now (an epoch's lever while measuring).
+    pub lever: String,
+    pub chosen: String,
+    /// `watching` (waiting for online bursts), `calibrating`, `confirming` or `settled`.
+    pub phase: String,
+    /// The last decision's figures per lever.
+    pub summaries: Vec<Summary>,
 }
 
 /// One GPU's lever tuner.
@@ -218,6 +233,25 @@ impl LeverTuner {
     /// Whether epochs are being measured now.
     pub fn measuring(&self) -> bool {
         matches!(self.phase, Phase::Measure { .. })
+    }
+
+    pub fn view(&self, gpu_id: u32) -> LeverView {
+        LeverView {
+            gpu_id,
+            lever: self.applied.label().into(),
+            chosen: self.chosen.label().into(),
+            phase: match &self.phase {
+                Phase::Watch { .. } => "watching",
+                Phase::Measure {
+                    kind: Kind::Calibrate,
+                    ..
+                } => "calibrating",
+                Phase::Measure { .. } => "confirming",
+                Phase::Settled { .. } => "settled",
+            }
+            .into(),
+            summaries: self.last.clone(),
+        }
     }
 
     /// The per-lever figures of the last decision.

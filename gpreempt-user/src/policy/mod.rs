@@ -22,7 +22,7 @@ pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use engine::Engine;
 pub use file::{parse_duration, PolicyError};
 pub use glob::Glob;
-pub use levers::{LeverChange, LeverTuner};
+pub use levers::{LeverChange, LeverTuner, LeverView};
 
 const MS: u64 = 1_000_000;
 
@@ -95,7 +95,10 @@ impl fmt::Display for Budget {
 }
 
 /// How an NVIDIA offline process yields to online work (`[nvidia] lever`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum NvLever {
     /// Nothing: NVIDIA processes are classed, but offline work is left alone. The baseline a
     /// lever must beat, and what the adaptive tuner keeps where no lever buys anything.

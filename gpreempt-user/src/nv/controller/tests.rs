@@ -480,6 +480,7 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
     let mut notes = Vec::new();
     let start = 1_000 * ms;
     let mut now = start;
+    let (mut next_burst, mut next_progress) = (start + 50 * ms, start + 10 * ms);
     while now < start + 30_000 * ms {
         now += ms;
         let lever = e
@@ -487,10 +488,14 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
             .get(&gpu)
             .copied()
             .unwrap_or(NvLever::Timeslice);
-        if (now - start).is_multiple_of(50 * ms) {
+        // A request every 50 ms, a progress report every 10 ms (not `is_multiple_of`: the
+        // MSRV is 1.85).
+        if now >= next_burst {
+            next_burst += 50 * ms;
             e.nv_burst(gpu, now, (burst_ms(lever) * 1e6) as u64);
         }
-        if (now - start).is_multiple_of(10 * ms) {
+        if now >= next_progress {
+            next_progress += 10 * ms;
             e.nv_offline_progress(gpu, now, 10);
         }
         e.decide(&s, now);
@@ -509,6 +514,21 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
             .any(|(g, n)| *g == gpu && n.starts_with("lever: chose pause")),
         "{notes:?}"
     );
+    // The status file's view of it.
+    let v = e.lever_views();
+    assert_eq!(v.len(), 1);
+    assert_eq!(
+        (
+            v[0].gpu_id,
+            v[0].lever.as_str(),
+            v[0].chosen.as_str(),
+            v[0].phase.as_str()
+        ),
+        (gpu, "pause", "pause", "settled")
+    );
+    assert_eq!(v[0].summaries.len(), 4);
+    let json = serde_json::to_string(&v[0]).unwrap();
+    assert!(json.contains(r#"{"lever":"none","p50_ns":"#), "{json}");
     // Under the chosen lever an online launch pauses the offline process.
     s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now);
     now += ms;

@@ -259,6 +259,14 @@ impl Engine {
             .collect()
     }
 
+    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
+    pub fn lever_views(&self) -> Vec<super::LeverView> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| n.tuner.view(id)))
+            .collect()
+    }
+
     /// The lever changes per GPU since the last call (calibration steps included), for the
     /// log and the audit.
     pub fn take_lever_changes(&mut self) -> Vec<(u32, LeverChange)> {
