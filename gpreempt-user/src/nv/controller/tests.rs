@@ -565,6 +565,97 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
     assert_eq!((r.pid, r.reason.as_str()), (8, "NVIDIA lever now none"));
 }
 
+/// With the channel sampler's figures in the model (nv/activity.rs: GP_GET/GP_PUT per TSG as
+/// read/write ids, backlog), the engine feeds the lever tuner itself: online bursts from the
+/// online TSG's backlog, offline progress from the offline TSG's read id. Here the static
+/// timeslice costs offline most and only dynamic/pause keep online within budget: dynamic.
+#[test]
+fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
+    use crate::model::{Activity, SampleStatus};
+    use crate::policy::{Engine, NvLever, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let gpu = s.procs[&8].queues[&0x20].gpu_id;
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    // (online burst ms, offline GPFIFO entries per ms) under each lever.
+    let pair = |l: NvLever| match l {
+        NvLever::None => (7, 10),
+        NvLever::Dynamic => (4, 9),
+        NvLever::Timeslice => (4, 4),
+        _ => (4, 6),
+    };
+    let start = 1_000 * ms;
+    let (mut now, mut read, mut request_end) = (start, 0u64, 0u64);
+    let mut notes = Vec::new();
+    while now < start + 30_000 * ms {
+        now += ms;
+        let lever = e
+            .nv_levers()
+            .get(&gpu)
+            .copied()
+            .unwrap_or(NvLever::Timeslice);
+        let (burst, rate) = pair(lever);
+        if (now - start) % (50 * ms) == ms {
+            request_end = now + burst * ms;
+        }
+        read += rate;
+        let sample = |backlog: u64, read: u64| Activity {
+            status: SampleStatus::Valid,
+            read_dispatch_id: Some(read),
+            write_dispatch_id: Some(read + backlog),
+            backlog: Some(backlog),
+            busy: Some(backlog > 0),
+            sample_ns: now,
+            ..Default::default()
+        };
+        let online = u64::from(now < request_end);
+        s.procs
+            .get_mut(&7)
+            .unwrap()
+            .queues
+            .get_mut(&0x20)
+            .unwrap()
+            .activity = sample(online, 0);
+        s.procs
+            .get_mut(&8)
+            .unwrap()
+            .queues
+            .get_mut(&0x20)
+            .unwrap()
+            .activity = sample(1, read);
+        e.decide(&s, now);
+        e.take_lever_changes();
+        notes.extend(e.take_notes());
+    }
+    assert_eq!(
+        e.nv_levers().get(&gpu),
+        Some(&NvLever::Dynamic),
+        "{notes:#?}"
+    );
+    let v = e.lever_views();
+    let rate = |l: &str| {
+        v[0].summaries
+            .iter()
+            .find(|x| x.lever.label() == l)
+            .and_then(|x| x.rate)
+            .unwrap()
+    };
+    // Entries per second, as the model's read id moved (the lever applied at each ms).
+    assert!((rate("none") - 10_000.0).abs() < 500.0, "{v:?}");
+    assert!((rate("timeslice") - 4_000.0).abs() < 500.0, "{v:?}");
+    let p90 = |l: &str| {
+        v[0].summaries
+            .iter()
+            .find(|x| x.lever.label() == l)
+            .unwrap()
+            .p90_ns
+    };
+    // Bursts from the backlog: first to last sample with work.
+    assert!((6 * ms..=7 * ms).contains(&p90("none")), "{v:?}");
+    assert!((3 * ms..=4 * ms).contains(&p90("dynamic")), "{v:?}");
+}
+
 /// Without the sampler the engine estimates bursts from launch hints: a periodic online
 /// service starts the calibration; a process joining the GPU is a mix change.
 #[test]

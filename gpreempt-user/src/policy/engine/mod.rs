@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::adaptive::{Tuner, View};
 use super::levers::{LeverChange, LeverTuner};
 use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, NvLever, Policy, Strategy};
-use crate::model::{Activity, Process, QueueState, SampleStatus, State, Vendor};
+use crate::model::{Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor};
 
 mod evidence;
 use evidence::{online_evidence, strict_work, BusyBy, Evidence};
@@ -34,6 +34,14 @@ struct Launches {
     sample_ns: u64,
     /// Sample time of the last change of `write`.
     changed_ns: Option<u64>,
+    stamp: u64,
+}
+
+/// An offline NVIDIA GR TSG's read id at its last sample.
+struct Reads {
+    start_time: u64,
+    read: u64,
+    sample_ns: u64,
     stamp: u64,
 }
 
@@ -95,6 +103,9 @@ struct GpuMem {
     /// (pid, class) to notice a mix change.
     nv_present: bool,
     nv_mix: u64,
+    /// Offline GR TSGs' progress (GPFIFO entries) in the samples new this tick; None: no new
+    /// sample (nothing to report to the lever tuner).
+    nv_progress: Option<u64>,
     holding: u32,
     oldest_ns: u64,
     release: Option<Release>,
@@ -109,7 +120,10 @@ struct NvGpu {
     /// Bursts come from the controller ([`Engine::nv_burst`]): the engine's own estimate from
     /// launch hints stops.
     external_bursts: bool,
-    /// The engine's estimate: the current burst's first and last launch hint.
+    /// Offline progress comes from the controller ([`Engine::nv_offline_progress`]): the
+    /// engine's own reading of the model's read ids stops.
+    external_progress: bool,
+    /// The engine's estimate: the current burst's first and last evidence.
     burst: Option<(u64, u64)>,
     /// Changes not yet taken by the controller.
     changes: Vec<LeverChange>,
@@ -121,6 +135,7 @@ impl NvGpu {
             tuner: LeverTuner::new(p.nvidia.levers, budget, p.nvidia.lever, now),
             mix: 0,
             external_bursts: false,
+            external_progress: false,
             burst: None,
             changes: Vec::new(),
         }
@@ -153,6 +168,8 @@ pub struct Engine {
     tick: u64,
     classes: HashMap<u32, ClassEntry>,
     launches: HashMap<(u32, u32), Launches>,
+    /// Offline NVIDIA GR TSGs' last read ids (adaptive: the lever tuner's offline progress).
+    offline_reads: HashMap<(u32, u32), Reads>,
     held: BTreeMap<(u32, u32), Held>,
     gpus: BTreeMap<u32, GpuMem>,
     /// NVIDIA processes whose timeslice lever failed: paused like `lever = "pause"`.
@@ -169,6 +186,7 @@ impl Engine {
             tick: 0,
             classes: HashMap::new(),
             launches: HashMap::new(),
+            offline_reads: HashMap::new(),
             held: BTreeMap::new(),
             gpus: BTreeMap::new(),
             pause_anyway: Default::default(),
@@ -225,9 +243,11 @@ impl Engine {
     }
 
     /// Evidence for the NVIDIA lever tuner of `gpu_id`: offline progress since the last call
-    /// (`units`: GPFIFO entries the GPU consumed from the offline GR channels there).
+    /// (`units`: GPFIFO entries the GPU consumed from the offline GR channels there). Once
+    /// this is called for a GPU, the engine's own reading of the model's read ids stops there.
     pub fn nv_offline_progress(&mut self, gpu_id: u32, now_ns: u64, units: u64) {
         if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.external_progress = true;
             n.tuner.on_offline_progress(now_ns, units);
         }
     }
@@ -441,6 +461,9 @@ impl Engine {
             }
             if class == Class::Offline {
                 self.note_offline_activity(p);
+                if matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
+                    self.note_offline_progress(p, start_time);
+                }
                 continue;
             }
             if class != Class::Online {
@@ -473,10 +496,12 @@ impl Engine {
             }
         }
         self.sweep_classes(visited);
+        let tick = self.tick;
         if self.launches.len() > visited_launches {
-            let tick = self.tick;
             self.launches.retain(|_, l| l.stamp == tick);
         }
+        // TSGs gone or no longer offline (a few per process: cheap).
+        self.offline_reads.retain(|_, r| r.stamp == tick);
         any_offline
     }
 
@@ -502,6 +527,40 @@ impl Engine {
                 && (a.backlog.is_some_and(|n| n > 0) || a.busy == Some(true));
             if q.alive() && q.kind.is_compute() && has_work {
                 self.gpus.entry(q.gpu_id).or_default().offline_active = true;
+            }
+        }
+    }
+
+    /// Offline progress for the NVIDIA lever tuner: how far each offline GR TSG's read id (the
+    /// channels' GP_GET, unwrapped: nv/activity.rs) moved since its last sample, per GPU.
+    fn note_offline_progress(&mut self, p: &Process, start_time: u64) {
+        let tick = self.tick;
+        for q in p.queues.values() {
+            let a = &q.activity;
+            if !q.alive() || q.kind != QueueKind::NvCompute || a.status != SampleStatus::Valid {
+                continue;
+            }
+            let Some(read) = a.read_dispatch_id else {
+                continue;
+            };
+            let key = (p.pid, q.queue_id);
+            let prev = self.offline_reads.insert(
+                key,
+                Reads {
+                    start_time,
+                    read,
+                    sample_ns: a.sample_ns,
+                    stamp: tick,
+                },
+            );
+            // The first sighting is history; a reused pid is a first sighting.
+            let Some(prev) = prev.filter(|r| r.start_time == start_time) else {
+                continue;
+            };
+            if prev.sample_ns != a.sample_ns {
+                let g = self.gpus.entry(q.gpu_id).or_default();
+                let moved = read.saturating_sub(prev.read);
+                g.nv_progress = Some(g.nv_progress.unwrap_or(0).saturating_add(moved));
             }
         }
     }
@@ -771,6 +830,7 @@ impl GpuMem {
         self.offline_active = false;
         self.nv_present = false;
         self.nv_mix = 0;
+        self.nv_progress = None;
         self.holding = 0;
         self.oldest_ns = u64::MAX;
         self.release = None;
@@ -830,10 +890,11 @@ impl GpuMem {
         self.suspend = want && self.rate_allows_suspend(p, now);
     }
 
-    /// The NVIDIA lever tuner's tick: a mix change, the engine's own burst estimate (until the
-    /// controller feeds real ones), then the tuner's phase. Its lever applies from this tick.
+    /// The NVIDIA lever tuner's tick: a mix change, the engine's own evidence (unless the
+    /// controller feeds its own), then the tuner's phase. Its lever applies from this tick.
     fn feed_lever_tuner(&mut self, p: &Policy, now: u64) {
-        let (mix, present, work) = (self.nv_mix, self.nv_present, self.work);
+        let (mix, present, work, progress) =
+            (self.nv_mix, self.nv_present, self.work, self.nv_progress);
         let Some(n) = &mut self.nv else {
             return;
         };
@@ -843,19 +904,22 @@ impl GpuMem {
             }
             n.mix = mix;
         }
+        if let Some(units) = progress.filter(|_| !n.external_progress) {
+            n.tuner.on_offline_progress(now, units);
+        }
         if !n.external_bursts {
-            // A burst from launch hints: from its first to its last hint, ended by
-            // `resume_after` without one after the hint's `window` (a hint counts that long).
-            // The spread of a request's launches, not its GPU time: a stand-in until the
-            // channel sampler reports bursts.
+            // A burst from the strict evidence of online work: a backlog or a write id that
+            // moved in the channels' samples (first to last: its length at the sampling
+            // resolution), or, where channels cannot be read, launch hints (the spread of a
+            // request's launches, not its GPU time); ended by `resume_after` without any.
             match (work, n.burst) {
                 (Some((_, last)), Some((first, prev))) => {
                     n.burst = Some((first, prev.max(last)));
                 }
                 (Some((a, b)), None) => n.burst = Some((a, b)),
                 (None, Some((first, last))) => {
-                    let quiet = now.saturating_sub(last);
-                    if quiet >= p.window_ns.saturating_add(p.resume_after_ns) {
+                    // (A hint counts for `window`: by the time it stops, that has passed.)
+                    if now.saturating_sub(last) >= p.resume_after_ns {
                         n.tuner.on_burst(now, last.saturating_sub(first));
                         n.burst = None;
                     }
