@@ -34,6 +34,11 @@ pub struct OpReport {
     /// CLOCK_MONOTONIC when the ioctl was issued and when it returned.
     pub issued_ns: u64,
     pub returned_ns: u64,
+    /// NVIDIA `dynamic` lever: nothing was paused or resumed; the queues' hardware timeslice
+    /// was set to this (us) instead, or put back to the original (`Some(0)`). The controller
+    /// then leaves the model's queue states alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeslice_us: Option<u64>,
 }
 
 impl OpReport {
@@ -48,7 +53,13 @@ impl OpReport {
 
     /// One line per outcome for a person: what happened to which queues.
     pub fn describe(&self, suspend: bool) -> String {
-        let verb = if suspend { "suspended" } else { "resumed" };
+        let verb = match self.timeslice_us {
+            // The NVIDIA `dynamic` lever: nothing paused, the timeslice changed.
+            Some(0) => "put back the timeslice of".to_string(),
+            Some(us) => format!("set a {us} us timeslice on"),
+            None if suspend => "suspended".to_string(),
+            None => "resumed".to_string(),
+        };
         let list = |o: QueueOutcome| {
             self.queues
                 .iter()
@@ -102,6 +113,12 @@ pub struct TimesliceChange {
     pub to_us: u64,
     /// The value it had before the controller first changed it.
     pub original_us: u64,
+    /// CLOCK_MONOTONIC when the SET_TIMESLICE call was issued and when it returned (0: not
+    /// measured), so that its cost shows in the audit.
+    #[serde(default)]
+    pub issued_ns: u64,
+    #[serde(default)]
+    pub returned_ns: u64,
 }
 
 /// What a vendor control did on its own (not asked by a decision), or needs the controller to

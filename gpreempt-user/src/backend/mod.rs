@@ -114,6 +114,18 @@ pub trait Backend {
         grace: Option<u32>,
     ) -> BoxFut<'a, Acted>;
 
+    /// The policy engine's suspend (not an operator's): a backend whose lever is not a pause
+    /// (NVIDIA `dynamic`) acts on it its own way. The same as [`Self::suspend`] by default.
+    fn policy_suspend<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> BoxFut<'a, Acted> {
+        self.suspend(state, pid, queues, grace)
+    }
+
     /// Resumes `queues` of `pid` (None: every queue this backend holds suspended when the
     /// resume is done).
     fn resume<'a>(
@@ -138,6 +150,14 @@ pub trait Backend {
 
     /// The policy (at start and after every reload): the parts a backend acts on by itself.
     fn set_policy(&mut self, _policy: &Policy) {}
+
+    /// The adaptive lever tuner's choice per GPU (NVIDIA), over the policy's `[nvidia] lever`
+    /// there; empty: the policy's everywhere.
+    fn set_gpu_levers(
+        &mut self,
+        _levers: &std::collections::BTreeMap<u32, crate::policy::NvLever>,
+    ) {
+    }
 
     /// Hardware timeslices this backend changed: (pid, TSG, original us, current us).
     fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {

@@ -43,6 +43,7 @@ impl Backend for Probe {
                 queues: vec![],
                 issued_ns: 0,
                 returned_ns: 0,
+                timeslice_us: None,
             }))
         })
     }

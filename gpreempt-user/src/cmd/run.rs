@@ -137,6 +137,7 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
+            nv_levers: self.engine.lever_views(),
             metrics: self.metrics_addr.clone(),
             unit: self.unit.clone(),
         }
@@ -258,6 +259,9 @@ impl Ctx {
             self.notice(w, n);
         }
         let decisions = self.engine.decide(&w.state, now);
+        // The NVIDIA lever tuner's changes reach the backends before the decisions made under
+        // them (the worker serves its commands in order).
+        self.lever_changes(now);
         for d in decisions {
             self.act(w, d).await;
         }
@@ -270,6 +274,34 @@ impl Ctx {
                 "reason": note,
                 "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
             }));
+        }
+    }
+
+    /// The lever tuner's changes (strategy `adaptive` on NVIDIA GPUs): logged, audited and
+    /// handed to the backends, which undo what the old lever did as on a reload.
+    fn lever_changes(&mut self, now: u64) {
+        for (gpu_id, c) in self.engine.take_lever_changes() {
+            log::info!(
+                "GPU {gpu_id:#x}: NVIDIA lever {} -> {} ({})",
+                c.from,
+                c.to,
+                c.reason
+            );
+            self.record(serde_json::json!({
+                "ts_ns": now,
+                "gpu": gpu_id,
+                "action": "lever",
+                "from": c.from.label(),
+                "to": c.to.label(),
+                "reason": c.reason,
+                "dry_run": self.dry_run,
+            }));
+        }
+        // Every tick, not only on a change: a reload drops the tuners without one (the
+        // backends ignore an unchanged map).
+        let levers = self.engine.nv_levers();
+        for b in &mut self.backends.list {
+            b.set_gpu_levers(&levers);
         }
     }
 
@@ -317,7 +349,7 @@ impl Ctx {
         }
         let acted = match self.backends.for_pid(&w.state, d.pid) {
             Ok(b) if suspend => {
-                b.suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                b.policy_suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
                     .await
             }
             Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
@@ -339,7 +371,15 @@ impl Ctx {
             Ok(report) => {
                 let done = report.done();
                 self.engine.confirm(&d, &done);
-                self.apply_report(w, &report, suspend);
+                match report.timeslice_us {
+                    // The NVIDIA `dynamic` lever: the queues keep running (with a short
+                    // timeslice during the episode); the model's states stay as they are.
+                    Some(us) => {
+                        rec["lever"] = serde_json::json!("dynamic");
+                        rec["timeslice_us"] = serde_json::json!(us);
+                    }
+                    None => self.apply_report(w, &report, suspend),
+                }
                 let by = |o: QueueOutcome| -> Vec<u32> {
                     report
                         .queues
@@ -430,6 +470,8 @@ impl Ctx {
                     "from_us": change.from_us,
                     "to_us": change.to_us,
                     "original_us": change.original_us,
+                    "issued_ns": change.issued_ns,
+                    "returned_ns": change.returned_ns,
                     "reason": why,
                     "by": "control",
                 }));

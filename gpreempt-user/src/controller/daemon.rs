@@ -131,6 +131,9 @@ pub struct Status {
     /// Per GPU under the adaptive strategy: the online goal and what the tuner measured.
     #[serde(default)]
     pub adaptive: Vec<crate::policy::AdaptiveView>,
+    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nv_levers: Vec<crate::policy::LeverView>,
     /// Where the metrics are served (`run --metrics`).
     #[serde(default)]
     pub metrics: Option<String>,

@@ -10,7 +10,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::{
-    fmt_ns, off_ns, Budget, Class, Glob, NvLever, NvPolicy, Policy, Rule, Strategy,
+    fmt_ns, off_ns, Budget, Class, Glob, LeverSet, NvLever, NvPolicy, Policy, Rule, Strategy,
     DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
 };
 
@@ -504,19 +504,12 @@ impl<'t> Parser<'t> {
             let key = k.get_ref().as_ref();
             let span = v.span().start;
             match key {
-                "lever" => match self.string(v, key) {
-                    Some("timeslice") => nv.lever = NvLever::Timeslice,
-                    Some("pause") => nv.lever = NvLever::Pause,
-                    Some("both") => nv.lever = NvLever::Both,
-                    Some(other) => self.err(
-                        span,
-                        format!(
-                            "lever: unknown lever {other:?} (use \"timeslice\", \"pause\" or \
-                             \"both\")"
-                        ),
-                    ),
-                    None => {}
-                },
+                "lever" => {
+                    if let Some(l) = self.string(v, key).and_then(|s| self.lever(span, key, s)) {
+                        nv.lever = l;
+                    }
+                }
+                "levers" => self.levers(v, span, nv),
                 "offline_timeslice" => {
                     if let Some(ns) = self.duration(v, key) {
                         let us = ns / 1_000;
@@ -550,12 +543,60 @@ impl<'t> Parser<'t> {
                 other => self.err(
                     k.span().start,
                     format!(
-                        "[nvidia]: unknown key {other:?} (expected lever, offline_timeslice, \
-                         pause_after or pause)"
+                        "[nvidia]: unknown key {other:?} (expected lever, levers, \
+                         offline_timeslice, pause_after or pause)"
                     ),
                 ),
             }
         }
+    }
+
+    fn lever(&mut self, span: usize, key: &str, s: &str) -> Option<NvLever> {
+        let l = NvLever::parse(s);
+        if l.is_none() {
+            self.err(
+                span,
+                format!(
+                    "{key}: unknown lever {s:?} (use \"none\", \"dynamic\", \"timeslice\", \
+                     \"pause\" or \"both\")"
+                ),
+            );
+        }
+        l
+    }
+
+    /// `levers = ["none", "dynamic", ...]`: the adaptive tuner's candidates, at least one.
+    fn levers(&mut self, v: &Val, span: usize, nv: &mut NvPolicy) {
+        let DeValue::Array(a) = v.get_ref() else {
+            self.err(
+                span,
+                "levers: expected a list of levers, e.g. [\"none\", \"dynamic\"]".into(),
+            );
+            return;
+        };
+        let mut set = LeverSet::of(&[]);
+        let mut ok = true;
+        for e in a.iter() {
+            let at = e.span().start;
+            match self.string(e, "levers") {
+                Some(s) => match self.lever(at, "levers", s) {
+                    Some(l) => set.insert(l),
+                    None => ok = false,
+                },
+                None => ok = false,
+            }
+        }
+        if !ok {
+            return;
+        }
+        if set.is_empty() {
+            self.err(
+                span,
+                "levers: the list is empty (name at least one lever)".into(),
+            );
+            return;
+        }
+        nv.levers = set;
     }
 
     fn table<'a, 'i>(&mut self, v: &'a Val<'i>, what: &str) -> Option<&'a DeTable<'i>> {

@@ -11,6 +11,7 @@ mod classify;
 mod engine;
 mod file;
 mod glob;
+mod levers;
 
 use std::fmt;
 
@@ -21,6 +22,7 @@ pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use engine::Engine;
 pub use file::{parse_duration, PolicyError};
 pub use glob::Glob;
+pub use levers::{LeverChange, LeverTuner, LeverView};
 
 const MS: u64 = 1_000_000;
 
@@ -93,8 +95,18 @@ impl fmt::Display for Budget {
 }
 
 /// How an NVIDIA offline process yields to online work (`[nvidia] lever`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum NvLever {
+    /// Nothing: NVIDIA processes are classed, but offline work is left alone. The baseline a
+    /// lever must beat, and what the adaptive tuner keeps where no lever buys anything.
+    None,
+    /// The offline GR TSGs get the short timeslice only while online work is busy on their GPU
+    /// (the episodes that would pause them under `Pause`), and their own value back after, so
+    /// two offline processes do not switch every `offline_timeslice` between episodes.
+    Dynamic,
     /// Its GR TSGs get a short hardware timeslice once; never paused. The GPU's scheduler then
     /// switches to online work within that timeslice, with no call per request.
     Timeslice,
@@ -106,15 +118,92 @@ pub enum NvLever {
 }
 
 impl NvLever {
+    pub const ALL: [NvLever; 5] = [
+        Self::None,
+        Self::Dynamic,
+        Self::Timeslice,
+        Self::Pause,
+        Self::Both,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
+            Self::None => "none",
+            Self::Dynamic => "dynamic",
             Self::Timeslice => "timeslice",
             Self::Pause => "pause",
             Self::Both => "both",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.label() == s)
+    }
+
+    /// The short timeslice is set once, at classification, and kept (`timeslice`, `both`).
     pub fn timeslice(self) -> bool {
-        self != Self::Pause
+        matches!(self, Self::Timeslice | Self::Both)
+    }
+
+    /// The engine's suspend/resume decisions reach the process (as a pause, or for `Dynamic`
+    /// as the short timeslice and back).
+    pub fn acts_per_episode(self) -> bool {
+        matches!(self, Self::Dynamic | Self::Pause | Self::Both)
+    }
+}
+
+impl fmt::Display for NvLever {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// A set of levers (`[nvidia] levers`: the adaptive tuner's candidates). A bit mask, so that
+/// [`NvPolicy`] stays `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeverSet(u8);
+
+impl LeverSet {
+    /// The tuner's default candidates: the null lever, the two timeslice levers, the pause.
+    /// `both` is left out: its pause half is the `pause` candidate's cost.
+    pub const DEFAULT: LeverSet = LeverSet::of(&[
+        NvLever::None,
+        NvLever::Dynamic,
+        NvLever::Timeslice,
+        NvLever::Pause,
+    ]);
+
+    pub const fn of(levers: &[NvLever]) -> Self {
+        let mut bits = 0u8;
+        let mut i = 0;
+        while i < levers.len() {
+            bits |= 1 << levers[i] as u8;
+            i += 1;
+        }
+        Self(bits)
+    }
+
+    pub fn contains(self, l: NvLever) -> bool {
+        self.0 & (1 << l as u8) != 0
+    }
+
+    pub fn insert(&mut self, l: NvLever) {
+        self.0 |= 1 << l as u8;
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// In the order of [`NvLever::ALL`] (`none` first: the null lever is the reference).
+    pub fn iter(self) -> impl Iterator<Item = NvLever> {
+        NvLever::ALL.into_iter().filter(move |&l| self.contains(l))
+    }
+}
+
+impl Default for LeverSet {
+    fn default() -> Self {
+        Self::DEFAULT
     }
 }
 
@@ -130,6 +219,8 @@ pub struct NvPolicy {
     /// (`bOnlyDisableScheduling`); work already running finishes its timeslice. The default,
     /// `"preempt"`, preempts it as well.
     pub pause_schedule_only: bool,
+    /// `levers`: the candidates the adaptive strategy's lever tuner measures (policy/levers.rs).
+    pub levers: LeverSet,
 }
 
 /// 200 us: on an H100 it brought the seeds' online p99 from 9.5 to 5.2 ms with offline at
@@ -144,6 +235,7 @@ impl Default for NvPolicy {
             offline_timeslice_us: DEFAULT_OFFLINE_TIMESLICE_US,
             pause_after_ns: DEFAULT_PAUSE_AFTER_NS,
             pause_schedule_only: false,
+            levers: LeverSet::DEFAULT,
         }
     }
 }
@@ -262,15 +354,19 @@ impl Policy {
             if self.launch_hints { "on" } else { "off" },
             self.nvidia.lever.label(),
             match self.nvidia.lever {
-                NvLever::Pause => String::new(),
-                NvLever::Timeslice => format!(" ({} us)", self.nvidia.offline_timeslice_us),
+                NvLever::Pause | NvLever::None => String::new(),
+                NvLever::Timeslice | NvLever::Dynamic => {
+                    format!(" ({} us)", self.nvidia.offline_timeslice_us)
+                }
                 NvLever::Both => format!(
                     " ({} us, pause after {})",
                     self.nvidia.offline_timeslice_us,
                     fmt_ns(self.nvidia.pause_after_ns)
                 ),
             },
-            if self.nvidia.pause_schedule_only && self.nvidia.lever != NvLever::Timeslice {
+            if self.nvidia.pause_schedule_only
+                && matches!(self.nvidia.lever, NvLever::Pause | NvLever::Both)
+            {
                 ", schedule-only pauses"
             } else {
                 ""

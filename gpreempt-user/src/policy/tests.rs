@@ -1374,6 +1374,7 @@ fn the_nvidia_table_sets_the_lever() {
             offline_timeslice_us: 1000,
             pause_after_ns: 8_000_000,
             pause_schedule_only: true,
+            levers: crate::policy::LeverSet::DEFAULT,
         }
     );
     assert!(!NvPolicy::default().pause_schedule_only);
@@ -1389,7 +1390,8 @@ fn the_nvidia_table_sets_the_lever() {
     );
     assert_eq!(
         one_err("[nvidia]\nlever = \"sleep\"\n"),
-        "policy.toml:2: lever: unknown lever \"sleep\" (use \"timeslice\", \"pause\" or \"both\")"
+        "policy.toml:2: lever: unknown lever \"sleep\" (use \"none\", \"dynamic\", \"timeslice\", \
+         \"pause\" or \"both\")"
     );
     assert_eq!(
         one_err("[nvidia]\noffline_timeslice = \"2s\"\n"),
@@ -1397,9 +1399,78 @@ fn the_nvidia_table_sets_the_lever() {
     );
     assert_eq!(
         one_err("[nvidia]\ntimeslice = \"2ms\"\n"),
-        "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, \
+        "policy.toml:2: [nvidia]: unknown key \"timeslice\" (expected lever, levers, \
          offline_timeslice, pause_after or pause)"
     );
+}
+
+#[test]
+fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
+    use crate::policy::{LeverSet, NvLever};
+    let p = Policy::parse("[nvidia]\nlever = \"none\"\n", "p.toml").unwrap();
+    assert_eq!(p.nvidia.lever, NvLever::None);
+    assert!(
+        p.summary().ends_with("NVIDIA lever none"),
+        "{}",
+        p.summary()
+    );
+    let p = Policy::parse(
+        "[nvidia]\nlever = \"dynamic\"\noffline_timeslice = \"100us\"\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(p.nvidia.lever, NvLever::Dynamic);
+    assert!(
+        p.summary().contains("NVIDIA lever dynamic (100 us)"),
+        "{}",
+        p.summary()
+    );
+    // The candidates: the default four, or the list given (duplicates merge).
+    assert_eq!(
+        Policy::parse("", "p.toml")
+            .unwrap()
+            .nvidia
+            .levers
+            .iter()
+            .collect::<Vec<_>>(),
+        vec![
+            NvLever::None,
+            NvLever::Dynamic,
+            NvLever::Timeslice,
+            NvLever::Pause
+        ]
+    );
+    let p = Policy::parse(
+        "[nvidia]\nlevers = [\"pause\", \"none\", \"pause\"]\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        p.nvidia.levers,
+        LeverSet::of(&[NvLever::None, NvLever::Pause])
+    );
+    assert_eq!(
+        one_err("[nvidia]\nlevers = []\n"),
+        "policy.toml:2: levers: the list is empty (name at least one lever)"
+    );
+    assert_eq!(
+        one_err("[nvidia]\nlevers = [\"none\", \"nap\"]\n"),
+        "policy.toml:2: levers: unknown lever \"nap\" (use \"none\", \"dynamic\", \
+         \"timeslice\", \"pause\" or \"both\")"
+    );
+    assert_eq!(
+        one_err("[nvidia]\nlevers = \"none\"\n"),
+        "policy.toml:2: levers: expected a list of levers, e.g. [\"none\", \"dynamic\"]"
+    );
+    // The engine: `none` never suspends an NVIDIA process, `dynamic` decides as `pause` does
+    // (the backend turns it into the short timeslice).
+    for l in NvLever::ALL {
+        assert_eq!(
+            l.acts_per_episode(),
+            matches!(l, NvLever::Dynamic | NvLever::Pause | NvLever::Both)
+        );
+        assert_eq!(NvLever::parse(l.label()), Some(l));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

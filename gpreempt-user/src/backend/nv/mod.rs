@@ -9,7 +9,7 @@
 //! beats stop and the guardian, a lease later, resumes everything it holds.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::Path,
     sync::{Arc, Mutex},
     time::Duration,
@@ -29,7 +29,7 @@ use crate::{
     },
     observe::watch::Watcher,
     outcome::{Notice, OpReport, TimesliceChange},
-    policy::{Class, NvPolicy, Policy},
+    policy::{Class, NvLever, NvPolicy, Policy},
 };
 
 pub(crate) mod worker;
@@ -63,6 +63,8 @@ pub struct NvBackend<O: NvOps + Send + 'static = Rm> {
     known: BTreeSet<u32>,
     /// When the lever was last re-applied (not at every tick).
     lever_checked_ns: u64,
+    /// The adaptive tuner's lever per GPU (over `policy.lever` there).
+    gpu_levers: BTreeMap<u32, NvLever>,
 }
 
 impl NvBackend {
@@ -73,6 +75,17 @@ impl NvBackend {
         let lease = max_suspend.max(Duration::from_millis(500));
         Self::with(NvControl::new(dir)?.with_lease(lease), max_suspend, out)
     }
+}
+
+/// The TSGs asked for, or every live one of `pid`.
+fn all_if_none(state: &State, pid: u32, queues: Option<Vec<u32>>) -> Vec<u32> {
+    queues.unwrap_or_else(|| {
+        state
+            .procs
+            .get(&pid)
+            .map(|p| p.live_queues().map(|q| q.queue_id).collect())
+            .unwrap_or_default()
+    })
 }
 
 /// A one-process slice of the model: what the worker needs of `pid`, owned.
@@ -107,6 +120,7 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
             offline: BTreeSet::new(),
             known: BTreeSet::new(),
             lever_checked_ns: 0,
+            gpu_levers: BTreeMap::new(),
         })
     }
 
@@ -146,7 +160,14 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
         None
     }
 
-    fn act(&mut self, state: &State, pid: u32, tsgs: Option<Vec<u32>>, suspend: bool) -> Acted {
+    fn act(
+        &mut self,
+        state: &State,
+        pid: u32,
+        tsgs: Option<Vec<u32>>,
+        suspend: bool,
+        by_policy: bool,
+    ) -> Acted {
         let ticket = Ticket::next();
         self.known.insert(pid);
         let cmd = Cmd::Act {
@@ -155,6 +176,7 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
             proc: slice(state, pid),
             tsgs,
             suspend,
+            by_policy,
         };
         if self.worker.submit(cmd) {
             Acted::Later(ticket)
@@ -211,14 +233,21 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
         queues: Option<Vec<u32>>,
         _grace: Option<u32>,
     ) -> BoxFut<'a, Acted> {
-        let tsgs = queues.unwrap_or_else(|| {
-            state
-                .procs
-                .get(&pid)
-                .map(|p| p.live_queues().map(|q| q.queue_id).collect())
-                .unwrap_or_default()
-        });
-        let r = self.act(state, pid, Some(tsgs), true);
+        let tsgs = all_if_none(state, pid, queues);
+        let r = self.act(state, pid, Some(tsgs), true, false);
+        Box::pin(async move { r })
+    }
+
+    /// The engine's suspend: under the `dynamic` lever the short timeslice for the episode.
+    fn policy_suspend<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        _grace: Option<u32>,
+    ) -> BoxFut<'a, Acted> {
+        let tsgs = all_if_none(state, pid, queues);
+        let r = self.act(state, pid, Some(tsgs), true, true);
         Box::pin(async move { r })
     }
 
@@ -228,7 +257,7 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
         pid: u32,
         queues: Option<Vec<u32>>,
     ) -> BoxFut<'a, Acted> {
-        let r = self.act(state, pid, queues, false);
+        let r = self.act(state, pid, queues, false, false);
         Box::pin(async move { r })
     }
 
@@ -243,6 +272,16 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
         self.policy = policy.nvidia;
         self.worker.submit(Cmd::Policy(policy.nvidia));
         // A new value (or lever) reaches every offline process at the next upkeep.
+        self.lever_checked_ns = 0;
+    }
+
+    fn set_gpu_levers(&mut self, levers: &BTreeMap<u32, NvLever>) {
+        if *levers == self.gpu_levers {
+            return;
+        }
+        self.gpu_levers = levers.clone();
+        self.worker.submit(Cmd::GpuLevers(levers.clone()));
+        // A static lever chosen for a GPU reaches its offline processes at the next upkeep.
         self.lever_checked_ns = 0;
     }
 
@@ -263,7 +302,9 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
             self.forget(pid);
         }
         // Only when the worker is idle: re-checks never pile up behind a slow call.
-        if self.policy.lever.timeslice()
+        let static_lever =
+            self.policy.lever.timeslice() || self.gpu_levers.values().any(|l| l.timeslice());
+        if static_lever
             && !self.offline.is_empty()
             && now_ns.saturating_sub(self.lever_checked_ns) >= LEVER_RECHECK_NS
             && self.worker.idle()

@@ -428,3 +428,264 @@ fn shutdown_gives_up_on_a_wedged_call_after_its_bound() {
     }
     assert!(!fake.with(|f| f.calls[1].1), "resumed");
 }
+
+fn dynamic_policy() -> Policy {
+    let mut p = Policy::default();
+    p.nvidia.lever = crate::policy::NvLever::Dynamic;
+    p
+}
+
+/// One engine decision through the backend, answered by the worker.
+fn policy_act(
+    b: &mut NvBackend<Shared>,
+    rx: &mut UnboundedReceiver<Arrival>,
+    s: &crate::model::State,
+    suspend: bool,
+) -> (crate::outcome::OpReport, Vec<Notice>) {
+    let t = if suspend {
+        later(block_on(b.policy_suspend(s, 7, Some(vec![0x20]), None)))
+    } else {
+        later(block_on(b.resume(s, 7, Some(vec![0x20]))))
+    };
+    sync(b);
+    let mut got = drain(rx);
+    let i = got
+        .iter()
+        .position(|a| matches!(a, Arrival::Done { .. }))
+        .expect("the act's result");
+    let r = done(got.remove(i), t).unwrap();
+    (r, notices(got))
+}
+
+fn ts_notice(n: &[Notice]) -> (u64, u64, u64) {
+    match n {
+        [Notice::Timeslice { change, .. }] => {
+            assert!(
+                change.issued_ns > 0 && change.returned_ns >= change.issued_ns,
+                "timed: {change:?}"
+            );
+            (change.from_us, change.to_us, change.original_us)
+        }
+        other => panic!("one timeslice change: {other:?}"),
+    }
+}
+
+/// `dynamic`: nothing at classification; each engine suspend is the short timeslice (no pause,
+/// no FIFO call), each resume the original; the original is read once; an operator's suspend
+/// still pauses.
+#[test]
+fn the_dynamic_lever_shortens_the_timeslice_per_episode_only() {
+    let s = host();
+    let fake = Shared::default();
+    fake.with(|f| {
+        f.timeslices.insert(0x20, 1024);
+    });
+    let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
+    b.set_policy(&dynamic_policy());
+    block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+    assert!(b.upkeep(&s, LEVER_RECHECK_NS).is_empty());
+    sync(&b);
+    assert!(drain(&mut rx).is_empty(), "nothing between episodes");
+    assert!(fake.with(|f| f.ts_calls.is_empty()));
+    for _episode in 0..3 {
+        let (r, n) = policy_act(&mut b, &mut rx, &s, true);
+        assert_eq!((r.done(), r.timeslice_us), (vec![0x20], Some(200)));
+        assert!(r.returned_ns >= r.issued_ns);
+        assert_eq!(ts_notice(&n), (1024, 200, 1024));
+        assert_eq!(b.timeslices(), vec![(7, 0x20, 1024, 200)]);
+        let (r, n) = policy_act(&mut b, &mut rx, &s, false);
+        assert_eq!((r.done(), r.timeslice_us), (vec![0x20], Some(0)));
+        assert_eq!(ts_notice(&n), (200, 1024, 1024));
+        assert!(b.timeslices().is_empty());
+        assert_eq!(fake.with(|f| f.timeslices[&0x20]), 1024);
+    }
+    assert!(fake.with(|f| f.calls.is_empty()), "never paused");
+    assert_eq!(fake.with(|f| f.ts_gets.clone()), vec![0x20], "read once");
+    // An operator's suspend is a pause whatever the lever.
+    let t = later(block_on(b.suspend(&s, 7, Some(vec![0x20]), None)));
+    let r = done(next(&mut rx), t).unwrap();
+    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None));
+    assert_eq!(fake.with(|f| f.calls.len()), 1);
+    block_on(Box::new(b).shutdown());
+}
+
+/// Every way out of an episode puts the original back: shutdown, a class change, a reload to
+/// another lever (but a static timeslice keeps the short value), the tuner's lever change;
+/// an exited process is simply forgotten (its TSGs went with it).
+#[test]
+fn the_dynamic_lever_is_undone_on_every_exit_path() {
+    let s = host();
+    let original = |fake: &Shared| fake.with(|f| f.timeslices[&0x20]);
+    let episode = || {
+        let fake = Shared::default();
+        let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
+        b.set_policy(&dynamic_policy());
+        block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+        let (r, _) = policy_act(&mut b, &mut rx, &s, true);
+        assert_eq!(r.timeslice_us, Some(200));
+        assert_eq!(original(&fake), 200);
+        (fake, b, rx)
+    };
+
+    // Shutdown mid-episode.
+    let (fake, b, _rx) = episode();
+    block_on(Box::new(b).shutdown());
+    assert_eq!(original(&fake), 2048, "shutdown");
+
+    // Class change mid-episode; the engine's resume after it finds nothing to undo.
+    let (fake, mut b, mut rx) = episode();
+    block_on(b.classed(&s, 7, Class::Online)).unwrap();
+    sync(&b);
+    assert_eq!(ts_notice(&notices(drain(&mut rx))), (200, 2048, 2048));
+    assert_eq!(original(&fake), 2048, "class change");
+    let (r, n) = policy_act(&mut b, &mut rx, &s, false);
+    assert!(n.is_empty(), "{n:?}");
+    assert_eq!(r.done(), vec![0x20]);
+    block_on(Box::new(b).shutdown());
+    assert_eq!(original(&fake), 2048);
+
+    // Reload to `pause` or `none` mid-episode: back; to `timeslice`: it stays short, now for
+    // good, and the engine's resume leaves it so.
+    for (lever, after) in [
+        (crate::policy::NvLever::Pause, 2048),
+        (crate::policy::NvLever::None, 2048),
+        (crate::policy::NvLever::Timeslice, 200),
+    ] {
+        let (fake, mut b, mut rx) = episode();
+        let mut p = Policy::default();
+        p.nvidia.lever = lever;
+        b.set_policy(&p);
+        sync(&b);
+        drain(&mut rx);
+        assert_eq!(original(&fake), after, "reload to {lever}");
+        let (_, n) = policy_act(&mut b, &mut rx, &s, false);
+        assert!(n.is_empty(), "{lever}: {n:?}");
+        assert_eq!(original(&fake), after, "{lever}: the resume");
+        block_on(Box::new(b).shutdown());
+        assert_eq!(original(&fake), 2048, "{lever}: exit");
+    }
+
+    // The tuner moves the GPU to `none` mid-episode: back.
+    let (fake, mut b, mut rx) = episode();
+    let gpu = s.procs[&7].queues[&0x20].gpu_id;
+    b.set_gpu_levers(&[(gpu, crate::policy::NvLever::None)].into());
+    sync(&b);
+    let n = notices(drain(&mut rx));
+    assert_eq!(ts_notice(&n), (200, 2048, 2048));
+    assert!(
+        matches!(&n[0], Notice::Timeslice { why, .. } if why.contains("lever tuner: dynamic -> none")),
+        "{n:?}"
+    );
+    // Under `none` an engine suspend (were one made) is no timeslice either: a pause.
+    block_on(Box::new(b).shutdown());
+
+    // Process exit: forgotten, nothing left to restore at shutdown.
+    let (fake2, mut b, _rx) = episode();
+    b.forget(7);
+    sync(&b);
+    assert!(b.timeslices().is_empty());
+    let before = fake2.with(|f| f.ts_calls.len());
+    block_on(Box::new(b).shutdown());
+    assert_eq!(
+        fake2.with(|f| f.ts_calls.len()),
+        before,
+        "no call for a gone process"
+    );
+    assert_eq!(original(&fake), 2048);
+}
+
+/// A driver that refuses SET_TIMESLICE: the engine's suspend becomes a pause at once (the
+/// engine is told, as under the static lever), and later ones are pauses without a retry.
+#[test]
+fn a_refused_dynamic_timeslice_pauses_instead() {
+    let s = host();
+    let fake = Shared::default();
+    fake.with(|f| f.ts_fail = true);
+    let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
+    b.set_policy(&dynamic_policy());
+    block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+    let (r, n) = policy_act(&mut b, &mut rx, &s, true);
+    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None), "paused");
+    assert!(
+        matches!(&n[..], [Notice::LeverFailed { pid: 7, text }] if text.contains("NV_ERR_NOT_SUPPORTED")),
+        "{n:?}"
+    );
+    let (r, n) = policy_act(&mut b, &mut rx, &s, false);
+    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None), "resumed");
+    assert!(n.is_empty());
+    let (r, n) = policy_act(&mut b, &mut rx, &s, true);
+    assert_eq!(r.timeslice_us, None);
+    assert!(n.is_empty(), "not retried: {n:?}");
+    assert_eq!(
+        fake.with(|f| f.calls.iter().map(|c| c.1).collect::<Vec<_>>()),
+        vec![true, false, true]
+    );
+    block_on(Box::new(b).shutdown());
+}
+
+/// The lever tuner's per-GPU choice reaches the worker in order with the acts, over the
+/// policy's lever: static -> dynamic puts the original back (the episodes shorten it again),
+/// dynamic -> static keeps it short from the next re-check, an empty map returns to the
+/// policy's lever, `none` puts it back.
+#[test]
+fn the_tuners_lever_per_gpu_reaches_the_worker() {
+    use crate::policy::NvLever;
+    let s = host();
+    let gpu = s.procs[&7].queues[&0x20].gpu_id;
+    let fake = Shared::default();
+    let current = |fake: &Shared| fake.with(|f| f.timeslices[&0x20]);
+    let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
+    b.set_policy(&Policy::default()); // lever = "timeslice"
+    block_on(b.classed(&s, 7, Class::Offline)).unwrap();
+    sync(&b);
+    drain(&mut rx);
+    assert_eq!(current(&fake), 200, "the policy's static lever");
+    let levers = |l: Option<NvLever>| l.map(|l| (gpu, l)).into_iter().collect();
+
+    b.set_gpu_levers(&levers(Some(NvLever::Dynamic)));
+    sync(&b);
+    let n = notices(drain(&mut rx));
+    assert_eq!(ts_notice(&n), (200, 2048, 2048));
+    assert!(
+        matches!(&n[0], Notice::Timeslice { why, .. } if why == "lever tuner: timeslice -> dynamic"),
+        "{n:?}"
+    );
+    assert!(b.upkeep(&s, LEVER_RECHECK_NS).is_empty());
+    sync(&b);
+    assert!(
+        drain(&mut rx).is_empty(),
+        "no static re-check under dynamic"
+    );
+    let (r, _) = policy_act(&mut b, &mut rx, &s, true);
+    assert_eq!(r.timeslice_us, Some(200));
+    assert_eq!(current(&fake), 200);
+
+    // Mid-episode to the static lever: stays short, now for good.
+    b.set_gpu_levers(&levers(Some(NvLever::Timeslice)));
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    let (_, n) = policy_act(&mut b, &mut rx, &s, false);
+    assert!(
+        n.is_empty(),
+        "the episode's end keeps the static value: {n:?}"
+    );
+    assert_eq!(current(&fake), 200);
+
+    // Back to the policy's lever (timeslice too): nothing changes. Then `none`: back.
+    b.set_gpu_levers(&levers(None));
+    b.upkeep(&s, 3 * LEVER_RECHECK_NS);
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    b.set_gpu_levers(&levers(Some(NvLever::None)));
+    sync(&b);
+    assert_eq!(ts_notice(&notices(drain(&mut rx))), (200, 2048, 2048));
+    assert_eq!(current(&fake), 2048);
+    // Under `none` nothing is re-applied.
+    b.upkeep(&s, 5 * LEVER_RECHECK_NS);
+    sync(&b);
+    assert!(drain(&mut rx).is_empty());
+    // (The episode's resume under the static lever was an enable of running channels.)
+    assert!(fake.with(|f| f.calls.iter().all(|c| !c.1)), "never paused");
+    block_on(Box::new(b).shutdown());
+    assert_eq!(current(&fake), 2048);
+}

@@ -27,8 +27,8 @@ use crate::{
     clock::monotonic_ns,
     model::State,
     nv::controller::{lock, NvControl, NvOps},
-    outcome::{Notice, OpReport},
-    policy::NvPolicy,
+    outcome::{Notice, OpReport, QueueOutcome, QueueResult, TimesliceChange},
+    policy::{NvLever, NvPolicy},
 };
 
 /// First and longest wait after a failed pause.
@@ -51,16 +51,22 @@ pub(crate) enum Cmd<O: NvOps> {
         offline: bool,
     },
     /// Pause (`suspend`) or resume TSGs of `pid` (None on a resume: every one paused then).
+    /// `by_policy`: the engine's decision, which the `dynamic` lever turns into the short
+    /// timeslice (an operator's `suspend` always pauses).
     Act {
         ticket: Ticket,
         pid: u32,
         proc: State,
         tsgs: Option<Vec<u32>>,
         suspend: bool,
+        by_policy: bool,
     },
     /// Offline processes again: GR TSGs created since get the offline timeslice.
     Lever(Vec<(u32, State)>),
     Policy(NvPolicy),
+    /// The adaptive tuner's lever per GPU (policy/levers.rs), in place of the policy's own
+    /// lever there; GPUs not listed use the policy's.
+    GpuLevers(BTreeMap<u32, NvLever>),
     /// The process is gone: drop its fd duplicates and the guardian's hold.
     Forget(u32),
     /// Runs on the thread (the self-test, tests).
@@ -74,7 +80,7 @@ impl<O: NvOps> Cmd<O> {
         match self {
             Self::Classed { pid, .. } | Self::Act { pid, .. } | Self::Forget(pid) => *pid,
             Self::Lever(procs) => procs.first().map_or(0, |(p, _)| *p),
-            Self::Policy(_) | Self::Call(_) | Self::Shutdown(_) => 0,
+            Self::Policy(_) | Self::GpuLevers(_) | Self::Call(_) | Self::Shutdown(_) => 0,
         }
     }
 }
@@ -131,6 +137,9 @@ impl<O: NvOps + Send + 'static> Worker<O> {
             policy: NvPolicy::default(),
             offline: BTreeSet::new(),
             lever_failed: BTreeSet::new(),
+            gpu_levers: BTreeMap::new(),
+            gpu_of: BTreeMap::new(),
+            shortened: BTreeSet::new(),
             armed: false,
             out,
         };
@@ -231,6 +240,13 @@ pub(crate) struct Inner<O: NvOps> {
     offline: BTreeSet<u32>,
     /// Offline processes whose timeslice could not be set: the policy pauses them instead.
     lever_failed: BTreeSet<u32>,
+    /// The adaptive tuner's lever per GPU, over `policy.lever`.
+    gpu_levers: BTreeMap<u32, NvLever>,
+    /// The GPU of each known process's compute TSGs (the one whose lever applies to it).
+    gpu_of: BTreeMap<u32, u32>,
+    /// Offline processes whose GR TSGs the `dynamic` lever has shortened now (an online
+    /// episode on their GPU): the engine's resume puts the originals back.
+    shortened: BTreeSet<u32>,
     /// The watchdog runs once the policy is set: after the start-up self-test, whose own pause
     /// must not be cut short by a short `max_suspend`.
     armed: bool,
@@ -327,9 +343,18 @@ impl<O: NvOps> Inner<O> {
                 proc,
                 tsgs,
                 suspend,
+                by_policy,
             } => {
-                let result = if suspend {
-                    self.suspend(&proc, pid, &tsgs.unwrap_or_default())
+                self.note_gpu(&proc, pid);
+                let tsgs_asked = tsgs.clone().unwrap_or_default();
+                let result = if suspend && by_policy && self.dynamic(pid) {
+                    match self.shorten(&proc, pid, &tsgs_asked) {
+                        Some(r) => Ok(r),
+                        // The SET was refused: paused instead, as the static lever falls back.
+                        None => self.suspend(&proc, pid, &tsgs_asked),
+                    }
+                } else if suspend {
+                    self.suspend(&proc, pid, &tsgs_asked)
                 } else {
                     self.resume(&proc, pid, tsgs)
                 };
@@ -337,12 +362,14 @@ impl<O: NvOps> Inner<O> {
             }
             Cmd::Lever(procs) => {
                 for (pid, proc) in procs {
+                    self.note_gpu(&proc, pid);
                     if self.offline.contains(&pid) {
                         self.apply_lever(&proc, pid, "offline (new TSG or policy)");
                     }
                 }
             }
             Cmd::Policy(p) => self.set_policy(p),
+            Cmd::GpuLevers(l) => self.set_gpu_levers(l),
             Cmd::Forget(pid) => self.forget(pid),
             Cmd::Call(f) => f(self),
             // Served by `run`.
@@ -351,6 +378,7 @@ impl<O: NvOps> Inner<O> {
     }
 
     fn classed(&mut self, proc: &State, pid: u32, offline: bool) {
+        self.note_gpu(proc, pid);
         if offline {
             // Duplicate its fds and give the guardian its way back now: a pause is then one
             // RM call.
@@ -364,7 +392,84 @@ impl<O: NvOps> Inner<O> {
             self.offline.insert(pid);
             self.apply_lever(proc, pid, "classed offline");
         } else if self.offline.remove(&pid) {
+            self.shortened.remove(&pid);
             self.restore(pid, "no longer offline");
+        }
+    }
+
+    /// Remembers the GPU of `pid`'s compute TSGs (the first live one's), whose lever applies.
+    fn note_gpu(&mut self, proc: &State, pid: u32) {
+        let gpu = proc.procs.get(&pid).and_then(|p| {
+            p.live_queues()
+                .find(|q| q.kind == crate::model::QueueKind::NvCompute)
+                .map(|q| q.gpu_id)
+        });
+        if let Some(g) = gpu {
+            self.gpu_of.insert(pid, g);
+        }
+    }
+
+    /// The lever that applies to `pid`: its GPU's tuned one, else the policy's.
+    pub(crate) fn lever_of(&self, pid: u32) -> NvLever {
+        self.gpu_of
+            .get(&pid)
+            .and_then(|g| self.gpu_levers.get(g))
+            .copied()
+            .unwrap_or(self.policy.lever)
+    }
+
+    /// Whether the engine's decisions for `pid` are timeslice changes, not pauses.
+    fn dynamic(&self, pid: u32) -> bool {
+        self.lever_of(pid) == NvLever::Dynamic && !self.lever_failed.contains(&pid)
+    }
+
+    /// The `dynamic` lever's "suspend": the offline timeslice on `pid`'s GR TSGs for the
+    /// online episode. None when the driver refused it: the process is paused from now on
+    /// (the notice tells the engine), as under the static lever.
+    fn shorten(&mut self, proc: &State, pid: u32, tsgs: &[u32]) -> Option<OpReport> {
+        let issued_ns = monotonic_ns();
+        let us = self.policy.offline_timeslice_us;
+        match self.nv.set_timeslices(proc, pid, us) {
+            Ok(changes) => {
+                self.shortened.insert(pid);
+                self.timeslice_notices(changes, "online busy (lever dynamic)");
+                Some(timeslice_report(proc, pid, tsgs, issued_ns, us))
+            }
+            Err(e) => {
+                self.lever_failed.insert(pid);
+                self.notice(Notice::LeverFailed {
+                    pid,
+                    text: format!("{e:#}"),
+                });
+                None
+            }
+        }
+    }
+
+    fn timeslice_notices(&self, changes: Vec<TimesliceChange>, why: &str) {
+        for change in changes {
+            self.notice(Notice::Timeslice {
+                change,
+                why: why.to_string(),
+            });
+        }
+    }
+
+    /// The originals back on what the `dynamic` lever shortened for `pid`, kept known for the
+    /// next episode. Err: not put back (kept in `shortened`; the engine decides again).
+    fn relax(&mut self, pid: u32, why: &str) -> Result<(), ActError> {
+        if !self.shortened.contains(&pid) {
+            return Ok(());
+        }
+        match self.nv.relax_timeslices(pid) {
+            Ok(changes) => {
+                self.shortened.remove(&pid);
+                self.timeslice_notices(changes, why);
+                Ok(())
+            }
+            Err(e) => Err(ActError::Driver(format!(
+                "putting the timeslice back: {e:#} (the guardian restores it if we die)"
+            ))),
         }
     }
 
@@ -396,6 +501,24 @@ impl<O: NvOps> Inner<O> {
         pid: u32,
         tsgs: Option<Vec<u32>>,
     ) -> Result<OpReport, ActError> {
+        // The `dynamic` lever's episode end (whatever the lever is now: a reload or the tuner
+        // may have changed it since the short timeslice was set).
+        if self.shortened.contains(&pid) {
+            let issued_ns = monotonic_ns();
+            self.relax(pid, "online idle (lever dynamic)")?;
+            let paused: BTreeSet<u32> = self
+                .nv
+                .paused()
+                .into_iter()
+                .filter(|&(p, _)| p == pid)
+                .map(|(_, t)| t)
+                .collect();
+            let asked = tsgs.clone().unwrap_or_default();
+            if !asked.iter().any(|t| paused.contains(t)) {
+                // Nothing paused as well: no FIFO call.
+                return Ok(timeslice_report(proc, pid, &asked, issued_ns, 0));
+            }
+        }
         // "Everything" is what is paused when the resume runs, after what was asked before it.
         let tsgs = tsgs.unwrap_or_else(|| {
             self.nv
@@ -411,7 +534,7 @@ impl<O: NvOps> Inner<O> {
     /// Gives `pid`'s GR TSGs (those not yet changed) the offline timeslice, when the lever says
     /// so. A failure makes the policy pause the process instead, once, with the reason.
     fn apply_lever(&mut self, proc: &State, pid: u32, why: &str) {
-        if !self.policy.lever.timeslice() || self.lever_failed.contains(&pid) {
+        if !self.lever_of(pid).timeslice() || self.lever_failed.contains(&pid) {
             return;
         }
         match self
@@ -459,17 +582,72 @@ impl<O: NvOps> Inner<O> {
     fn set_policy(&mut self, policy: NvPolicy) {
         self.armed = true;
         self.nv.set_schedule_only(policy.pause_schedule_only);
-        let old = std::mem::replace(&mut self.policy, policy);
-        if old.lever.timeslice() && !self.policy.lever.timeslice() {
-            for pid in self.offline.clone() {
-                self.restore(pid, "policy reloaded: lever pause");
+        let before = self.levers_now();
+        let value_changed = policy.offline_timeslice_us != self.policy.offline_timeslice_us;
+        self.policy = policy;
+        let why = format!("policy reloaded: lever {}", self.policy.lever);
+        self.switch_levers(before, &why);
+        if value_changed {
+            // A shortened TSG would keep the old value for the rest of its episode.
+            for pid in self.shortened.clone() {
+                if let Err(e) = self.relax(pid, "policy reloaded: offline_timeslice") {
+                    self.notice(Notice::Problem {
+                        pid,
+                        text: e.to_string(),
+                    });
+                }
             }
         }
         self.lever_failed.clear();
     }
 
+    fn set_gpu_levers(&mut self, levers: BTreeMap<u32, NvLever>) {
+        let before = self.levers_now();
+        self.gpu_levers = levers;
+        self.switch_levers(before, "lever tuner");
+    }
+
+    /// The lever of every offline process now.
+    fn levers_now(&self) -> BTreeMap<u32, NvLever> {
+        self.offline
+            .iter()
+            .map(|&pid| (pid, self.lever_of(pid)))
+            .collect()
+    }
+
+    /// Undoes what each offline process's old lever changed that its new one does not keep,
+    /// as a reload does: the static short timeslice goes back unless the new lever is static
+    /// too, a `dynamic` episode's short timeslice goes back unless the new lever keeps the
+    /// short value anyway. A static lever's value reaches the process at the next re-check
+    /// (upkeep, within [`super::LEVER_RECHECK_NS`]). Paused TSGs stay paused until the
+    /// engine's resume (the episode's end, or `max_suspend`).
+    fn switch_levers(&mut self, before: BTreeMap<u32, NvLever>, why: &str) {
+        for (pid, old) in before {
+            let new = self.lever_of(pid);
+            if old == new {
+                continue;
+            }
+            let why = format!("{why}: {old} -> {new}");
+            if new.timeslice() {
+                // Whatever is short stays short: the static lever wants it so.
+                self.shortened.remove(&pid);
+                continue;
+            }
+            if old.timeslice() {
+                self.restore(pid, &why);
+            } else if let Err(e) = self.relax(pid, &why) {
+                self.notice(Notice::Problem {
+                    pid,
+                    text: e.to_string(),
+                });
+            }
+        }
+    }
+
     pub(crate) fn forget(&mut self, pid: u32) {
         self.nv.forget(pid);
+        self.shortened.remove(&pid);
+        self.gpu_of.remove(&pid);
         self.backoff.remove(&pid);
         self.offline.remove(&pid);
         self.lever_failed.remove(&pid);
@@ -493,5 +671,25 @@ impl<O: NvOps> Inner<O> {
                 }),
             }
         }
+    }
+}
+
+/// The report of a `dynamic` lever act: every TSG asked is done (the engine holds them until
+/// the episode's resume), none was paused, `timeslice_us` says what was set (0: put back).
+fn timeslice_report(proc: &State, pid: u32, tsgs: &[u32], issued_ns: u64, us: u64) -> OpReport {
+    OpReport {
+        pid,
+        ret: None,
+        queues: tsgs
+            .iter()
+            .map(|&t| QueueResult {
+                queue_id: t,
+                gpu_id: proc.queue(pid, t).map(|q| q.gpu_id),
+                outcome: QueueOutcome::Done,
+            })
+            .collect(),
+        issued_ns,
+        returned_ns: monotonic_ns(),
+        timeslice_us: Some(us),
     }
 }

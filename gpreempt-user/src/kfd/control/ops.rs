@@ -405,6 +405,7 @@ impl Thread {
                 queues: Vec::new(),
                 issued_ns,
                 returned_ns: issued_ns,
+                timeslice_us: None,
             });
         }
         let r = if suspend {
@@ -447,6 +448,7 @@ impl Thread {
             queues,
             issued_ns,
             returned_ns,
+            timeslice_us: None,
         })
     }
 

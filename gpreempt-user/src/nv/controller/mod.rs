@@ -314,6 +314,7 @@ impl<O: NvOps> NvControl<O> {
             queues,
             issued_ns,
             returned_ns: monotonic_ns(),
+            timeslice_us: None,
         })
     }
 
@@ -376,6 +377,7 @@ impl<O: NvOps> NvControl<O> {
             }
             for t in todo {
                 let (original, from) = c.timeslices[&t];
+                let issued_ns = monotonic_ns();
                 ops.set_timeslice(c.dup.as_fd(), key.h_client, t, us)?;
                 c.timeslices.insert(t, (original, us));
                 out.push(TimesliceChange {
@@ -384,6 +386,8 @@ impl<O: NvOps> NvControl<O> {
                     from_us: from,
                     to_us: us,
                     original_us: original,
+                    issued_ns,
+                    returned_ns: monotonic_ns(),
                 });
             }
         }
@@ -392,27 +396,52 @@ impl<O: NvOps> NvControl<O> {
 
     /// Puts back the original timeslices of `pid`'s TSGs (class change, reload, exit).
     pub fn restore_timeslices(&mut self, pid: u32) -> Result<Vec<TimesliceChange>> {
+        self.put_back(pid, false)
+    }
+
+    /// Puts back the original timeslices of `pid`'s TSGs but keeps the originals known (the
+    /// `dynamic` lever at the end of an online episode): the next episode's SET then needs no
+    /// GET and no guardian round trip, one RM call per TSG. The guardian keeps its journal of
+    /// the originals, which it would only set again to the value they already have.
+    pub fn relax_timeslices(&mut self, pid: u32) -> Result<Vec<TimesliceChange>> {
+        self.put_back(pid, true)
+    }
+
+    fn put_back(&mut self, pid: u32, keep: bool) -> Result<Vec<TimesliceChange>> {
         let Some(clients) = self.targets.get_mut(&pid) else {
             return Ok(Vec::new());
         };
         let mut out = Vec::new();
         let mut first_err = None;
         for (key, c) in clients.iter_mut() {
-            for (t, (original, now)) in std::mem::take(&mut c.timeslices) {
+            let entries = if keep {
+                c.timeslices.clone()
+            } else {
+                std::mem::take(&mut c.timeslices)
+            };
+            for (t, (original, now)) in entries {
                 if now == original {
                     continue;
                 }
+                let issued_ns = monotonic_ns();
                 match self
                     .ops
                     .set_timeslice(c.dup.as_fd(), key.h_client, t, original)
                 {
-                    Ok(()) => out.push(TimesliceChange {
-                        pid,
-                        tsg: t,
-                        from_us: now,
-                        to_us: original,
-                        original_us: original,
-                    }),
+                    Ok(()) => {
+                        if keep {
+                            c.timeslices.insert(t, (original, original));
+                        }
+                        out.push(TimesliceChange {
+                            pid,
+                            tsg: t,
+                            from_us: now,
+                            to_us: original,
+                            original_us: original,
+                            issued_ns,
+                            returned_ns: monotonic_ns(),
+                        })
+                    }
                     Err(e) => {
                         // Kept: a later restore (or the guardian) tries again.
                         c.timeslices.insert(t, (original, now));

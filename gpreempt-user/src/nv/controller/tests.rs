@@ -13,6 +13,8 @@ pub(crate) struct Fake {
     /// SET_TIMESLICE calls (tsg, us).
     pub(crate) ts_calls: Vec<(u32, u64)>,
     pub(crate) ts_fail: bool,
+    /// GET_TIMESLICE calls (tsg).
+    pub(crate) ts_gets: Vec<u32>,
     /// While set, FIFO_DISABLE_CHANNELS calls through [`Shared`] wait (a call the driver holds).
     pub(crate) gate: bool,
     /// Calls waiting at the gate now.
@@ -110,6 +112,7 @@ impl NvOps for &mut Fake {
         Ok(Duration::from_micros(900))
     }
     fn get_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32) -> Result<u64> {
+        self.ts_gets.push(h_tsg);
         Ok(*self.timeslices.get(&h_tsg).unwrap_or(&2048))
     }
     fn set_timeslice(&mut self, _fd: BorrowedFd, _c: u32, h_tsg: u32, us: u64) -> Result<()> {
@@ -128,7 +131,14 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
     let mut fake = Fake::default();
     fake.timeslices.insert(0x20, 1024);
     let mut c = NvControl::unguarded(&mut fake);
-    let ch = c.set_timeslices(&s, 7, 200).unwrap();
+    let mut ch = c.set_timeslices(&s, 7, 200).unwrap();
+    // The call is timed for the audit.
+    assert!(ch
+        .iter()
+        .all(|c| c.issued_ns > 0 && c.returned_ns >= c.issued_ns));
+    for c in &mut ch {
+        (c.issued_ns, c.returned_ns) = (0, 0);
+    }
     // Only the compute (GR) TSG; the copy TSG 0x30 keeps its own.
     assert_eq!(
         ch,
@@ -137,7 +147,9 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
             tsg: 0x20,
             from_us: 1024,
             to_us: 200,
-            original_us: 1024
+            original_us: 1024,
+            issued_ns: 0,
+            returned_ns: 0,
         }]
     );
     assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
@@ -163,6 +175,106 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
         "{:?}",
         fake.ts_calls
     );
+}
+
+/// The `dynamic` lever's episode end: the original goes back but stays known, so the next
+/// episode is one SET per TSG (no GET, no new guardian hold); a restore after that still finds
+/// nothing left to undo, and shutdown restores a TSG shortened at the time.
+#[test]
+fn relaxing_puts_the_original_back_and_keeps_it_for_the_next_episode() {
+    let s = host();
+    let mut fake = Fake::default();
+    fake.timeslices.insert(0x20, 1024);
+    let mut c = NvControl::unguarded(&mut fake);
+    for _episode in 0..3 {
+        let ch = c.set_timeslices(&s, 7, 200).unwrap();
+        assert_eq!((ch.len(), ch[0].from_us, ch[0].to_us), (1, 1024, 200));
+        assert_eq!(c.timeslices(), vec![(7, 0x20, 1024, 200)]);
+        let back = c.relax_timeslices(7).unwrap();
+        assert_eq!(
+            (
+                back.len(),
+                back[0].from_us,
+                back[0].to_us,
+                back[0].original_us
+            ),
+            (1, 200, 1024, 1024)
+        );
+        assert!(
+            c.timeslices().is_empty(),
+            "nothing changed between episodes"
+        );
+        assert!(c.relax_timeslices(7).unwrap().is_empty(), "idempotent");
+    }
+    assert!(c.restore_timeslices(7).unwrap().is_empty());
+    c.set_timeslices(&s, 7, 200).unwrap();
+    assert_eq!(c.shutdown().len(), 0, "nothing paused");
+    drop(c);
+    // Once for the three episodes; again after the restore (which forgets it).
+    assert_eq!(
+        fake.ts_gets,
+        vec![0x20, 0x20],
+        "the original was read once per hold"
+    );
+    assert_eq!(
+        fake.ts_calls,
+        vec![
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024),
+            (0x20, 200),
+            (0x20, 1024)
+        ]
+    );
+    assert_eq!(fake.timeslices[&0x20], 1024);
+}
+
+/// The guardian learns each original once, at the `dynamic` lever's first episode, in the same
+/// hold line as the static lever's (the one it restores from on a controller death or a lapsed
+/// lease: nv/guardian/tests.rs); later episodes make no round trip.
+#[test]
+fn the_dynamic_lever_hands_the_guardian_each_original_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = std::env::temp_dir().join(format!("gpreempt-dyn-guardian-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let log = d.join("lines");
+    let exe = d.join("fake-guardian");
+    std::fs::write(
+        &exe,
+        format!(
+            "#!/bin/sh\necho ready\nwhile read l; do echo \"$l\" >> {}; echo ok; done\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let s = host();
+    let mut fake = Fake::default();
+    fake.timeslices.insert(0x20, 1024);
+    let mut c = NvControl::unguarded(&mut fake);
+    (c.exe, c.journal, c.use_guardian) = (exe, d.join("journal"), true);
+    for _episode in 0..3 {
+        assert_eq!(c.set_timeslices(&s, 7, 200).unwrap().len(), 1);
+        assert_eq!(c.relax_timeslices(7).unwrap().len(), 1);
+    }
+    c.shutdown();
+    drop(c);
+    let lines = std::fs::read_to_string(&log).unwrap();
+    // The channels' hold (made when the process is learnt), then the timeslices' once.
+    let holds: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("\"hold\"") && l.contains("timeslices"))
+        .collect();
+    assert_eq!(holds.len(), 1, "{lines}");
+    assert!(
+        holds[0].contains(r#""timeslices":[{"h_tsg":32,"original_us":1024}]"#),
+        "{}",
+        holds[0]
+    );
+    std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
@@ -281,8 +393,8 @@ fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
     );
 }
 
-/// The timeslice lever (the default) never pauses; `both` pauses only once online work has
-/// stayed busy for `pause_after`.
+/// The timeslice lever (the default) and `none` never pause; `both` pauses only once online
+/// work has stayed busy for `pause_after`; `dynamic` decides at once.
 #[test]
 fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
     use crate::policy::{Action, Engine, Policy};
@@ -297,6 +409,10 @@ fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
             Some(5 * ms),
         ),
         ("[nvidia]\nlever = \"pause\"\n", Some(0)),
+        // `none`: nothing is done; `dynamic`: decided like a pause, at the episode's start
+        // (the backend turns it into the short timeslice).
+        ("[nvidia]\nlever = \"none\"\n", None),
+        ("[nvidia]\nlever = \"dynamic\"\n", Some(0)),
     ] {
         let text = format!("[policy]\nmin_interval = \"1ms\"\n{nvidia}{rules}");
         let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap());
@@ -317,6 +433,269 @@ fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
         }
         assert_eq!(first, pause_at, "{nvidia:?}");
     }
+}
+
+/// Adds an offline NVIDIA process `pid` running offline.py (a compute TSG 0x20).
+fn add_offline(s: &mut State, pid: u32) {
+    alloc_for(s, pid, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+    alloc_for(s, pid, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+    alloc_for(s, pid, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+    alloc_for(s, pid, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+    alloc_for(s, pid, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
+    s.apply(Update::ProcInfo {
+        pid,
+        info: crate::observe::procinfo::ProcInfo {
+            comm: "python3".into(),
+            cmdline: "python3 scripts/gpu/offline.py 45".into(),
+            start_time: 100 + u64::from(pid),
+            ..Default::default()
+        },
+    });
+}
+
+const ADAPTIVE_NV: &str = "[policy]\nstrategy = \"adaptive\"\nmin_interval = \"1ms\"\n\
+                           resume_after = \"3ms\"\nwindow = \"10ms\"\n\
+                           [[rule]]\nclass = \"online\"\ncmdline = 'online'\n\
+                           [[rule]]\nclass = \"offline\"\ncmdline = 'offline'\n";
+
+/// Strategy `adaptive` on an NVIDIA GPU: the engine runs the lever tuner from the evidence
+/// entry points (`nv_burst`, `nv_offline_progress`), reports each lever change, decides
+/// under the chosen lever, and a reload away from it releases what the old lever holds.
+#[test]
+fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
+    use crate::policy::{Action, Engine, NvLever, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let gpu = s.procs[&8].queues[&0x20].gpu_id;
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    // A pair where only pausing keeps the online bursts within 1.1x of the best.
+    let burst_ms = |l: NvLever| match l {
+        NvLever::None => 8.0,
+        NvLever::Dynamic => 6.0,
+        NvLever::Timeslice => 5.5,
+        _ => 4.0,
+    };
+    let mut changes = Vec::new();
+    let mut notes = Vec::new();
+    let start = 1_000 * ms;
+    let mut now = start;
+    let (mut next_burst, mut next_progress) = (start + 50 * ms, start + 10 * ms);
+    while now < start + 30_000 * ms {
+        now += ms;
+        let lever = e
+            .nv_levers()
+            .get(&gpu)
+            .copied()
+            .unwrap_or(NvLever::Timeslice);
+        // A request every 50 ms, a progress report every 10 ms (not `is_multiple_of`: the
+        // MSRV is 1.85).
+        if now >= next_burst {
+            next_burst += 50 * ms;
+            e.nv_burst(gpu, now, (burst_ms(lever) * 1e6) as u64);
+        }
+        if now >= next_progress {
+            next_progress += 10 * ms;
+            e.nv_offline_progress(gpu, now, 10);
+        }
+        e.decide(&s, now);
+        changes.extend(e.take_lever_changes());
+        notes.extend(e.take_notes());
+    }
+    assert_eq!(e.nv_levers().get(&gpu), Some(&NvLever::Pause), "{notes:?}");
+    assert!(changes.iter().all(|(g, _)| *g == gpu));
+    assert!(
+        changes[0].1.reason.starts_with("calibrating: epoch 1"),
+        "{changes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|(g, n)| *g == gpu && n.starts_with("lever: chose pause")),
+        "{notes:?}"
+    );
+    // The status file's view of it.
+    let v = e.lever_views();
+    assert_eq!(v.len(), 1);
+    assert_eq!(
+        (
+            v[0].gpu_id,
+            v[0].lever.as_str(),
+            v[0].chosen.as_str(),
+            v[0].phase.as_str()
+        ),
+        (gpu, "pause", "pause", "settled")
+    );
+    assert_eq!(v[0].summaries.len(), 4);
+    let json = serde_json::to_string(&v[0]).unwrap();
+    assert!(json.contains(r#"{"lever":"none","p50_ns":"#), "{json}");
+    // Under the chosen lever an online launch pauses the offline process.
+    s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now);
+    now += ms;
+    let ds = e.decide(&s, now);
+    let d = ds
+        .iter()
+        .find(|d| d.action == Action::Suspend)
+        .expect("a suspend");
+    assert_eq!((d.pid, d.queues.clone()), (8, vec![0x20]));
+    assert!(
+        d.reason.starts_with("adaptive: lever pause;"),
+        "{}",
+        d.reason
+    );
+    e.confirm(d, &d.queues);
+    // A reload to a policy whose lever is `none`: said as a lever change, and what pause holds
+    // is released at once.
+    let text = ADAPTIVE_NV.replace("strategy = \"adaptive\"", "strategy = \"priority\"");
+    let mut p = Policy::parse(&text, "p.toml").unwrap();
+    p.nvidia.lever = NvLever::None;
+    e.set_policy(p);
+    let ch = e.take_lever_changes();
+    assert!(
+        matches!(&ch[..], [(g, c)] if *g == gpu && c.from == NvLever::Pause && c.to == NvLever::None),
+        "{ch:?}"
+    );
+    assert!(e.nv_levers().is_empty());
+    now += ms;
+    let ds = e.decide(&s, now);
+    let r = ds
+        .iter()
+        .find(|d| d.action == Action::Resume)
+        .expect("a resume");
+    assert_eq!((r.pid, r.reason.as_str()), (8, "NVIDIA lever now none"));
+}
+
+/// With the channel sampler's figures in the model (nv/activity.rs: GP_GET/GP_PUT per TSG as
+/// read/write ids, backlog), the engine feeds the lever tuner itself: online bursts from the
+/// online TSG's backlog, offline progress from the offline TSG's read id. Here the static
+/// timeslice costs offline most and only dynamic/pause keep online within budget: dynamic.
+#[test]
+fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
+    use crate::model::{Activity, SampleStatus};
+    use crate::policy::{Engine, NvLever, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let gpu = s.procs[&8].queues[&0x20].gpu_id;
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    // (online burst ms, offline GPFIFO entries per ms) under each lever.
+    let pair = |l: NvLever| match l {
+        NvLever::None => (7, 10),
+        NvLever::Dynamic => (4, 9),
+        NvLever::Timeslice => (4, 4),
+        _ => (4, 6),
+    };
+    let start = 1_000 * ms;
+    let (mut now, mut read, mut request_end) = (start, 0u64, 0u64);
+    let mut notes = Vec::new();
+    while now < start + 30_000 * ms {
+        now += ms;
+        let lever = e
+            .nv_levers()
+            .get(&gpu)
+            .copied()
+            .unwrap_or(NvLever::Timeslice);
+        let (burst, rate) = pair(lever);
+        if (now - start) % (50 * ms) == ms {
+            request_end = now + burst * ms;
+        }
+        read += rate;
+        let sample = |backlog: u64, read: u64| Activity {
+            status: SampleStatus::Valid,
+            read_dispatch_id: Some(read),
+            write_dispatch_id: Some(read + backlog),
+            backlog: Some(backlog),
+            busy: Some(backlog > 0),
+            sample_ns: now,
+            ..Default::default()
+        };
+        let online = u64::from(now < request_end);
+        s.procs
+            .get_mut(&7)
+            .unwrap()
+            .queues
+            .get_mut(&0x20)
+            .unwrap()
+            .activity = sample(online, 0);
+        s.procs
+            .get_mut(&8)
+            .unwrap()
+            .queues
+            .get_mut(&0x20)
+            .unwrap()
+            .activity = sample(1, read);
+        e.decide(&s, now);
+        e.take_lever_changes();
+        notes.extend(e.take_notes());
+    }
+    assert_eq!(
+        e.nv_levers().get(&gpu),
+        Some(&NvLever::Dynamic),
+        "{notes:#?}"
+    );
+    let v = e.lever_views();
+    let rate = |l: &str| {
+        v[0].summaries
+            .iter()
+            .find(|x| x.lever.label() == l)
+            .and_then(|x| x.rate)
+            .unwrap()
+    };
+    // Entries per second, as the model's read id moved (the lever applied at each ms).
+    assert!((rate("none") - 10_000.0).abs() < 500.0, "{v:?}");
+    assert!((rate("timeslice") - 4_000.0).abs() < 500.0, "{v:?}");
+    let p90 = |l: &str| {
+        v[0].summaries
+            .iter()
+            .find(|x| x.lever.label() == l)
+            .unwrap()
+            .p90_ns
+    };
+    // Bursts from the backlog: first to last sample with work.
+    assert!((6 * ms..=7 * ms).contains(&p90("none")), "{v:?}");
+    assert!((3 * ms..=4 * ms).contains(&p90("dynamic")), "{v:?}");
+}
+
+/// Without the sampler the engine estimates bursts from launch hints: a periodic online
+/// service starts the calibration; a process joining the GPU is a mix change.
+#[test]
+fn launch_hints_feed_the_lever_tuner_and_a_joining_process_is_a_mix_change() {
+    use crate::policy::{Engine, Policy};
+    let ms = 1_000_000u64;
+    let mut s = online_and_offline();
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    e.classify(&s);
+    let start = 1_000 * ms;
+    let mut changes = Vec::new();
+    let mut notes = Vec::new();
+    let mut now = start;
+    while now < start + 2_000 * ms {
+        now += ms;
+        // A request every 50 ms, launching for 4 ms.
+        if (now - start) % (50 * ms) < 4 * ms {
+            s.procs.get_mut(&7).unwrap().last_launch_ns = Some(now);
+        }
+        e.decide(&s, now);
+        changes.extend(e.take_lever_changes());
+        notes.extend(e.take_notes());
+    }
+    assert!(
+        changes
+            .iter()
+            .any(|(_, c)| c.reason.starts_with("calibrating")),
+        "{changes:?} {notes:?}"
+    );
+    add_offline(&mut s, 9);
+    e.classify(&s);
+    now += ms;
+    e.decide(&s, now);
+    let notes = e.take_notes();
+    assert!(
+        notes
+            .iter()
+            .any(|(_, n)| n.starts_with("lever: mix changed")),
+        "{notes:?}"
+    );
 }
 
 #[test]

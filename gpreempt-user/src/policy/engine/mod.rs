@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::adaptive::{Tuner, View};
+use super::levers::{LeverChange, LeverTuner};
 use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, NvLever, Policy, Strategy};
-use crate::model::{Activity, Process, QueueState, SampleStatus, State};
+use crate::model::{Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor};
 
 mod evidence;
 use evidence::{online_evidence, strict_work, BusyBy, Evidence};
@@ -36,6 +37,14 @@ struct Launches {
     stamp: u64,
 }
 
+/// An offline NVIDIA GR TSG's read id at its last sample.
+struct Reads {
+    start_time: u64,
+    read: u64,
+    sample_ns: u64,
+    stamp: u64,
+}
+
 /// A queue the engine suspended.
 #[derive(Clone, Copy, Debug)]
 struct Held {
@@ -49,12 +58,16 @@ struct Held {
 /// Why the held queues of a GPU (or of one process) are resumed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Release {
-    Idle { idle_ns: Option<u64> },
+    Idle {
+        idle_ns: Option<u64>,
+    },
     MaxSuspend,
     Share,
     Fenced,
     Unmanaged,
     NotOffline(Class),
+    /// NVIDIA: the GPU's lever no longer acts per episode (a reload, the lever tuner).
+    Lever(NvLever),
 }
 
 /// What the engine keeps per GPU.
@@ -69,10 +82,16 @@ struct GpuMem {
     last_suspend_ns: Option<u64>,
     /// Starvation guard: no suspend before this.
     no_suspend_until: u64,
+    /// A lever change the controller has not taken yet that no tuner holds (a reload).
+    lever_note: Option<LeverChange>,
     /// Timeslice: start of the current cycle.
     slice_start_ns: Option<u64>,
     /// Adaptive: the GPU's tuner.
     tuner: Option<Tuner>,
+    /// Adaptive on an NVIDIA GPU: the lever tuner (policy/levers.rs), which replaces `tuner`
+    /// there: the decisions follow online episodes as under `priority`, and the lever they
+    /// act through is measured.
+    nv: Option<NvGpu>,
     // Per tick:
     busy: Option<Evidence>,
     /// Strict evidence of online work (first, last): a hint newer than the sample, a backlog,
@@ -80,10 +99,66 @@ struct GpuMem {
     work: Option<(u64, u64)>,
     /// An offline queue here has work (a backlog or a busy sample).
     offline_active: bool,
+    /// NVIDIA online/offline processes here this tick: present, and a fingerprint of who
+    /// (pid, class) to notice a mix change.
+    nv_present: bool,
+    nv_mix: u64,
+    /// Offline GR TSGs' progress (GPFIFO entries) in the samples new this tick; None: no new
+    /// sample (nothing to report to the lever tuner).
+    nv_progress: Option<u64>,
     holding: u32,
     oldest_ns: u64,
     release: Option<Release>,
     suspend: bool,
+}
+
+/// The lever tuner of an NVIDIA GPU and what it is fed from.
+struct NvGpu {
+    tuner: LeverTuner,
+    /// The mix (fingerprint) it measures.
+    mix: u64,
+    /// Bursts come from the controller ([`Engine::nv_burst`]): the engine's own estimate from
+    /// launch hints stops.
+    external_bursts: bool,
+    /// Offline progress comes from the controller ([`Engine::nv_offline_progress`]): the
+    /// engine's own reading of the model's read ids stops.
+    external_progress: bool,
+    /// The engine's estimate: the current burst's first and last evidence.
+    burst: Option<(u64, u64)>,
+    /// Changes not yet taken by the controller.
+    changes: Vec<LeverChange>,
+}
+
+impl NvGpu {
+    fn new(p: &Policy, budget: Budget, now: u64) -> Self {
+        Self {
+            tuner: LeverTuner::new(p.nvidia.levers, budget, p.nvidia.lever, now),
+            mix: 0,
+            external_bursts: false,
+            external_progress: false,
+            burst: None,
+            changes: Vec::new(),
+        }
+    }
+
+    fn tick(&mut self, now: u64) {
+        if let Some(c) = self.tuner.tick(now) {
+            self.changes.push(c);
+        }
+    }
+}
+
+/// The lever that NVIDIA processes on a GPU yield by: its tuner's, else the policy's.
+fn gpu_lever(p: &Policy, g: Option<&GpuMem>) -> NvLever {
+    g.and_then(|g| g.nv.as_ref())
+        .map_or(p.nvidia.lever, |n| n.tuner.lever())
+}
+
+/// A (pid, class) pair's share of a GPU's mix fingerprint (summed, so order does not count).
+fn mix_term(pid: u32, class: Class) -> u64 {
+    (u64::from(pid) << 2 | class as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(17)
 }
 
 /// The policy's memory between ticks.
@@ -93,6 +168,8 @@ pub struct Engine {
     tick: u64,
     classes: HashMap<u32, ClassEntry>,
     launches: HashMap<(u32, u32), Launches>,
+    /// Offline NVIDIA GR TSGs' last read ids (adaptive: the lever tuner's offline progress).
+    offline_reads: HashMap<(u32, u32), Reads>,
     held: BTreeMap<(u32, u32), Held>,
     gpus: BTreeMap<u32, GpuMem>,
     /// NVIDIA processes whose timeslice lever failed: paused like `lever = "pause"`.
@@ -109,6 +186,7 @@ impl Engine {
             tick: 0,
             classes: HashMap::new(),
             launches: HashMap::new(),
+            offline_reads: HashMap::new(),
             held: BTreeMap::new(),
             gpus: BTreeMap::new(),
             pause_anyway: Default::default(),
@@ -125,6 +203,7 @@ impl Engine {
     /// again; fences are lifted.
     pub fn set_policy(&mut self, p: Policy) {
         let cycle_changed = p.strategy != self.policy.strategy;
+        let levers_changed = cycle_changed || p.nvidia != self.policy.nvidia;
         self.policy = p;
         self.gen += 1;
         for g in self.gpus.values_mut() {
@@ -134,7 +213,91 @@ impl Engine {
                 // A new goal (or strategy): the adaptive tuner calibrates afresh.
                 g.tuner = None;
             }
+            if levers_changed {
+                // So does the lever tuner; meanwhile the policy's lever applies (said, as a
+                // lever change, where it differs from the tuner's).
+                if let Some(n) = g.nv.take() {
+                    let (from, to) = (n.tuner.lever(), self.policy.nvidia.lever);
+                    if from != to {
+                        g.lever_note = Some(LeverChange {
+                            from,
+                            to,
+                            reason: "policy reloaded".into(),
+                        });
+                    }
+                }
+            }
         }
+    }
+
+    /// Evidence for the NVIDIA lever tuner of `gpu_id` (strategy `adaptive`; ignored
+    /// otherwise): one online burst completed at `now_ns`, `duration_ns` long (online work
+    /// pending from its start until drained, e.g. from the channels' GP_GET/GP_PUT). Once this
+    /// is called for a GPU, the engine's own estimate from launch hints stops there.
+    pub fn nv_burst(&mut self, gpu_id: u32, now_ns: u64, duration_ns: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.external_bursts = true;
+            n.burst = None;
+            n.tuner.on_burst(now_ns, duration_ns);
+        }
+    }
+
+    /// Evidence for the NVIDIA lever tuner of `gpu_id`: offline progress since the last call
+    /// (`units`: GPFIFO entries the GPU consumed from the offline GR channels there). Once
+    /// this is called for a GPU, the engine's own reading of the model's read ids stops there.
+    pub fn nv_offline_progress(&mut self, gpu_id: u32, now_ns: u64, units: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.external_progress = true;
+            n.tuner.on_offline_progress(now_ns, units);
+        }
+    }
+
+    /// A mix change on `gpu_id` the engine cannot see itself (it notices processes joining,
+    /// leaving and reclassed on its own).
+    pub fn nv_mix_change(&mut self, gpu_id: u32, now_ns: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.tuner.on_mix_change(now_ns);
+        }
+    }
+
+    /// The lever tuner of a GPU under the adaptive strategy, made on first use.
+    fn nv_gpu(&mut self, gpu_id: u32, now: u64) -> Option<&mut NvGpu> {
+        let Strategy::Adaptive { budget } = self.policy.strategy else {
+            return None;
+        };
+        let p = &self.policy;
+        let g = self.gpus.entry(gpu_id).or_default();
+        Some(g.nv.get_or_insert_with(|| NvGpu::new(p, budget, now)))
+    }
+
+    /// The lever tuners' choices per GPU (what the NVIDIA backend applies there in place of
+    /// `[nvidia] lever`); empty outside the adaptive strategy.
+    pub fn nv_levers(&self) -> BTreeMap<u32, NvLever> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| (id, n.tuner.lever())))
+            .collect()
+    }
+
+    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
+    pub fn lever_views(&self) -> Vec<super::LeverView> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| n.tuner.view(id)))
+            .collect()
+    }
+
+    /// The lever changes per GPU since the last call (calibration steps included), for the
+    /// log and the audit.
+    pub fn take_lever_changes(&mut self) -> Vec<(u32, LeverChange)> {
+        let mut out = Vec::new();
+        for (&id, g) in self.gpus.iter_mut() {
+            out.extend(g.lever_note.take().map(|c| (id, c)));
+            if let Some(n) = &mut g.nv {
+                out.extend(n.changes.drain(..).map(|c| (id, c)));
+            }
+        }
+        out
     }
 
     /// The adaptive tuners' conclusions since the last call, per GPU (for the log and audit).
@@ -143,6 +306,14 @@ impl Engine {
         for (&id, g) in self.gpus.iter_mut() {
             if let Some(t) = &mut g.tuner {
                 out.extend(t.take_notes().into_iter().map(|n| (id, n)));
+            }
+            if let Some(n) = &mut g.nv {
+                out.extend(
+                    n.tuner
+                        .take_notes()
+                        .into_iter()
+                        .map(|n| (id, format!("lever: {n}"))),
+                );
             }
         }
         out
@@ -285,8 +456,14 @@ impl Engine {
             visited += 1;
             let (class, start_time) = (e.class, e.start_time);
             any_offline |= class == Class::Offline;
+            if class != Class::Ignore && p.vendor() == Some(Vendor::Nvidia) {
+                self.note_nv_mix(p, class);
+            }
             if class == Class::Offline {
                 self.note_offline_activity(p);
+                if matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
+                    self.note_offline_progress(p, start_time);
+                }
                 continue;
             }
             if class != Class::Online {
@@ -319,11 +496,27 @@ impl Engine {
             }
         }
         self.sweep_classes(visited);
+        let tick = self.tick;
         if self.launches.len() > visited_launches {
-            let tick = self.tick;
             self.launches.retain(|_, l| l.stamp == tick);
         }
+        // TSGs gone or no longer offline (a few per process: cheap).
+        self.offline_reads.retain(|_, r| r.stamp == tick);
         any_offline
+    }
+
+    /// Marks the GPUs where an NVIDIA online or offline process has live compute queues, and
+    /// folds it into their mix fingerprint.
+    fn note_nv_mix(&mut self, p: &Process, class: Class) {
+        let mut seen: Vec<u32> = Vec::new();
+        for q in p.live_queues() {
+            if q.kind.is_compute() && !seen.contains(&q.gpu_id) {
+                seen.push(q.gpu_id);
+                let g = self.gpus.entry(q.gpu_id).or_default();
+                g.nv_present = true;
+                g.nv_mix = g.nv_mix.wrapping_add(mix_term(p.pid, class));
+            }
+        }
     }
 
     /// Marks the GPUs where an offline process's compute queues have work.
@@ -334,6 +527,40 @@ impl Engine {
                 && (a.backlog.is_some_and(|n| n > 0) || a.busy == Some(true));
             if q.alive() && q.kind.is_compute() && has_work {
                 self.gpus.entry(q.gpu_id).or_default().offline_active = true;
+            }
+        }
+    }
+
+    /// Offline progress for the NVIDIA lever tuner: how far each offline GR TSG's read id (the
+    /// channels' GP_GET, unwrapped: nv/activity.rs) moved since its last sample, per GPU.
+    fn note_offline_progress(&mut self, p: &Process, start_time: u64) {
+        let tick = self.tick;
+        for q in p.queues.values() {
+            let a = &q.activity;
+            if !q.alive() || q.kind != QueueKind::NvCompute || a.status != SampleStatus::Valid {
+                continue;
+            }
+            let Some(read) = a.read_dispatch_id else {
+                continue;
+            };
+            let key = (p.pid, q.queue_id);
+            let prev = self.offline_reads.insert(
+                key,
+                Reads {
+                    start_time,
+                    read,
+                    sample_ns: a.sample_ns,
+                    stamp: tick,
+                },
+            );
+            // The first sighting is history; a reused pid is a first sighting.
+            let Some(prev) = prev.filter(|r| r.start_time == start_time) else {
+                continue;
+            };
+            if prev.sample_ns != a.sample_ns {
+                let g = self.gpus.entry(q.gpu_id).or_default();
+                let moved = read.saturating_sub(prev.read);
+                g.nv_progress = Some(g.nv_progress.unwrap_or(0).saturating_add(moved));
             }
         }
     }
@@ -370,6 +597,7 @@ impl Engine {
     /// the oldest suspension, which the starvation guard reads.
     fn review_held(&mut self, state: &State, now: u64, out: &mut Vec<Decision>) {
         let (classes, policy, gpus) = (&self.classes, &self.policy, &mut self.gpus);
+        let pause_anyway = &self.pause_anyway;
         let mut proc: Option<&Process> = None;
         self.held.retain(|&(pid, qid), h| {
             // Held queues are in pid order: each process is looked up once.
@@ -381,7 +609,18 @@ impl Engine {
             }
             let class = classes.get(&pid).map_or(Class::Ignore, |e| e.class);
             let g = gpus.entry(h.gpu_id).or_default();
-            match process_release(policy, class, h.gpu_id, g) {
+            // An NVIDIA process held under a lever that acts per episode, on a GPU whose
+            // lever no longer does (a reload, the lever tuner): what the old lever did is
+            // undone now, not at the episode's end.
+            let lever = gpu_lever(policy, Some(g));
+            let lever_gone = (lever == NvLever::None
+                || !lever.acts_per_episode() && !pause_anyway.contains(&pid))
+                && proc.is_some_and(|p| p.vendor() == Some(Vendor::Nvidia));
+            let release = match process_release(policy, class, h.gpu_id, g) {
+                None if lever_gone => Some(Release::Lever(lever)),
+                r => r,
+            };
+            match release {
                 // This is the first pass to add to `out`: its RESUMEs start at 0.
                 Some(r) => push_resume(out, 0, policy, g, now, pid, qid, h, r),
                 None => {
@@ -435,27 +674,33 @@ impl Engine {
         }
     }
 
-    /// NVIDIA processes yield by the policy's lever: never paused with `timeslice` (the
-    /// hardware timeslice does it), paused with `both` only once an online episode on one of
-    /// their GPUs has outlasted `pause_after`. Everything else may be suspended.
+    /// NVIDIA processes yield by the policy's lever: never suspended with `timeslice` (the
+    /// hardware timeslice does it) or `none` (left alone), suspended with `both` only once an
+    /// online episode on one of their GPUs has outlasted `pause_after`; with `dynamic` a
+    /// "suspend" is the short timeslice for the episode. Everything else may be suspended.
     fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
         if p.vendor() != Some(crate::model::Vendor::Nvidia) {
             return true;
         }
         let nv = &self.policy.nvidia;
-        if self.pause_anyway.contains(&p.pid) {
-            return true;
-        }
-        match nv.lever {
-            NvLever::Pause => true,
-            NvLever::Timeslice => false,
-            NvLever::Both => p.live_queues().any(|q| {
-                self.gpus
-                    .get(&q.gpu_id)
+        let fallback = self.pause_anyway.contains(&p.pid);
+        // The lever of each GPU it is on (the lever tuner's under `adaptive`).
+        p.live_queues().any(|q| {
+            let g = self.gpus.get(&q.gpu_id);
+            match gpu_lever(&self.policy, g) {
+                // Nothing is done, whatever failed before.
+                NvLever::None => false,
+                // Its timeslice could not be set: paused instead.
+                _ if fallback => true,
+                // Under `dynamic` the decisions reach the backend, which shortens the
+                // timeslice instead of pausing (backend/nv/worker.rs).
+                NvLever::Pause | NvLever::Dynamic => true,
+                NvLever::Timeslice => false,
+                NvLever::Both => g
                     .and_then(|g| g.episode_start_ns)
-                    .is_some_and(|s| now.saturating_sub(s) >= nv.pause_after_ns)
-            }),
-        }
+                    .is_some_and(|s| now.saturating_sub(s) >= nv.pause_after_ns),
+            }
+        })
     }
 
     /// One SUSPEND per GPU for an offline process: its active compute queues there that are
@@ -583,6 +828,9 @@ impl GpuMem {
         self.busy = None;
         self.work = None;
         self.offline_active = false;
+        self.nv_present = false;
+        self.nv_mix = 0;
+        self.nv_progress = None;
         self.holding = 0;
         self.oldest_ns = u64::MAX;
         self.release = None;
@@ -600,10 +848,16 @@ impl GpuMem {
             return;
         }
         if let Strategy::Adaptive { budget } = p.strategy {
-            self.plan_adaptive(p, budget, now);
-            return;
+            if self.nv_present && self.nv.is_none() {
+                self.nv = Some(NvGpu::new(p, budget, now));
+            }
+            if self.nv.is_none() {
+                self.plan_adaptive(p, budget, now);
+                return;
+            }
         }
         let idle_ns = self.track_episode(p, now);
+        self.feed_lever_tuner(p, now);
         if self.starvation_guard(p, now) {
             return;
         }
@@ -634,6 +888,46 @@ impl GpuMem {
             self.release = Some(Release::Idle { idle_ns });
         }
         self.suspend = want && self.rate_allows_suspend(p, now);
+    }
+
+    /// The NVIDIA lever tuner's tick: a mix change, the engine's own evidence (unless the
+    /// controller feeds its own), then the tuner's phase. Its lever applies from this tick.
+    fn feed_lever_tuner(&mut self, p: &Policy, now: u64) {
+        let (mix, present, work, progress) =
+            (self.nv_mix, self.nv_present, self.work, self.nv_progress);
+        let Some(n) = &mut self.nv else {
+            return;
+        };
+        if present && mix != n.mix {
+            if n.mix != 0 {
+                n.tuner.on_mix_change(now);
+            }
+            n.mix = mix;
+        }
+        if let Some(units) = progress.filter(|_| !n.external_progress) {
+            n.tuner.on_offline_progress(now, units);
+        }
+        if !n.external_bursts {
+            // A burst from the strict evidence of online work: a backlog or a write id that
+            // moved in the channels' samples (first to last: its length at the sampling
+            // resolution), or, where channels cannot be read, launch hints (the spread of a
+            // request's launches, not its GPU time); ended by `resume_after` without any.
+            match (work, n.burst) {
+                (Some((_, last)), Some((first, prev))) => {
+                    n.burst = Some((first, prev.max(last)));
+                }
+                (Some((a, b)), None) => n.burst = Some((a, b)),
+                (None, Some((first, last))) => {
+                    // (A hint counts for `window`: by the time it stops, that has passed.)
+                    if now.saturating_sub(last) >= p.resume_after_ns {
+                        n.tuner.on_burst(now, last.saturating_sub(first));
+                        n.burst = None;
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+        n.tick(now);
     }
 
     /// Online demand is an episode, from its first busy tick until `resume_after` of idleness,
@@ -790,6 +1084,7 @@ fn release_reason(p: &Policy, g: &GpuMem, gpu_id: u32, r: Release) -> String {
         ),
         Release::Unmanaged => format!("gpu {gpu_id:#x} no longer managed"),
         Release::NotOffline(c) => format!("no longer offline (now {c})"),
+        Release::Lever(l) => format!("NVIDIA lever now {l}"),
     }
 }
 
@@ -813,6 +1108,9 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
     };
     match (p.strategy, &g.tuner) {
         (Strategy::Adaptive { budget }, Some(t)) => format!("{}; {why}", t.reason(budget)),
+        (Strategy::Adaptive { .. }, None) if g.nv.is_some() => {
+            format!("adaptive: lever {}; {why}", gpu_lever(p, Some(g)))
+        }
         (Strategy::Timeslice { .. }, _) => format!("timeslice: online share; {why}"),
         _ => why,
     }
