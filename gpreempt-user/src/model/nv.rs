@@ -15,7 +15,10 @@ pub(super) struct NvClient {
     objects: HashMap<u32, (u32, u32)>,
     /// NV01_DEVICE_0 handle -> device index (its alloc params' deviceId).
     devices: HashMap<u32, u32>,
-    subdevice: Option<u32>,
+    /// NV01_DEVICE_0 handle -> its (first) NV20_SUBDEVICE_0: where a TSG under that device is
+    /// paused. libcuda makes a device per GPU the RM shows it, whatever CUDA_VISIBLE_DEVICES says,
+    /// so the client's first subdevice is often another GPU's (NV_ERR_OBJECT_NOT_FOUND).
+    subdevices: HashMap<u32, u32>,
 }
 
 impl Default for NvClient {
@@ -24,7 +27,7 @@ impl Default for NvClient {
             fd: -1,
             objects: HashMap::new(),
             devices: HashMap::new(),
-            subdevice: None,
+            subdevices: HashMap::new(),
         }
     }
 }
@@ -85,7 +88,7 @@ impl State {
                         c.devices.insert(h_object_new, idx);
                     }
                     class::NV20_SUBDEVICE_0 => {
-                        c.subdevice.get_or_insert(h_object_new);
+                        c.subdevices.entry(h_object_parent).or_insert(h_object_new);
                     }
                     class::KEPLER_CHANNEL_GROUP_A => {
                         let engine = n.engine_type().unwrap_or(0);
@@ -93,7 +96,7 @@ impl State {
                         let tsg = NvTsg {
                             h_client: h_root,
                             fd: c.fd,
-                            h_subdevice: c.subdevice,
+                            h_subdevice: c.subdevices.get(&h_object_parent).copied(),
                             engine_type: engine,
                             channels: Vec::new(),
                             rings: Vec::new(),
@@ -159,6 +162,10 @@ impl State {
                 let Some((cl, parent)) = c.objects.remove(&h_object_old) else {
                     return;
                 };
+                if cl == class::NV20_SUBDEVICE_0 && c.subdevices.get(&parent) == Some(&h_object_old)
+                {
+                    c.subdevices.remove(&parent);
+                }
                 if cl == class::KEPLER_CHANNEL_GROUP_A {
                     self.destroy(pid, h_object_old, ts, "NVIDIA TSG freed");
                 } else if class::is_channel(cl) {

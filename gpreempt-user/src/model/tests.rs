@@ -2358,6 +2358,31 @@ pub(crate) mod nvidia {
         assert_eq!(proc_(&s, PID).live_queues().count(), 0);
     }
 
+    /// libcuda makes a device and subdevice per GPU the RM shows it (4 on a 4-GPU host, with
+    /// CUDA_VISIBLE_DEVICES=2 too): a TSG is paused through its own device's subdevice.
+    #[test]
+    fn a_tsg_gets_the_subdevice_of_its_own_device() {
+        let mut s = State::new();
+        s.apply(alloc(1, 0, CLIENT, class::NV01_ROOT_CLIENT, 0));
+        for (i, (dev, sub)) in [(0x5c00_0001, 0x5c00_0003), (0x5c00_0010, 0x5c00_0012)]
+            .into_iter()
+            .enumerate()
+        {
+            s.apply(alloc(2, CLIENT, dev, class::NV01_DEVICE_0, i as u32));
+            s.apply(alloc(3, dev, sub, class::NV20_SUBDEVICE_0, 0));
+        }
+        s.apply(alloc(
+            4,
+            0x5c00_0010,
+            0x5c00_0015,
+            class::KEPLER_CHANNEL_GROUP_A,
+            1,
+        ));
+        let q = &proc_(&s, PID).queues[&0x5c00_0015];
+        assert_eq!(q.nv.as_ref().unwrap().h_subdevice, Some(0x5c00_0012));
+        assert_eq!(q.gpu_id, 1);
+    }
+
     /// The pair on nvidia_unlocked_ioctl names the fd where the client is made (the file is
     /// what it sees): later events without one keep it, and a TSG carries it for the pause.
     #[test]
