@@ -152,8 +152,8 @@ def report(prefix, noise):
              "pauses": sum(m.get("pauses", 0) for m in ms),
              "timeslice_changes": sum(m.get("timeslice", 0) for m in ms),
              "lever_records": len(levers),
-             "levers": dict(collections.Counter(str(x.get("lever")) for x in levers)),
-             "lever_by_round": {str(m["round"]): [str(x.get("lever")) for x in m["levers"]]
+             "levers": dict(collections.Counter(str(x.get("lever", x.get("to"))) for x in levers)),
+             "lever_by_round": {str(m["round"]): [str(x.get("lever", x.get("to"))) for x in m["levers"]]
                                 for m in ms if m["levers"]},
              "lever_reasons": [str(x.get("reason", ""))[:160] for x in levers[:6]],
              "adapt_notes": sum(m["adapt"] for m in ms),

@@ -230,6 +230,11 @@ impl LeverTuner {
         self.chosen
     }
 
+    /// Whether it has concluded and keeps its choice (between confirmations).
+    pub fn settled(&self) -> bool {
+        matches!(self.phase, Phase::Settled { .. })
+    }
+
     /// Whether epochs are being measured now.
     pub fn measuring(&self) -> bool {
         matches!(self.phase, Phase::Measure { .. })

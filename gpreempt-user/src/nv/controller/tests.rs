@@ -563,6 +563,30 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
         .find(|d| d.action == Action::Resume)
         .expect("a resume");
     assert_eq!((r.pid, r.reason.as_str()), (8, "NVIDIA lever now none"));
+    // Back to the same adaptive policy: what was measured applies again, without measuring.
+    e.set_policy(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    now += ms;
+    e.decide(&s, now);
+    assert_eq!(e.nv_levers().get(&gpu), Some(&NvLever::Pause));
+    let ch = e.take_lever_changes();
+    assert!(
+        ch.iter().any(|(g, c)| *g == gpu
+            && c.to == NvLever::Pause
+            && c.reason.contains("measured before")),
+        "{ch:?}"
+    );
+    assert_eq!(e.lever_views()[0].phase, "settled");
+    // A reload with another budget measures afresh.
+    let text = ADAPTIVE_NV.replace(
+        "window = \"10ms\"\n",
+        "window = \"10ms\"\n[adaptive]\nonline_p99_budget = 1.5\n",
+    );
+    let p = Policy::parse(&text, "p.toml").unwrap();
+    assert_ne!(p.strategy, Policy::parse(ADAPTIVE_NV, "p.toml").unwrap().strategy);
+    e.set_policy(p);
+    now += ms;
+    e.decide(&s, now);
+    assert_ne!(e.lever_views()[0].phase, "settled");
 }
 
 /// With the channel sampler's figures in the model (nv/activity.rs: GP_GET/GP_PUT per TSG as

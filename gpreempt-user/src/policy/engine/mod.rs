@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::adaptive::{Tuner, View};
 use super::levers::{LeverChange, LeverTuner};
-use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, NvLever, Policy, Strategy};
+use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, LeverSet, NvLever, Policy, Strategy};
 use crate::model::{Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor};
 
 mod evidence;
@@ -92,6 +92,10 @@ struct GpuMem {
     /// there: the decisions follow online episodes as under `priority`, and the lever they
     /// act through is measured.
     nv: Option<NvGpu>,
+    /// A settled lever tuner set aside by a reload to another policy, with the candidates and
+    /// budget it measured for: taken back when the policy returns to them, so that a reload does
+    /// not throw away what was measured (its own re-checks and a mix change still apply).
+    nv_parked: Option<(LeverSet, Budget, NvGpu)>,
     // Per tick:
     busy: Option<Evidence>,
     /// Strict evidence of online work (first, last): a hint newer than the sample, a backlog,
@@ -202,6 +206,11 @@ impl Engine {
     /// process is no longer offline, or its GPU no longer managed); every process is classified
     /// again; fences are lifted.
     pub fn set_policy(&mut self, p: Policy) {
+        let old_levers = self.policy.nvidia.levers;
+        let old_budget = match self.policy.strategy {
+            Strategy::Adaptive { budget } => Some(budget),
+            _ => None,
+        };
         let cycle_changed = p.strategy != self.policy.strategy;
         let levers_changed = cycle_changed || p.nvidia != self.policy.nvidia;
         self.policy = p;
@@ -224,6 +233,9 @@ impl Engine {
                             to,
                             reason: "policy reloaded".into(),
                         });
+                    }
+                    if let (Some(b), true) = (old_budget, n.tuner.settled()) {
+                        g.nv_parked = Some((old_levers, b, n));
                     }
                 }
             }
@@ -849,7 +861,21 @@ impl GpuMem {
         }
         if let Strategy::Adaptive { budget } = p.strategy {
             if self.nv_present && self.nv.is_none() {
-                self.nv = Some(NvGpu::new(p, budget, now));
+                self.nv = Some(match self.nv_parked.take() {
+                    // Back to what a settled tuner measured for: its choice applies again.
+                    Some((levers, b, mut n)) if levers == p.nvidia.levers && b == budget => {
+                        let (from, to) = (p.nvidia.lever, n.tuner.lever());
+                        if from != to {
+                            n.changes.push(LeverChange {
+                                from,
+                                to,
+                                reason: "policy reloaded: the lever measured before".into(),
+                            });
+                        }
+                        n
+                    }
+                    _ => NvGpu::new(p, budget, now),
+                });
             }
             if self.nv.is_none() {
                 self.plan_adaptive(p, budget, now);
