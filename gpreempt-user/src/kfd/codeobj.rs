@@ -15,6 +15,7 @@ use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use nix::sys::uio::RemoteIoVec;
@@ -25,6 +26,7 @@ use crate::kfd::sampler::{read_remote, u32_at as le32};
 use crate::observe::launch::{
     self, is_gone_io, load_bias, mapped_files, process_gone, FileKey, MappedFile, ProcessGone,
 };
+use crate::observe::target_file;
 
 /// The kernels of one process: descriptor address (a dispatch packet's `kernel_object`) to
 /// name, demangled when it is an Itanium C++ name.
@@ -44,6 +46,31 @@ const MAX_URI: usize = 4096;
 /// Per code object, and for all the bytes one call reads.
 const MAX_OBJECT_BYTES: u64 = 256 << 20;
 const READ_BUDGET: u64 = 256 << 20;
+/// Kernels named by one call, at most (past it the rest are left unnamed), and the length of one
+/// name (a longer one is cut, ending in `…`): a hostile code object cannot make the names cost
+/// more than about 64 MiB.
+pub const MAX_KERNELS: usize = 65_536;
+pub const MAX_NAME_BYTES: usize = 1024;
+/// How long one call may spend reading code objects (checked at every read; an open has its
+/// own bound, [`target_file::OPEN_TIMEOUT`]). What is left is skipped with this reason.
+pub const READ_TIME: Duration = Duration::from_secs(2);
+
+/// What one call may still spend.
+struct Limits {
+    bytes: Cell<u64>,
+    kernels: Cell<usize>,
+    deadline: Instant,
+}
+
+impl Limits {
+    fn new() -> Self {
+        Limits {
+            bytes: Cell::new(READ_BUDGET),
+            kernels: Cell::new(MAX_KERNELS),
+            deadline: Instant::now() + READ_TIME,
+        }
+    }
+}
 
 /// glibc `struct r_debug` / `struct link_map` on 64-bit targets (`<link.h>`): field offsets.
 mod layout {
@@ -91,10 +118,8 @@ pub fn find_r_debug(proc_root: &Path, pid: u32) -> Result<u64> {
     }
     // ROCr's own library first: in a ROCr process the search usually ends there.
     files.sort_by_key(|f| !f.path.contains("libhsa-runtime"));
-    let root = dir.join("root");
     for f in &files {
-        let path = root.join(f.path.trim_start_matches('/'));
-        let Some(found) = r_debug_in_file(&path) else {
+        let Some(found) = r_debug_in_file(proc_root, pid, Path::new(&f.path)) else {
             continue;
         };
         let bias = found
@@ -133,9 +158,9 @@ fn r_debug_cache() -> &'static Mutex<HashMap<FileKey, Option<FileRDebug>>> {
     CACHE.get_or_init(Default::default)
 }
 
-fn r_debug_in_file(path: &Path) -> Option<FileRDebug> {
-    let file = File::open(path)
-        .map_err(|e| log::debug!("codeobj: cannot open {}: {e}", path.display()))
+fn r_debug_in_file(proc_root: &Path, pid: u32, path: &Path) -> Option<FileRDebug> {
+    let file = target_file::open(proc_root, pid, path)
+        .map_err(|e| log::debug!("codeobj: pid {pid}: cannot open {}: {e:#}", path.display()))
         .ok()?;
     let key = FileKey::of(
         &file
@@ -174,11 +199,23 @@ fn r_debug_in_file(path: &Path) -> Option<FileRDebug> {
 /// [`read_kernel_names`] with the `r_debug` address known.
 pub fn read_kernel_names_at(proc_root: &Path, pid: u32, r_debug: u64) -> Result<KernelNames> {
     let entries = read_list(pid, r_debug)?;
-    let budget = Cell::new(READ_BUDGET);
+    let limits = Limits::new();
     let mut names = KernelNames::default();
     let mut failures = Vec::new();
-    for (l_addr, uri) in &entries {
-        match object_kernels(proc_root, pid, *l_addr, uri, &budget) {
+    for (i, (l_addr, uri)) in entries.iter().enumerate() {
+        if Instant::now() > limits.deadline {
+            log::debug!(
+                "pid {pid}: {} code objects left unread: over the {} s time bound of one call",
+                entries.len() - i,
+                READ_TIME.as_secs()
+            );
+            failures.push(format!(
+                "over the {} s time bound of one call",
+                READ_TIME.as_secs()
+            ));
+            break;
+        }
+        match object_kernels(proc_root, pid, *l_addr, uri, &limits) {
             Ok(kernels) => {
                 names.code_objects += 1;
                 for (addr, name) in kernels {
@@ -404,7 +441,7 @@ struct Source<'a> {
     base: u64,
     len: u64,
     pos: u64,
-    budget: &'a Cell<u64>,
+    limits: &'a Limits,
 }
 
 enum Origin {
@@ -418,11 +455,17 @@ impl Read for Source<'_> {
         if want == 0 {
             return Ok(0);
         }
-        let left = self.budget.get();
+        let left = self.limits.bytes.get();
         if left < want {
             return Err(io::Error::other(format!(
                 "over the {} MiB read bound of one call",
                 READ_BUDGET >> 20
+            )));
+        }
+        if Instant::now() > self.limits.deadline {
+            return Err(io::Error::other(format!(
+                "over the {} s time bound of one call",
+                READ_TIME.as_secs()
             )));
         }
         let at = self
@@ -445,7 +488,7 @@ impl Read for Source<'_> {
             }
             Origin::File(f) => f.read_at(buf, at)?,
         };
-        self.budget.set(left - got as u64);
+        self.limits.bytes.set(left - got as u64);
         self.pos += got as u64;
         Ok(got)
     }
@@ -469,21 +512,17 @@ fn object_kernels(
     pid: u32,
     l_addr: u64,
     uri: &str,
-    budget: &Cell<u64>,
+    limits: &Limits,
 ) -> Result<Vec<(u64, String)>> {
     let (from, base, len) = match parse_uri(uri)? {
         Location::Memory { address, size } => (Origin::Memory(pid), address, size),
         Location::File { path, offset, size } => {
-            let at = proc_root
-                .join(pid.to_string())
-                .join("root")
-                .join(path.strip_prefix("/").unwrap_or(&path));
-            let file = File::open(&at).with_context(|| format!("opening {}", at.display()))?;
+            let file = target_file::open(proc_root, pid, &path)?;
             let file_len = file.metadata()?.len();
             let rest = file_len.checked_sub(offset).with_context(|| {
                 format!(
                     "offset {offset} is past the end of {} ({file_len} bytes)",
-                    at.display()
+                    path.display()
                 )
             })?;
             (Origin::File(file), offset, size.unwrap_or(rest).min(rest))
@@ -499,14 +538,20 @@ fn object_kernels(
         base,
         len,
         pos: 0,
-        budget,
+        limits,
     });
     check_header(&cache, len)?;
     let scan = launch::scan_symbols(&cache, &mut |name, st_type| {
         if st_type != elf::STT_OBJECT {
             return None;
         }
-        name.strip_suffix(b".kd").map(display_name)
+        let name = name.strip_suffix(b".kd")?;
+        let left = limits.kernels.get();
+        if left == 0 {
+            return None;
+        }
+        limits.kernels.set(left - 1);
+        Some(display_name(name))
     })
     .context("reading its symbol table")?;
     Ok(scan
@@ -544,17 +589,57 @@ fn check_header(cache: &ReadCache<Source<'_>>, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// A kernel's name: Itanium C++ names (`_Z...`, what HIP emits) demangled, others as they are.
+/// A kernel's name: Itanium C++ names (`_Z...`, what HIP emits) demangled, others as they are;
+/// at most [`MAX_NAME_BYTES`] (demangling can make a short symbol's name very long, so the
+/// output is cut as it is written, never built whole first).
 fn display_name(symbol: &[u8]) -> String {
-    if symbol.starts_with(b"_Z") {
-        if let Some(s) = cpp_demangle::Symbol::new(symbol)
-            .ok()
-            .and_then(|s| s.demangle().ok())
-        {
-            return s;
+    if symbol.starts_with(b"_Z") && symbol.len() <= MAX_NAME_BYTES {
+        if let Ok(parsed) = cpp_demangle::Symbol::new(symbol) {
+            let mut out = Bounded::default();
+            let r = parsed.structured_demangle(&mut out, &Default::default());
+            if out.cut {
+                out.text.push('…');
+                return out.text;
+            }
+            if r.is_ok() {
+                return out.text;
+            }
         }
     }
-    String::from_utf8_lossy(symbol).into_owned()
+    let mut s = String::from_utf8_lossy(symbol).into_owned();
+    if s.len() > MAX_NAME_BYTES {
+        let mut end = MAX_NAME_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// A writer that keeps [`MAX_NAME_BYTES`] and then fails (which ends the demangler's walk).
+#[derive(Default)]
+struct Bounded {
+    text: String,
+    cut: bool,
+}
+
+impl std::fmt::Write for Bounded {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = MAX_NAME_BYTES.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.text.push_str(&s[..end]);
+        self.cut = true;
+        Err(std::fmt::Error)
+    }
 }
 
 #[cfg(test)]
@@ -699,14 +784,24 @@ mod tests {
 
     #[test]
     fn finds_the_symbol_through_a_fake_proc_tree_with_the_right_bias() {
-        let root = std::env::temp_dir().join(format!("gpreempt-codeobj-{}", me()));
+        // Next to the test binary, so that it can be hard-linked into the fake root (a link
+        // out of it would not resolve: files are opened inside the process's root).
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let root = exe
+            .parent()
+            .unwrap()
+            .join(format!("gpreempt-codeobj-{}", me()));
         let _ = std::fs::remove_dir_all(&root);
         let pid = 4242;
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(dir.join("root/app")).unwrap();
         std::fs::create_dir_all(dir.join("root/lib")).unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        std::os::unix::fs::symlink(&exe, dir.join("root/app/exe")).unwrap();
+        std::fs::hard_link(&exe, dir.join("root/app/exe")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            crate::observe::target_file::own_status(),
+        )
+        .unwrap();
         std::fs::write(dir.join("root/lib/notelf.so"), b"#!/bin/sh\n").unwrap();
         std::fs::write(dir.join("root/lib/co.so"), build_image(&["k"]).elf).unwrap();
         std::fs::write(dir.join("stat"), "4242 (app) S 1 4242 4242 0 -1\n").unwrap();
@@ -887,6 +982,107 @@ mod tests {
         let names = list.read().unwrap();
         assert_eq!(names.code_objects, 1);
         assert_eq!(names.by_object.get(&0x2100).map(String::as_str), Some("k"));
+    }
+
+    /// A code object URI naming a FIFO nobody writes: refused at once (the reader used to wait
+    /// for a writer forever, and `queues` with it).
+    #[test]
+    fn a_fifo_uri_is_refused_without_waiting() {
+        let dir = std::env::temp_dir().join(format!("gpreempt-codeobj-fifo-{}", me()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("co.fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let uri = file_uri(&fifo);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(err_of(LocalList::new(&[(0x1000, &uri)]).read()));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(e) => assert!(e.contains("not a regular file (a FIFO)"), "{e}"),
+            Err(_) => {
+                // Let the stuck reader go before failing.
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+                panic!("reading a FIFO's code object blocked for 5 s");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A code object URI naming a pty, read by a session leader without a controlling terminal
+    /// (as a daemon is): refused, and the pty does not become the reader's terminal. Runs this
+    /// test again in a new session (setsid), which does the work.
+    #[test]
+    fn a_pty_uri_never_becomes_the_controlling_terminal() {
+        const NAME: &str = "kfd::codeobj::tests::a_pty_uri_never_becomes_the_controlling_terminal";
+        let tty_nr = || {
+            let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+            let after = &stat[stat.rfind(')').unwrap() + 1..];
+            // state ppid pgrp session tty_nr
+            after
+                .split_whitespace()
+                .nth(4)
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+        };
+        if std::env::var_os("GPREEMPT_TEST_NEW_SESSION").is_none() {
+            let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+            cmd.args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+                .env("GPREEMPT_TEST_NEW_SESSION", "1");
+            // SAFETY: setsid is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    if libc::setsid() < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let out = cmd.output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("1 passed"),
+                "the child did not run the test: {text}"
+            );
+            return;
+        }
+        assert_eq!(tty_nr(), 0, "setsid left a controlling terminal");
+        let (_master, pty) = crate::observe::target_file::new_pty();
+        let e = err_of(LocalList::new(&[(0x1000, &file_uri(&pty))]).read());
+        assert_eq!(
+            tty_nr(),
+            0,
+            "reading {} made it our controlling terminal",
+            pty.display()
+        );
+        assert!(e.contains("not a regular file (a character device)"), "{e}");
+    }
+
+    /// Names are bounded: a long symbol is cut, and so is a short one that demangles long.
+    #[test]
+    fn names_are_bounded() {
+        let long = vec![b'k'; MAX_NAME_BYTES * 3];
+        let name = display_name(&long);
+        assert_eq!(name.len(), MAX_NAME_BYTES + '…'.len_utf8());
+        assert!(name.ends_with('…'));
+        // Each S_ repeats the whole first parameter's type: output grows much faster than input.
+        let mut sym = String::from("_Z1fIN1a1b1c1d1e1f1g1h1i1j1k1l1m1n1o1p1q1r1s1t1u1v1wEE");
+        sym.push_str("vT_");
+        for _ in 0..200 {
+            sym.push_str("S_");
+        }
+        let name = display_name(sym.as_bytes());
+        assert!(
+            name.len() <= MAX_NAME_BYTES + '…'.len_utf8(),
+            "{}",
+            name.len()
+        );
     }
 
     #[test]
