@@ -34,18 +34,23 @@ pub fn run_dir() -> PathBuf {
 }
 
 /// Who may own the directory: us, or root (a root controller after a root-owned one).
-fn trusted_owner(uid: u32) -> bool {
+pub(crate) fn trusted_owner(uid: u32) -> bool {
     uid == 0 || uid == nix::unistd::geteuid().as_raw()
 }
 
 /// Creates the run directory (0755 whatever the umask) or checks the one that is there: a
-/// directory, not a link, owned by us or root, writable by nobody else; its parent must not let
-/// anyone else rename it away either. Err: why not, and what to do.
+/// directory, not a link, owned by us or root, writable by nobody else; no directory above it
+/// may let anyone else rename it (or any directory on the way) away either, and missing ones
+/// are created 0755. Err: why not, and what to do.
 pub fn prepare(dir: &Path) -> Result<()> {
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-        check_parent(parent)?;
+    let dir = &std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?;
+    if let Some(parent) = dir.parent() {
+        // What is there first: nothing is created under a directory someone else controls.
+        if let Some(existing) = parent.ancestors().find(|a| a.exists()) {
+            check_ancestors(existing)?;
+        }
+        create_dirs(parent, DIR_MODE)?;
+        check_ancestors(parent)?;
     }
     // The mode passed to mkdir can only lose bits to the umask: never more open than 0755.
     match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
@@ -92,18 +97,50 @@ pub fn check(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A parent anyone may write in lets them swap our directory for theirs (sticky /tmp does not).
-fn check_parent(parent: &Path) -> Result<()> {
-    let m = std::fs::metadata(parent).with_context(|| format!("{}", parent.display()))?;
-    let mode = m.mode() & 0o7777;
-    let sticky = mode & 0o1000 != 0;
-    if !trusted_owner(m.uid()) || (mode & 0o022 != 0 && !sticky) {
-        bail!(
-            "refusing {}: a user other than root can replace what is in it (owner uid {}, mode \
-             {mode:04o}); point GPREEMPT_RUN_DIR into a directory only root can write",
-            parent.display(),
-            m.uid()
-        );
+/// Creates `dir` and whatever is missing above it, each with `mode` whatever the umask (`mkdir`
+/// with the mode, then an explicit `chmod` of the ones it created, never of one that was there).
+pub fn create_dirs(dir: &Path, mode: u32) -> Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err())
+        .collect();
+    for d in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => open_dir(d)?
+                .set_permissions(std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("chmod {}", d.display()))?,
+            // Made meanwhile by someone else: judged by the checks like any other.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", d.display())),
+        }
+    }
+    Ok(())
+}
+
+/// Whoever may write in a directory above ours can swap our directory (or one on the way) for
+/// theirs, so every one is checked, up to `/`, as spelled and as resolved (a link on the way
+/// lives in one directory and leads to others): owned by root or us, not group/other writable
+/// unless sticky (like /tmp: others cannot rename what is ours).
+pub fn check_ancestors(parent: &Path) -> Result<()> {
+    let resolved =
+        std::fs::canonicalize(parent).with_context(|| format!("{}", parent.display()))?;
+    for a in parent.ancestors().chain(resolved.ancestors()) {
+        if a.as_os_str().is_empty() {
+            continue;
+        }
+        let m = std::fs::metadata(a).with_context(|| format!("{}", a.display()))?;
+        let mode = m.mode() & 0o7777;
+        let sticky = mode & 0o1000 != 0;
+        if !trusted_owner(m.uid()) || (mode & 0o022 != 0 && !sticky) {
+            bail!(
+                "refusing {}: a user other than root can replace what is in it (owner uid {}, \
+                 mode {mode:04o}), and it is on the way to {}; point GPREEMPT_RUN_DIR (or the \
+                 file) into a directory only root can write, all the way up",
+                a.display(),
+                m.uid(),
+                parent.display()
+            );
+        }
     }
     Ok(())
 }

@@ -85,9 +85,10 @@ fn a_linked_directory_or_an_open_parent_is_refused() {
 
 #[test]
 fn a_directory_of_another_user_is_refused() {
-    if !nix::unistd::geteuid().is_root() {
-        return; // only root can give it away; CI runs the unit tests as root
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (only root can give a directory away)"
+    );
     let s = Scratch::new("owner");
     std::fs::create_dir(s.run()).unwrap();
     std::os::unix::fs::chown(s.run(), Some(65534), Some(65534)).unwrap();
@@ -132,4 +133,57 @@ fn files_get_fixed_modes_and_links_are_refused() {
     assert!(e.contains("symbolic link"), "{e}");
     assert!(open_read(&link).is_err());
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+}
+
+/// Not only the parent: a writable directory further up could rename the parent away.
+#[test]
+fn every_directory_above_is_checked() {
+    let s = Scratch::new("ancestors");
+    let open = s.0.join("open");
+    std::fs::create_dir_all(open.join("deep")).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(open.join("deep"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = format!("{:#}", prepare(&open.join("deep/run")).unwrap_err());
+    assert!(
+        e.contains(&format!(
+            "refusing {}: a user other than root",
+            open.display()
+        )),
+        "{e}"
+    );
+    assert!(!open.join("deep/run").exists(), "nothing created under it");
+    let e = format!("{:#}", prepare(&open.join("new/run")).unwrap_err());
+    assert!(e.contains(&format!("refusing {}:", open.display())), "{e}");
+    assert!(
+        !open.join("new").exists(),
+        "no missing parent created under it"
+    );
+
+    // Through a link: the directories it leads to are checked too.
+    let link = s.0.join("link");
+    std::os::unix::fs::symlink(open.join("deep"), &link).unwrap();
+    let e = format!("{:#}", prepare(&link.join("run")).unwrap_err());
+    assert!(e.contains(&format!("refusing {}:", open.display())), "{e}");
+
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    prepare(&open.join("deep/run")).unwrap();
+}
+
+/// Missing directories above the run directory are created 0755 whatever the umask (they were
+/// created with the umask's mode, and then refused as group/other writable under umask 0).
+#[test]
+fn missing_parents_get_fixed_modes() {
+    let s = Scratch::new("parents");
+    for umask in [0, 0o077] {
+        let _ = std::fs::remove_dir_all(s.0.join("a"));
+        // SAFETY: umask has no preconditions; restored at once.
+        let old = unsafe { libc::umask(umask) };
+        let r = prepare(&s.0.join("a/b/run"));
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        r.unwrap();
+        for d in ["a", "a/b", "a/b/run"] {
+            assert_eq!(mode(&s.0.join(d)), 0o755, "{d}, umask {umask:o}");
+        }
+    }
 }

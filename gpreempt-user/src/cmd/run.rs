@@ -659,14 +659,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         return Err(e);
     }
     let audit = match &args.audit {
-        Some(p) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map(crate::controller::audit::Audit::new)
-                .with_context(|| format!("opening the audit file {}", p.display()))?,
-        ),
+        Some(p) => Some(crate::controller::audit::Audit::new(
+            crate::controller::audit::open_file(p)?,
+        )),
         None => None,
     };
     eprintln!(

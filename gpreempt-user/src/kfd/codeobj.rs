@@ -14,7 +14,10 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use nix::sys::uio::RemoteIoVec;
@@ -25,14 +28,266 @@ use crate::kfd::sampler::{read_remote, u32_at as le32};
 use crate::observe::launch::{
     self, is_gone_io, load_bias, mapped_files, process_gone, FileKey, MappedFile, ProcessGone,
 };
+use crate::observe::target_file;
 
 /// The kernels of one process: descriptor address (a dispatch packet's `kernel_object`) to
-/// name, demangled when it is an Itanium C++ name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// name, demangled when it is an Itanium C++ name. Held as the process's code objects, each
+/// with its load address and the names of that object, which processes share (a library's
+/// code objects are read once and named once for all the processes that load it): the
+/// process's own part is one small entry per code object.
+#[derive(Clone, Default)]
 pub struct KernelNames {
-    pub by_object: BTreeMap<u64, String>,
+    /// Sorted by `start`.
+    objects: Vec<Loaded>,
     /// Code objects whose symbols were read (entries that failed are logged and left out).
     pub code_objects: usize,
+}
+
+/// One code object as one process loaded it.
+#[derive(Clone)]
+struct Loaded {
+    /// Its lowest and highest descriptor address there.
+    start: u64,
+    end: u64,
+    l_addr: u64,
+    names: Arc<ObjectNames>,
+}
+
+impl KernelNames {
+    /// The name of the kernel whose descriptor is at `object`.
+    pub fn get(&self, object: u64) -> Option<&str> {
+        let i = self.objects.partition_point(|o| o.start <= object);
+        // Code objects do not overlap in a process; a few candidates back cover one that does.
+        self.objects[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .filter(|o| object <= o.end)
+            .find_map(|o| o.names.get(object.wrapping_sub(o.l_addr)))
+    }
+
+    /// Every (descriptor address, name), by code object.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.objects.iter().flat_map(|o| {
+            o.names
+                .kernels
+                .iter()
+                .map(move |(off, n)| (o.l_addr.wrapping_add(*off), &**n))
+        })
+    }
+
+    /// How many kernels.
+    pub fn len(&self) -> usize {
+        self.objects.iter().map(|o| o.names.kernels.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+}
+
+/// Names not read from a process (tests, fixed tables): one code object at address 0, charged
+/// to no store.
+impl From<BTreeMap<u64, String>> for KernelNames {
+    fn from(m: BTreeMap<u64, String>) -> Self {
+        let kernels: Vec<(u64, String)> = m.into_iter().collect();
+        let Some(names) = ObjectNames::new(kernels, Arc::default()) else {
+            return Self::default();
+        };
+        let (start, end) = names.range();
+        KernelNames {
+            objects: vec![Loaded {
+                start,
+                end,
+                l_addr: 0,
+                names: Arc::new(names),
+            }],
+            code_objects: 1,
+        }
+    }
+}
+
+impl PartialEq for KernelNames {
+    fn eq(&self, other: &Self) -> bool {
+        self.code_objects == other.code_objects && self.iter().eq(other.iter())
+    }
+}
+
+impl std::fmt::Debug for KernelNames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+/// The kernels of one code object: descriptor offset (`st_value`) to name, sorted by offset.
+/// What it costs is counted in its store while it lives (wherever it is held).
+pub struct ObjectNames {
+    kernels: Box<[(u64, Box<str>)]>,
+    bytes: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl ObjectNames {
+    /// What `kernels` cost held this way: the names, their index entries, the object itself.
+    fn cost(kernels: &[(u64, String)]) -> usize {
+        std::mem::size_of::<Self>()
+            + kernels
+                .iter()
+                .map(|(_, n)| n.len() + std::mem::size_of::<(u64, Box<str>)>())
+                .sum::<usize>()
+    }
+
+    /// None for no kernels. Charges `live` (uncharged on drop).
+    fn new(mut kernels: Vec<(u64, String)>, live: Arc<AtomicUsize>) -> Option<Self> {
+        if kernels.is_empty() {
+            return None;
+        }
+        kernels.sort_by_key(|(off, _)| *off);
+        // One name per descriptor: the first listed, as a loader would resolve it.
+        kernels.dedup_by_key(|(off, _)| *off);
+        let bytes = Self::cost(&kernels);
+        live.fetch_add(bytes, Ordering::SeqCst);
+        Some(ObjectNames {
+            kernels: kernels
+                .into_iter()
+                .map(|(o, n)| (o, n.into_boxed_str()))
+                .collect(),
+            bytes,
+            live,
+        })
+    }
+
+    fn get(&self, offset: u64) -> Option<&str> {
+        let i = self
+            .kernels
+            .binary_search_by_key(&offset, |(o, _)| *o)
+            .ok()?;
+        Some(&self.kernels[i].1)
+    }
+
+    /// Lowest and highest offset (there is at least one kernel).
+    fn range(&self) -> (u64, u64) {
+        let first = self.kernels.first().map_or(0, |k| k.0);
+        let last = self.kernels.last().map_or(0, |k| k.0);
+        (first, last)
+    }
+}
+
+impl Drop for ObjectNames {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// What all processes' kernel names may use together: every code object's names counted once,
+/// however many processes hold them. Past it, least recently used code objects nobody holds are
+/// dropped; what still does not fit stays unnamed (with that reason).
+pub const NAMES_BUDGET: usize = 64 << 20;
+/// File code objects whose names are kept for reuse, at most.
+pub const CACHE_OBJECTS: usize = 4096;
+
+/// A code object in a file, by the file's identity (a rewritten file is read again) and where
+/// the object is in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ObjectKey {
+    file: FileKey,
+    size: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// The names of code objects, shared across processes, within a memory budget.
+pub struct NameStore {
+    budget: usize,
+    live: Arc<AtomicUsize>,
+    /// Code objects in files, with when each was last used, and the clock of that.
+    cache: Mutex<(Cached, u64)>,
+}
+
+type Cached = HashMap<ObjectKey, (Arc<ObjectNames>, u64)>;
+
+impl NameStore {
+    pub fn new(budget: usize) -> Self {
+        NameStore {
+            budget,
+            live: Arc::default(),
+            cache: Mutex::default(),
+        }
+    }
+
+    /// The one every reader of this process uses ([`NAMES_BUDGET`]).
+    pub fn global() -> &'static NameStore {
+        static STORE: OnceLock<NameStore> = OnceLock::new();
+        STORE.get_or_init(|| NameStore::new(NAMES_BUDGET))
+    }
+
+    /// Bytes of names alive now (held by the store or any process).
+    pub fn live_bytes(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// File code objects kept for reuse.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+    }
+
+    fn lookup(&self, key: &ObjectKey) -> Option<Arc<ObjectNames>> {
+        let mut guard = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, tick) = &mut *guard;
+        *tick += 1;
+        let hit = map.get_mut(key)?;
+        hit.1 = *tick;
+        Some(hit.0.clone())
+    }
+
+    /// Keeps `kernels` (None when there are none), making room by dropping least recently used
+    /// code objects that only the store holds; Err when they do not fit even then.
+    fn admit(
+        &self,
+        kernels: Vec<(u64, String)>,
+        key: Option<ObjectKey>,
+    ) -> Result<Option<Arc<ObjectNames>>> {
+        let cost = ObjectNames::cost(&kernels);
+        let mut guard = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, tick) = &mut *guard;
+        let must_drop = |map: &Cached| {
+            self.live_bytes() + cost > self.budget || (key.is_some() && map.len() >= CACHE_OBJECTS)
+        };
+        if must_drop(map) {
+            let mut idle: Vec<(u64, ObjectKey)> = map
+                .iter()
+                .filter(|(_, (names, _))| Arc::strong_count(names) == 1)
+                .map(|(k, (_, used))| (*used, *k))
+                .collect();
+            idle.sort_unstable_by_key(|(used, _)| *used);
+            for (_, k) in idle {
+                if !must_drop(map) {
+                    break;
+                }
+                map.remove(&k);
+            }
+        }
+        if self.live_bytes() + cost > self.budget {
+            bail!(
+                "its {} kernels' names ({} KiB) do not fit in the {} MiB all processes' kernel \
+                 names may use ({} KiB in use by names processes still hold); they stay unnamed",
+                kernels.len(),
+                cost.div_ceil(1024),
+                self.budget >> 20,
+                self.live_bytes() >> 10
+            );
+        }
+        let Some(names) = ObjectNames::new(kernels, self.live.clone()).map(Arc::new) else {
+            return Ok(None);
+        };
+        if let Some(key) = key {
+            if map.len() < CACHE_OBJECTS {
+                *tick += 1;
+                map.insert(key, (names.clone(), *tick));
+            }
+        }
+        Ok(Some(names))
+    }
 }
 
 /// ROCr's list head (`runtime/hsa-runtime/loader/executable.cpp`).
@@ -44,6 +299,34 @@ const MAX_URI: usize = 4096;
 /// Per code object, and for all the bytes one call reads.
 const MAX_OBJECT_BYTES: u64 = 256 << 20;
 const READ_BUDGET: u64 = 256 << 20;
+/// Kernels named by one call, at most (past it the rest are left unnamed), and the length of one
+/// name (a longer one is cut, ending in `…`): a hostile code object cannot make the names cost
+/// more than about 64 MiB.
+pub const MAX_KERNELS: usize = 65_536;
+pub const MAX_NAME_BYTES: usize = 1024;
+/// How long one call may spend reading code objects (checked at every read; an open has its
+/// own bound, [`target_file::OPEN_TIMEOUT`]). What is left is skipped with this reason.
+pub const READ_TIME: Duration = Duration::from_secs(2);
+
+/// What one call may still spend.
+struct Limits {
+    bytes: Cell<u64>,
+    kernels: Cell<usize>,
+    /// The kernel bound cut a code object's names short (they are then not shared).
+    cut: Cell<bool>,
+    deadline: Instant,
+}
+
+impl Limits {
+    fn new() -> Self {
+        Limits {
+            bytes: Cell::new(READ_BUDGET),
+            kernels: Cell::new(MAX_KERNELS),
+            cut: Cell::new(false),
+            deadline: Instant::now() + READ_TIME,
+        }
+    }
+}
 
 /// glibc `struct r_debug` / `struct link_map` on 64-bit targets (`<link.h>`): field offsets.
 mod layout {
@@ -91,10 +374,8 @@ pub fn find_r_debug(proc_root: &Path, pid: u32) -> Result<u64> {
     }
     // ROCr's own library first: in a ROCr process the search usually ends there.
     files.sort_by_key(|f| !f.path.contains("libhsa-runtime"));
-    let root = dir.join("root");
     for f in &files {
-        let path = root.join(f.path.trim_start_matches('/'));
-        let Some(found) = r_debug_in_file(&path) else {
+        let Some(found) = r_debug_in_file(proc_root, pid, Path::new(&f.path)) else {
             continue;
         };
         let bias = found
@@ -133,9 +414,9 @@ fn r_debug_cache() -> &'static Mutex<HashMap<FileKey, Option<FileRDebug>>> {
     CACHE.get_or_init(Default::default)
 }
 
-fn r_debug_in_file(path: &Path) -> Option<FileRDebug> {
-    let file = File::open(path)
-        .map_err(|e| log::debug!("codeobj: cannot open {}: {e}", path.display()))
+fn r_debug_in_file(proc_root: &Path, pid: u32, path: &Path) -> Option<FileRDebug> {
+    let file = target_file::open(proc_root, pid, path)
+        .map_err(|e| log::debug!("codeobj: pid {pid}: cannot open {}: {e:#}", path.display()))
         .ok()?;
     let key = FileKey::of(
         &file
@@ -173,16 +454,44 @@ fn r_debug_in_file(path: &Path) -> Option<FileRDebug> {
 
 /// [`read_kernel_names`] with the `r_debug` address known.
 pub fn read_kernel_names_at(proc_root: &Path, pid: u32, r_debug: u64) -> Result<KernelNames> {
+    read_kernel_names_in(NameStore::global(), proc_root, pid, r_debug)
+}
+
+/// [`read_kernel_names_at`] with names kept in `store`.
+pub fn read_kernel_names_in(
+    store: &NameStore,
+    proc_root: &Path,
+    pid: u32,
+    r_debug: u64,
+) -> Result<KernelNames> {
     let entries = read_list(pid, r_debug)?;
-    let budget = Cell::new(READ_BUDGET);
+    let limits = Limits::new();
     let mut names = KernelNames::default();
     let mut failures = Vec::new();
-    for (l_addr, uri) in &entries {
-        match object_kernels(proc_root, pid, *l_addr, uri, &budget) {
+    for (i, (l_addr, uri)) in entries.iter().enumerate() {
+        if Instant::now() > limits.deadline {
+            log::debug!(
+                "pid {pid}: {} code objects left unread: over the {} s time bound of one call",
+                entries.len() - i,
+                READ_TIME.as_secs()
+            );
+            failures.push(format!(
+                "over the {} s time bound of one call",
+                READ_TIME.as_secs()
+            ));
+            break;
+        }
+        match object_kernels(store, proc_root, pid, uri, &limits) {
             Ok(kernels) => {
                 names.code_objects += 1;
-                for (addr, name) in kernels {
-                    names.by_object.entry(addr).or_insert(name);
+                if let Some(k) = kernels {
+                    let (first, last) = k.range();
+                    names.objects.push(Loaded {
+                        start: l_addr.wrapping_add(first),
+                        end: l_addr.wrapping_add(last),
+                        l_addr: *l_addr,
+                        names: k,
+                    });
                 }
             }
             Err(e) => {
@@ -191,6 +500,7 @@ pub fn read_kernel_names_at(proc_root: &Path, pid: u32, r_debug: u64) -> Result<
             }
         }
     }
+    names.objects.sort_by_key(|o| o.start);
     if names.code_objects == 0 {
         let first = failures.first().map_or("", String::as_str);
         bail!(
@@ -404,7 +714,7 @@ struct Source<'a> {
     base: u64,
     len: u64,
     pos: u64,
-    budget: &'a Cell<u64>,
+    limits: &'a Limits,
 }
 
 enum Origin {
@@ -418,11 +728,17 @@ impl Read for Source<'_> {
         if want == 0 {
             return Ok(0);
         }
-        let left = self.budget.get();
+        let left = self.limits.bytes.get();
         if left < want {
             return Err(io::Error::other(format!(
                 "over the {} MiB read bound of one call",
                 READ_BUDGET >> 20
+            )));
+        }
+        if Instant::now() > self.limits.deadline {
+            return Err(io::Error::other(format!(
+                "over the {} s time bound of one call",
+                READ_TIME.as_secs()
             )));
         }
         let at = self
@@ -445,7 +761,7 @@ impl Read for Source<'_> {
             }
             Origin::File(f) => f.read_at(buf, at)?,
         };
-        self.budget.set(left - got as u64);
+        self.limits.bytes.set(left - got as u64);
         self.pos += got as u64;
         Ok(got)
     }
@@ -463,30 +779,40 @@ impl Seek for Source<'_> {
     }
 }
 
-/// The `.kd` symbols of one code object: (descriptor address, name).
+/// The `.kd` symbols of one code object: descriptor offset (`st_value`) to name, from the store
+/// when a process read that file's object before (None: it has no kernels).
 fn object_kernels(
+    store: &NameStore,
     proc_root: &Path,
     pid: u32,
-    l_addr: u64,
     uri: &str,
-    budget: &Cell<u64>,
-) -> Result<Vec<(u64, String)>> {
-    let (from, base, len) = match parse_uri(uri)? {
-        Location::Memory { address, size } => (Origin::Memory(pid), address, size),
+    limits: &Limits,
+) -> Result<Option<Arc<ObjectNames>>> {
+    let (from, base, len, key) = match parse_uri(uri)? {
+        Location::Memory { address, size } => (Origin::Memory(pid), address, size, None),
         Location::File { path, offset, size } => {
-            let at = proc_root
-                .join(pid.to_string())
-                .join("root")
-                .join(path.strip_prefix("/").unwrap_or(&path));
-            let file = File::open(&at).with_context(|| format!("opening {}", at.display()))?;
-            let file_len = file.metadata()?.len();
+            // Opened even when its names are known: that this process may read it is checked
+            // each time, and the file's identity says whether they are still its names.
+            let file = target_file::open(proc_root, pid, &path)?;
+            let meta = file.metadata()?;
+            let file_len = meta.len();
             let rest = file_len.checked_sub(offset).with_context(|| {
                 format!(
                     "offset {offset} is past the end of {} ({file_len} bytes)",
-                    at.display()
+                    path.display()
                 )
             })?;
-            (Origin::File(file), offset, size.unwrap_or(rest).min(rest))
+            let len = size.unwrap_or(rest).min(rest);
+            let key = ObjectKey {
+                file: FileKey::of(&meta),
+                size: file_len,
+                offset,
+                len,
+            };
+            if let Some(hit) = store.lookup(&key) {
+                return Ok(Some(hit));
+            }
+            (Origin::File(file), offset, len, Some(key))
         }
     };
     ensure!(
@@ -499,21 +825,30 @@ fn object_kernels(
         base,
         len,
         pos: 0,
-        budget,
+        limits,
     });
     check_header(&cache, len)?;
     let scan = launch::scan_symbols(&cache, &mut |name, st_type| {
         if st_type != elf::STT_OBJECT {
             return None;
         }
-        name.strip_suffix(b".kd").map(display_name)
+        let name = name.strip_suffix(b".kd")?;
+        let left = limits.kernels.get();
+        if left == 0 {
+            limits.cut.set(true);
+            return None;
+        }
+        limits.kernels.set(left - 1);
+        Some(display_name(name))
     })
     .context("reading its symbol table")?;
-    Ok(scan
+    let kernels = scan
         .symbols
         .into_iter()
-        .map(|s| (l_addr.wrapping_add(s.value), s.pick))
-        .collect())
+        .map(|s| (s.value, s.pick))
+        .collect();
+    // Names cut short by this call's bound are this process's alone.
+    store.admit(kernels, key.filter(|_| !limits.cut.get()))
 }
 
 /// Clear reasons for the common ways a code object is not one: unreadable, short, not ELF, not
@@ -544,17 +879,57 @@ fn check_header(cache: &ReadCache<Source<'_>>, len: u64) -> Result<()> {
     Ok(())
 }
 
-/// A kernel's name: Itanium C++ names (`_Z...`, what HIP emits) demangled, others as they are.
+/// A kernel's name: Itanium C++ names (`_Z...`, what HIP emits) demangled, others as they are;
+/// at most [`MAX_NAME_BYTES`] (demangling can make a short symbol's name very long, so the
+/// output is cut as it is written, never built whole first).
 fn display_name(symbol: &[u8]) -> String {
-    if symbol.starts_with(b"_Z") {
-        if let Some(s) = cpp_demangle::Symbol::new(symbol)
-            .ok()
-            .and_then(|s| s.demangle().ok())
-        {
-            return s;
+    if symbol.starts_with(b"_Z") && symbol.len() <= MAX_NAME_BYTES {
+        if let Ok(parsed) = cpp_demangle::Symbol::new(symbol) {
+            let mut out = Bounded::default();
+            let r = parsed.structured_demangle(&mut out, &Default::default());
+            if out.cut {
+                out.text.push('…');
+                return out.text;
+            }
+            if r.is_ok() {
+                return out.text;
+            }
         }
     }
-    String::from_utf8_lossy(symbol).into_owned()
+    let mut s = String::from_utf8_lossy(symbol).into_owned();
+    if s.len() > MAX_NAME_BYTES {
+        let mut end = MAX_NAME_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+/// A writer that keeps [`MAX_NAME_BYTES`] and then fails (which ends the demangler's walk).
+#[derive(Default)]
+struct Bounded {
+    text: String,
+    cut: bool,
+}
+
+impl std::fmt::Write for Bounded {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let room = MAX_NAME_BYTES.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+            return Ok(());
+        }
+        let mut end = room;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.text.push_str(&s[..end]);
+        self.cut = true;
+        Err(std::fmt::Error)
+    }
 }
 
 #[cfg(test)]
@@ -661,7 +1036,7 @@ mod tests {
         );
         let names = read_kernel_names(proc_root(), me()).unwrap();
         assert!(names.code_objects >= 1);
-        let name_of = |k: &str| names.by_object.get(&co.kernel_object(k).unwrap()).cloned();
+        let name_of = |k: &str| names.get(co.kernel_object(k).unwrap()).map(str::to_owned);
         assert_eq!(
             name_of("_Z6squarePfi").as_deref(),
             Some("square(float*, int)")
@@ -685,7 +1060,7 @@ mod tests {
             let loaded = gpreempt_sim::workload::load_kernels(&p).unwrap();
             let names = read_kernel_names(proc_root(), me()).unwrap();
             for (k, object) in p.kernels.iter().zip(&loaded.objects) {
-                assert_eq!(names.by_object.get(object), Some(&k.name), "{profile}");
+                assert_eq!(names.get(*object), Some(k.name.as_str()), "{profile}");
             }
             let distinct: HashSet<&str> = p.kernels.iter().map(|k| k.name.as_str()).collect();
             let mine: HashSet<u64> = loaded.objects.iter().copied().collect();
@@ -699,14 +1074,24 @@ mod tests {
 
     #[test]
     fn finds_the_symbol_through_a_fake_proc_tree_with_the_right_bias() {
-        let root = std::env::temp_dir().join(format!("gpreempt-codeobj-{}", me()));
+        // Next to the test binary, so that it can be hard-linked into the fake root (a link
+        // out of it would not resolve: files are opened inside the process's root).
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let root = exe
+            .parent()
+            .unwrap()
+            .join(format!("gpreempt-codeobj-{}", me()));
         let _ = std::fs::remove_dir_all(&root);
         let pid = 4242;
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(dir.join("root/app")).unwrap();
         std::fs::create_dir_all(dir.join("root/lib")).unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        std::os::unix::fs::symlink(&exe, dir.join("root/app/exe")).unwrap();
+        std::fs::hard_link(&exe, dir.join("root/app/exe")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            crate::observe::target_file::own_status(),
+        )
+        .unwrap();
         std::fs::write(dir.join("root/lib/notelf.so"), b"#!/bin/sh\n").unwrap();
         std::fs::write(dir.join("root/lib/co.so"), build_image(&["k"]).elf).unwrap();
         std::fs::write(dir.join("stat"), "4242 (app) S 1 4242 4242 0 -1\n").unwrap();
@@ -784,7 +1169,8 @@ mod tests {
         .into_iter()
         .map(|(a, n)| (a, n.to_string()))
         .collect();
-        assert_eq!(names.by_object, expect);
+        let got: BTreeMap<u64, String> = names.iter().map(|(a, n)| (a, n.to_owned())).collect();
+        assert_eq!(got, expect);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -794,7 +1180,7 @@ mod tests {
         let uri = memory_uri(&image.elf);
 
         let mut list = LocalList::new(&[(0, &uri)]);
-        assert_eq!(list.read().unwrap().by_object.len(), 1);
+        assert_eq!(list.read().unwrap().len(), 1);
 
         list.head.r_version = 0;
         assert!(err_of(list.read()).contains("r_version is 0"));
@@ -886,7 +1272,179 @@ mod tests {
         let list = LocalList::new(&[(0x1000, "nonsense"), (0x2000, &memory_uri(&image))]);
         let names = list.read().unwrap();
         assert_eq!(names.code_objects, 1);
-        assert_eq!(names.by_object.get(&0x2100).map(String::as_str), Some("k"));
+        assert_eq!(names.get(0x2100), Some("k"));
+    }
+
+    /// A code object URI naming a FIFO nobody writes: refused at once (the reader used to wait
+    /// for a writer forever, and `queues` with it).
+    #[test]
+    fn a_fifo_uri_is_refused_without_waiting() {
+        let dir = std::env::temp_dir().join(format!("gpreempt-codeobj-fifo-{}", me()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("co.fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let uri = file_uri(&fifo);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(err_of(LocalList::new(&[(0x1000, &uri)]).read()));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(e) => assert!(e.contains("not a regular file (a FIFO)"), "{e}"),
+            Err(_) => {
+                // Let the stuck reader go before failing.
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+                panic!("reading a FIFO's code object blocked for 5 s");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A code object URI naming a pty, read by a session leader without a controlling terminal
+    /// (as a daemon is): refused, and the pty does not become the reader's terminal. Runs this
+    /// test again in a new session (setsid), which does the work.
+    #[test]
+    fn a_pty_uri_never_becomes_the_controlling_terminal() {
+        const NAME: &str = "kfd::codeobj::tests::a_pty_uri_never_becomes_the_controlling_terminal";
+        let tty_nr = || {
+            let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+            let after = &stat[stat.rfind(')').unwrap() + 1..];
+            // state ppid pgrp session tty_nr
+            after
+                .split_whitespace()
+                .nth(4)
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+        };
+        if std::env::var_os("GPREEMPT_TEST_NEW_SESSION").is_none() {
+            let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+            cmd.args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+                .env("GPREEMPT_TEST_NEW_SESSION", "1");
+            // SAFETY: setsid is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    if libc::setsid() < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let out = cmd.output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("1 passed"),
+                "the child did not run the test: {text}"
+            );
+            return;
+        }
+        assert_eq!(tty_nr(), 0, "setsid left a controlling terminal");
+        let (_master, pty) = crate::observe::target_file::new_pty();
+        let e = err_of(LocalList::new(&[(0x1000, &file_uri(&pty))]).read());
+        assert_eq!(
+            tty_nr(),
+            0,
+            "reading {} made it our controlling terminal",
+            pty.display()
+        );
+        assert!(e.contains("not a regular file (a character device)"), "{e}");
+    }
+
+    /// Names are bounded: a long symbol is cut, and so is a short one that demangles long.
+    #[test]
+    fn names_are_bounded() {
+        let long = vec![b'k'; MAX_NAME_BYTES * 3];
+        let name = display_name(&long);
+        assert_eq!(name.len(), MAX_NAME_BYTES + '…'.len_utf8());
+        assert!(name.ends_with('…'));
+        // Each S_ repeats the whole first parameter's type: output grows much faster than input.
+        let mut sym = String::from("_Z1fIN1a1b1c1d1e1f1g1h1i1j1k1l1m1n1o1p1q1r1s1t1u1v1wEE");
+        sym.push_str("vT_");
+        for _ in 0..200 {
+            sym.push_str("S_");
+        }
+        let name = display_name(sym.as_bytes());
+        assert!(
+            name.len() <= MAX_NAME_BYTES + '…'.len_utf8(),
+            "{}",
+            name.len()
+        );
+    }
+
+    /// Kernel names stay within their store's budget: a file's code object is read once and
+    /// shared by every process that loads it (counted once), least recently used ones no process
+    /// holds are dropped to make room, and what does not fit stays unnamed with the reason.
+    #[test]
+    fn kernel_names_are_shared_and_stay_within_the_budget() {
+        let dir = std::env::temp_dir().join(format!("gpreempt-codeobj-budget-{}", me()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // 40 code objects of 50 kernels, names of one length: each costs the same.
+        let names = |o: usize| -> Vec<String> {
+            (0..50)
+                .map(|k| format!("k{o:02}_{k:02}_{}", "x".repeat(200)))
+                .collect()
+        };
+        let uris: Vec<String> = (0..40)
+            .map(|o| {
+                let path = dir.join(format!("co{o}.co"));
+                std::fs::write(&path, build_image(&names(o)).elf).unwrap();
+                file_uri(&path)
+            })
+            .collect();
+        let one = ObjectNames::cost(&names(0).into_iter().map(|n| (0, n)).collect::<Vec<_>>());
+        let store = NameStore::new(10 * one);
+        let read = |objects: std::ops::Range<usize>, base: u64| {
+            let entries: Vec<(u64, &str)> = objects
+                .map(|o| (base + 0x100_0000 * o as u64, uris[o].as_str()))
+                .collect();
+            let list = LocalList::new(&entries);
+            read_kernel_names_in(&store, proc_root(), me(), list.addr())
+        };
+
+        let a = read(0..8, 0x1000_0000).unwrap();
+        assert_eq!((a.len(), a.code_objects), (400, 8));
+        assert_eq!(store.live_bytes(), 8 * one);
+        // Another process loading the same files elsewhere shares their names.
+        let b = read(0..8, 0x9000_0000).unwrap();
+        assert_eq!(b.len(), 400);
+        assert_eq!(store.live_bytes(), 8 * one, "shared, not copied");
+        assert!(Arc::ptr_eq(&a.objects[3].names, &b.objects[3].names));
+        let kd0 = a.objects[3].names.kernels[0].0;
+        assert_eq!(
+            a.get(0x1000_0000 + 0x300_0000 + kd0),
+            b.get(0x9000_0000 + 0x300_0000 + kd0)
+        );
+        assert!(b
+            .get(0x9000_0000 + 0x300_0000 + kd0)
+            .unwrap()
+            .starts_with("k03_00_"));
+
+        // While those are held, only 2 of 32 more fit; the rest stay unnamed.
+        let c = read(8..40, 0x2_0000_0000).unwrap();
+        assert_eq!(c.len(), 100);
+        assert_eq!(store.live_bytes(), 10 * one);
+
+        // Once the first processes are gone, their idle objects make room, oldest first.
+        drop((a, b, c));
+        let c = read(8..40, 0x2_0000_0000).unwrap();
+        assert_eq!(c.len(), 500);
+        assert!(store.live_bytes() <= 10 * one);
+        assert!(store.cached() <= 10);
+        let err = read(20..21, 0x3_0000_0000).unwrap_err();
+        assert!(format!("{err:#}").contains("do not fit in the"), "{err:#}");
+        drop(c);
+        assert_eq!(
+            store.live_bytes(),
+            store.cached() * one,
+            "the store holds only its cache"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

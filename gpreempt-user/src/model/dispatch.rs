@@ -1,6 +1,7 @@
 //! The dispatch mix of a queue: what its AQL packets asked of the GPU, from the packets the
 //! sampler decoded while they were pending. Bounded whatever the process does: a fixed number of
-//! size buckets, at most [`KERNELS_MAX`] kernel objects, the last [`RECENT_MAX`] packets.
+//! size buckets, at most [`GROUP_SIZES_MAX`] work-group sizes and [`KERNELS_MAX`] kernel
+//! objects (the rest counted), the last [`RECENT_MAX`] packets.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -8,9 +9,14 @@ use gpreempt_common::aql::PacketKind;
 use serde::Serialize;
 
 use super::SeenPacket;
+use crate::kfd::codeobj::KernelNames;
 
 /// Kernel objects tracked per queue; later ones are counted under `other_kernels`.
 pub const KERNELS_MAX: usize = 256;
+/// Distinct work-group sizes tracked per queue; dispatches of later ones are counted under
+/// `other_group_sizes` (a process writes its own packets: a group size is 16 bits per dimension,
+/// so it could make the map grow by 2^48 entries).
+pub const GROUP_SIZES_MAX: usize = 64;
 /// Packets kept for the detail view.
 pub const RECENT_MAX: usize = 32;
 /// Log2 buckets of work-items per grid: bucket i holds grids of [2^i, 2^(i+1)) work-items.
@@ -39,8 +45,10 @@ pub struct DispatchMix {
     pub other_packets: u64,
     /// Kernel dispatches by log2 of their grid's work-items (index = bucket).
     pub grid_log2: Vec<u64>,
-    /// Kernel dispatches by work-items per work-group.
+    /// Kernel dispatches by work-items per work-group (at most [`GROUP_SIZES_MAX`] sizes).
     pub group_sizes: BTreeMap<u64, u64>,
+    /// Kernel dispatches whose group size came after the map was full.
+    pub other_group_sizes: u64,
     /// By kernel object (its descriptor's address).
     pub kernels: BTreeMap<u64, KernelCount>,
     pub other_kernels: u64,
@@ -53,15 +61,15 @@ pub struct DispatchMix {
 
 impl DispatchMix {
     /// Names kernels not named yet from `names`.
-    pub fn name_from(&mut self, names: &BTreeMap<u64, String>) {
+    pub fn name_from(&mut self, names: &KernelNames) {
         for (o, k) in self.kernels.iter_mut().filter(|(_, k)| k.name.is_none()) {
-            k.name = names.get(o).cloned();
+            k.name = names.get(*o).map(str::to_owned);
         }
         self.unnamed = self.kernels.values().filter(|k| k.name.is_none()).count();
     }
 
     /// Counts a packet; a new kernel object takes its name from `names` when there.
-    pub fn add(&mut self, p: &SeenPacket, names: &BTreeMap<u64, String>) {
+    pub fn add(&mut self, p: &SeenPacket, names: &KernelNames) {
         self.decoded += 1;
         let d = &p.packet;
         match d.kind {
@@ -72,7 +80,14 @@ impl DispatchMix {
                 }
                 let bucket = (63 - d.work_items().max(1).leading_zeros()) as usize;
                 self.grid_log2[bucket.min(SIZE_BUCKETS - 1)] += 1;
-                *self.group_sizes.entry(d.group_size()).or_default() += 1;
+                let groups_full = self.group_sizes.len() >= GROUP_SIZES_MAX;
+                match self.group_sizes.get_mut(&d.group_size()) {
+                    Some(n) => *n += 1,
+                    None if groups_full => self.other_group_sizes += 1,
+                    None => {
+                        self.group_sizes.insert(d.group_size(), 1);
+                    }
+                }
                 let full = self.kernels.len() >= KERNELS_MAX;
                 match self.kernels.get_mut(&d.kernel_object) {
                     Some(k) => {
@@ -82,7 +97,7 @@ impl DispatchMix {
                     }
                     None if full => self.other_kernels += 1,
                     None => {
-                        let name = names.get(&d.kernel_object).cloned();
+                        let name = names.get(d.kernel_object).map(str::to_owned);
                         self.unnamed += usize::from(name.is_none());
                         self.kernels.insert(
                             d.kernel_object,
@@ -161,7 +176,7 @@ mod tests {
     #[test]
     fn counts_sizes_kernels_and_barriers_within_bounds() {
         let mut m = DispatchMix::default();
-        let none = BTreeMap::new();
+        let none = KernelNames::default();
         m.add(&kd(0, 0xa0, 262_144, 256), &none);
         m.add(&kd(1, 0xa0, 262_144, 256), &none);
         m.add(&kd(2, 0xb0, 512, 64), &none);
@@ -182,7 +197,7 @@ mod tests {
         let top = m.top_kernels(1);
         assert_eq!((top[0].0, top[0].1.count), (0xa0, 2));
         assert_eq!(m.unnamed(), 2);
-        m.name_from(&[(0xa0, "conv".to_string())].into());
+        m.name_from(&BTreeMap::from([(0xa0, "conv".to_string())]).into());
         assert_eq!(m.kernels[&0xa0].name.as_deref(), Some("conv"));
         assert_eq!(m.unnamed(), 1);
         assert_eq!(m.kernels[&0xb0].name, None);
@@ -197,6 +212,22 @@ mod tests {
         assert_eq!(m.other_kernels, 12, "2 objects were there before");
         assert_eq!(m.recent.len(), RECENT_MAX);
         assert_eq!(pow2_label(18), "256K");
+
+        // Work-group sizes: bounded too, the rest counted.
+        let mut m = DispatchMix::default();
+        for i in 0..10_000u64 {
+            m.add(&kd(i, 0xa0, 4096, 1 + (i % 5000) as u16), &none);
+        }
+        assert_eq!(m.group_sizes.len(), GROUP_SIZES_MAX);
+        assert_eq!(
+            m.group_sizes.values().sum::<u64>() + m.other_group_sizes,
+            10_000
+        );
+        assert_eq!(
+            m.group_sizes.get(&1),
+            Some(&2),
+            "a tracked size still counts"
+        );
         assert_eq!(pow2_label(9), "512");
         assert_eq!(pow2_label(20), "1M");
     }

@@ -75,11 +75,7 @@ impl State {
 
     /// The name of a kernel object of `pid`'s, when its code objects gave one.
     pub fn kernel_name(&self, pid: u32, object: u64) -> Option<&str> {
-        self.procs
-            .get(&pid)?
-            .kernel_names
-            .get(&object)
-            .map(String::as_str)
+        self.procs.get(&pid)?.kernel_names.get(object)
     }
 
     /// The packets decoded since the last call; the first call starts keeping them.

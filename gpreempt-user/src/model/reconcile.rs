@@ -2,7 +2,7 @@
 //! process list, `/proc` facts, debugfs `hqds` and `mqds`) and with the sampler's reads of AQL
 //! queues.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use gpreempt_common::kfd;
 
@@ -334,7 +334,7 @@ impl State {
     /// Kernel names read from a process's code objects: kept for objects dispatched later and
     /// given to those its queues already dispatched. Each read replaces the last (an unloaded
     /// code object's addresses may be reused by the next).
-    pub(super) fn kernel_names(&mut self, pid: u32, names: BTreeMap<u64, String>) {
+    pub(super) fn kernel_names(&mut self, pid: u32, names: crate::kfd::codeobj::KernelNames) {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };

@@ -294,7 +294,7 @@ pub struct Process {
     pub launches: u64,
     /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
     #[serde(skip)]
-    pub kernel_names: BTreeMap<u64, String>,
+    pub kernel_names: crate::kfd::codeobj::KernelNames,
 }
 
 impl Process {
@@ -311,7 +311,7 @@ impl Process {
             last_event_ns: now,
             last_launch_ns: None,
             launches: 0,
-            kernel_names: BTreeMap::new(),
+            kernel_names: Default::default(),
         }
     }
     pub fn comm(&self) -> &str {
@@ -461,7 +461,7 @@ pub enum Update {
     /// Kernel descriptor address -> name, from a process's code objects.
     KernelNames {
         pid: u32,
-        names: BTreeMap<u64, String>,
+        names: crate::kfd::codeobj::KernelNames,
     },
     /// A problem of the tool itself (unreadable debugfs, lost records), shown in the log.
     Warning {

@@ -4,7 +4,7 @@
 //! the loop. A process is asked again only when its queues dispatch kernels still unnamed, and
 //! not more often than [`RETRY`] (a new code object is loaded; the first read raced the loader).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ pub const RETRY: Duration = Duration::from_secs(5);
 pub const RETRY_FAILED: Duration = Duration::from_secs(30);
 
 /// A pid and its names, or why there are none.
-pub type Answer = (u32, Result<BTreeMap<u64, String>, String>);
+pub type Answer = (u32, Result<crate::kfd::codeobj::KernelNames, String>);
 
 #[derive(Default)]
 pub struct KernelNames {
@@ -78,7 +78,6 @@ impl KernelNames {
             .spawn(move || {
                 for pid in asked {
                     let r = crate::kfd::codeobj::read_kernel_names(&root, pid)
-                        .map(|n| n.by_object)
                         .map_err(|e| format!("{e:#}"));
                     if tx.send((pid, r)).is_err() {
                         return;
@@ -104,7 +103,7 @@ impl KernelNames {
 
     /// Notes an answer; the names to apply, if any. A failure is said once per pid at debug
     /// level (most processes on a host are not ROCr processes with code objects).
-    pub fn answered(&mut self, (pid, r): Answer) -> Option<BTreeMap<u64, String>> {
+    pub fn answered(&mut self, (pid, r): Answer) -> Option<crate::kfd::codeobj::KernelNames> {
         if self.pending == Some(pid) {
             self.pending = None;
         }

@@ -3,8 +3,9 @@
 //! Uprobes attach to a file (inode) at a file offset, not to a process's address. For a pid, this
 //! finds the ELF files the process has mapped executable (`/proc/P/maps`), the launch symbols
 //! (`gpreempt_common::kprobe::launch::POINTS`) each one defines, and the file offset of each.
-//! Files are opened through `/proc/P/root/<path>`, so a container's files resolve in its own mount
-//! namespace (perf uprobes accept that path too). Parsed files are cached by identity in a
+//! Files are opened inside the process's root (`/proc/P/root`), so a container's files resolve in
+//! its own mount namespace (perf uprobes accept that path too), and with its credentials, a
+//! regular file only ([`crate::observe::target_file`]): the path is the process's to choose. Parsed files are cached by identity in a
 //! [`LaunchResolver`]: the hundreds of processes sharing one `libamdhip64.so` parse it once.
 
 use std::collections::HashMap;
@@ -146,7 +147,7 @@ impl LaunchResolver {
                 continue;
             }
             let path = root.join(f.path.trim_start_matches('/'));
-            let Some(symbols) = self.file_symbols(&path) else {
+            let Some(symbols) = self.file_symbols(proc_root, pid, Path::new(&f.path)) else {
                 continue;
             };
             out.extend(symbols.iter().map(|s| LaunchTarget {
@@ -167,11 +168,18 @@ impl LaunchResolver {
 
     /// The launch symbols of the file at `path`, from the cache or parsed; `None` (logged) when
     /// it cannot be opened or is not a usable ELF file.
-    fn file_symbols(&mut self, path: &Path) -> Option<Arc<[FileSymbol]>> {
-        let file = match File::open(path) {
+    fn file_symbols(
+        &mut self,
+        proc_root: &Path,
+        pid: u32,
+        path: &Path,
+    ) -> Option<Arc<[FileSymbol]>> {
+        // Opened as the process would (its root, its credentials, a regular file only): the
+        // name is the process's to choose.
+        let file = match crate::observe::target_file::open(proc_root, pid, path) {
             Ok(f) => f,
             Err(e) => {
-                log::debug!("launch: cannot open {}: {e}", path.display());
+                log::debug!("launch: pid {pid}: cannot open {}: {e:#}", path.display());
                 return None;
             }
         };
@@ -598,14 +606,24 @@ mod tests {
 
     #[test]
     fn fake_proc_tree() {
-        let root = std::env::temp_dir().join(format!("gpreempt-launch-{}", std::process::id()));
+        // Next to the test binary, so that it can be hard-linked into the fake root (a link
+        // out of it would not resolve: files are opened inside the process's root).
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let root = exe
+            .parent()
+            .unwrap()
+            .join(format!("gpreempt-launch-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let pid = 4242;
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(dir.join("root/app/bin")).unwrap();
         std::fs::create_dir_all(dir.join("root/lib")).unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        std::os::unix::fs::symlink(&exe, dir.join("root/app/bin/test exe")).unwrap();
+        std::fs::hard_link(&exe, dir.join("root/app/bin/test exe")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            crate::observe::target_file::own_status(),
+        )
+        .unwrap();
         std::fs::write(dir.join("root/lib/notelf.so"), b"#!/bin/sh\nexit 0\n").unwrap();
         std::fs::write(dir.join("root/lib/short.so"), b"\x7fEL").unwrap();
         std::fs::write(dir.join("stat"), "4242 (app) S 1 4242 4242 0 -1\n").unwrap();

@@ -13,5 +13,6 @@ pub mod launch;
 pub mod losses;
 pub mod probe;
 pub mod procinfo;
+pub(crate) mod target_file;
 pub mod tracing;
 pub mod watch;

@@ -402,10 +402,7 @@ impl Watcher {
             .collect();
         for pid in pids {
             match crate::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
-                Ok(n) => self.state.apply(Update::KernelNames {
-                    pid,
-                    names: n.by_object,
-                }),
+                Ok(names) => self.state.apply(Update::KernelNames { pid, names }),
                 Err(e) => log::debug!("pid {pid}: no kernel names: {e:#}"),
             }
         }

@@ -174,6 +174,8 @@ struct Parser<'t> {
     /// Byte offsets of every '\n' in `text`.
     newlines: Vec<usize>,
     problems: Vec<(usize, String)>,
+    /// Bytes the rules' compiled regexes use so far (against [`REGEX_BUDGET`]).
+    regex_used: usize,
 }
 
 impl<'t> Parser<'t> {
@@ -187,6 +189,7 @@ impl<'t> Parser<'t> {
                 .map(|(i, _)| i)
                 .collect(),
             problems: Vec::new(),
+            regex_used: 0,
         }
     }
 
@@ -777,15 +780,18 @@ impl<'t> Parser<'t> {
                             None => false,
                         }
                     }
-                    "cmdline" => match self.string(v, &ctx).map(|s| (s, Regex::new(s))) {
-                        Some((_, Ok(re))) => {
-                            rule.cmdline = Some(re);
-                            true
-                        }
-                        Some((s, Err(e))) => {
-                            self.err(at, format!("{ctx}: invalid regex {s:?}: {}", regex_msg(&e)));
-                            false
-                        }
+                    "cmdline" => match self.string(v, &ctx) {
+                        Some(s) => match rule_regex(s, REGEX_BUDGET - self.regex_used) {
+                            Ok((re, cost)) => {
+                                self.regex_used += cost;
+                                rule.cmdline = Some(re);
+                                true
+                            }
+                            Err(why) => {
+                                self.err(at, format!("{ctx}: {why}"));
+                                false
+                            }
+                        },
                         None => false,
                     },
                     "uid" => {
@@ -851,6 +857,64 @@ struct Ats {
     max_suspend: Option<usize>,
     min_run: Option<usize>,
     min_interval: Option<usize>,
+}
+
+/// A rule's regex may compile to at most this (the regex crate's `size_limit`; its default is
+/// 10 MiB, which lets one line of policy cost that much).
+pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+/// Each regex's lazy DFA cache, at most (`dfa_size_limit`): grown only as matching needs it.
+pub const REGEX_DFA_LIMIT: usize = 256 << 10;
+/// What all the rules' compiled regexes may use together (their `memory_usage`).
+pub const REGEX_BUDGET: usize = 32 << 20;
+
+/// A pattern for a message: at most 60 characters.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(60) {
+        Some((i, _)) => format!("{:?}…", &s[..i]),
+        None => format!("{s:?}"),
+    }
+}
+
+/// Compiles one rule's regex within the per-rule limits and what is `left` of the budget; the
+/// regex and what it costs, or the reason (what to do included).
+fn rule_regex(s: &str, left: usize) -> Result<(Regex, usize), String> {
+    let too_big = |what: String| {
+        format!(
+            "regex {} {what}; simplify it: fewer or smaller counted repetitions ({{n}}), ASCII \
+             classes such as [0-9A-Za-z_] or (?-u:\\w) instead of Unicode \\w",
+            short(s)
+        )
+    };
+    let re = regex::RegexBuilder::new(s)
+        .size_limit(REGEX_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_DFA_LIMIT)
+        .build()
+        .map_err(|e| match e {
+            regex::Error::CompiledTooBig(limit) => too_big(format!(
+                "compiles to more than {} KiB, the limit of one rule",
+                limit >> 10
+            )),
+            e => format!("invalid regex {}: {}", short(s), regex_msg(&e)),
+        })?;
+    // The same engine with the same limits, for its size (`regex::Regex` does not tell it).
+    let cost = regex_automata::meta::Regex::builder()
+        .configure(
+            regex_automata::meta::Config::new()
+                .nfa_size_limit(Some(REGEX_SIZE_LIMIT))
+                .hybrid_cache_capacity(REGEX_DFA_LIMIT),
+        )
+        .build(s)
+        .map_or(REGEX_SIZE_LIMIT, |m| m.memory_usage());
+    if cost > left {
+        return Err(too_big(format!(
+            "needs {} KiB, more than the {} KiB left of the {} MiB all rules' regexes may use \
+             together",
+            cost.div_ceil(1024),
+            left >> 10,
+            REGEX_BUDGET >> 20
+        )));
+    }
+    Ok((re, cost))
 }
 
 /// The regex crate's message on one line: its last `error: ...` line.

@@ -2023,3 +2023,66 @@ fn a_deferred_suspend_is_decided_at_its_deadline_not_at_the_next_tick() {
     );
     assert!(g.at_deadline >= deferred.len());
 }
+
+/// The issue's pattern: a regex that compiles to megabytes is refused by rule and line, with
+/// what to do, and no rule can take more than 1 MiB.
+#[test]
+fn a_regex_over_the_limit_of_one_rule_is_refused() {
+    let text = "[[rule]]\nclass = \"online\"\nuid = 0\n\n[[rule]]\nclass = \"offline\"\n\
+                cmdline = '(a|b|c|d){200}x{10}\\w{30}'\n";
+    let e = one_err(text);
+    assert!(
+        e.starts_with(
+            "policy.toml:7: rule 2: cmdline: regex \"(a|b|c|d){200}x{10}\\\\w{30}\" compiles to \
+             more than 1024 KiB, the limit of one rule; simplify it"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("(?-u:\\w)"), "{e}");
+}
+
+/// Rules each under the limit of one rule, repeated: the first rule past the budget for all
+/// regexes, and every one after it, is named; fewer of them load. A reload of such a file
+/// fails the same way (`Policy::load`), which keeps the running policy (cmd/run.rs).
+#[test]
+fn regexes_over_the_budget_of_all_rules_are_refused() {
+    // About 1.4 MiB each once compiled (the engine's own count): 22 fit in 32 MiB.
+    let rule = "[[rule]]\nclass = \"offline\"\nuid = 1000\ncmdline = '(a|b|c|d){200}x{30000}(?-u:\\w){30}'\n\n";
+    let fits = rule.repeat(20);
+    let p = Policy::parse(&fits, "policy.toml").unwrap();
+    assert_eq!(p.rules.len(), 20);
+
+    let text = rule.repeat(30);
+    let e = Policy::parse(&text, "policy.toml").unwrap_err().to_string();
+    let refused: Vec<&str> = e.lines().collect();
+    assert!((5..=10).contains(&refused.len()), "{e}");
+    let first = refused[0];
+    let n = 30 - refused.len() + 1;
+    assert!(
+        first.starts_with(&format!(
+            "policy.toml:{}: rule {n}: cmdline: regex \"(a|b|c|d){{200}}x{{30000}}",
+            (n - 1) * 5 + 4
+        )),
+        "{first}"
+    );
+    assert!(
+        first.contains("KiB, more than the")
+            && first.contains("KiB left of the 32 MiB all rules' regexes may use together"),
+        "{first}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("gpreempt-policy-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("big.toml");
+    std::fs::write(&f, &text).unwrap();
+    let e = format!("{:#}", Policy::load(&f).unwrap_err());
+    assert!(
+        e.starts_with(&format!(
+            "{}:{}: rule {n}: cmdline: regex",
+            f.display(),
+            (n - 1) * 5 + 4
+        )),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -188,11 +188,14 @@ fn mix_pairs(m: &DispatchMix) -> Pairs {
     out.push(("grid items", grids.join("  ")));
     let mut groups: Vec<(&u64, &u64)> = m.group_sizes.iter().collect();
     groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    let groups: Vec<String> = groups
+    let mut groups: Vec<String> = groups
         .iter()
         .take(6)
         .map(|(size, n)| format!("{size} {:.0}%", pct(**n)))
         .collect();
+    if m.other_group_sizes > 0 {
+        groups.push(format!("other {:.0}%", pct(m.other_group_sizes)));
+    }
     out.push(("group size", groups.join("  ")));
     for (object, k) in m.top_kernels(5) {
         let g = |v: [u32; 3]| format!("{}x{}x{}", v[0], v[1], v[2]);

@@ -580,7 +580,7 @@ fn the_detail_pane_shows_the_dispatch_mix() {
     });
     st.apply(Update::KernelNames {
         pid: 100,
-        names: [(0xa0, "conv_fwd".to_string())].into(),
+        names: std::collections::BTreeMap::from([(0xa0, "conv_fwd".to_string())]).into(),
     });
     let mut app = App::default();
     app.handle(Action::Down, &st);
