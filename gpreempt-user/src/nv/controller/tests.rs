@@ -582,7 +582,10 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
         "window = \"10ms\"\n[adaptive]\nonline_p99_budget = 1.5\n",
     );
     let p = Policy::parse(&text, "p.toml").unwrap();
-    assert_ne!(p.strategy, Policy::parse(ADAPTIVE_NV, "p.toml").unwrap().strategy);
+    assert_ne!(
+        p.strategy,
+        Policy::parse(ADAPTIVE_NV, "p.toml").unwrap().strategy
+    );
     e.set_policy(p);
     now += ms;
     e.decide(&s, now);

@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::adaptive::{Tuner, View};
 use super::levers::{LeverChange, LeverTuner};
-use super::{fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, LeverSet, NvLever, Policy, Strategy};
+use super::{
+    fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, LeverSet, NvLever, Policy, Strategy,
+};
 use crate::model::{Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor};
 
 mod evidence;
