@@ -108,12 +108,26 @@ pub async fn self_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<
         );
         Ok(())
     };
-    let verdict = verify(
+    let mut verdict = verify(
         &mut || target.count(),
         &mut || act(true),
         &mut || act(false),
         WINDOW,
     );
+    // Once on the H100 (after minutes of heavy work by others) one iteration completed while
+    // paused and the next try was clean: a counter that moved once is tried once more; a second
+    // failure refuses, as any other.
+    if let Err(e) = &verdict {
+        if format!("{e:#}").contains("did not stop the GPU work") {
+            log::warn!("NVIDIA self-test: {e:#}; trying once more");
+            verdict = verify(
+                &mut || target.count(),
+                &mut || act(true),
+                &mut || act(false),
+                WINDOW,
+            );
+        }
+    }
     let nv = nv.into_inner();
     // The timeslice lever on the same process: set, read back, put back. A driver that refuses
     // it is not a reason to refuse `run` (the policy then pauses instead): it is said.
