@@ -114,7 +114,10 @@ fn assert_kernel_lines(c: &HashMap<String, Value>) {
             assert_eq!(verdict(c, "ebpf-programs"), "warn", "{f}");
             assert!(
                 f.contains(&format!("kernel lockdown ({mode})"))
-                    && f.ends_with(": fe_kfd_ioctl, kfd_ioctl_fentry, kfd_ioctl_fexit"),
+                    && f.ends_with(
+                        ": fe_kfd_ioctl, kfd_ioctl_fentry, kfd_ioctl_fexit, nv_ioctl_fentry, \
+                         nv_ioctl_fexit"
+                    ),
                 "{f}"
             );
         }

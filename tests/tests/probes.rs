@@ -42,7 +42,11 @@ fn every_program_passes_the_verifier() {
             (Ok(_), _) => {}
             // This VM's kernel (lockdown=integrity) refuses every fentry/fexit load with EPERM
             // before the verifier runs, whatever the target. Anywhere else they must load.
-            (Err(e), "fe_kfd_ioctl" | "kfd_ioctl_fentry" | "kfd_ioctl_fexit") if locked_down() => {
+            (
+                Err(e),
+                "fe_kfd_ioctl" | "kfd_ioctl_fentry" | "kfd_ioctl_fexit" | "nv_ioctl_fentry"
+                | "nv_ioctl_fexit",
+            ) if locked_down() => {
                 assert!(
                     e.contains("Operation not permitted"),
                     "undocumented fentry failure: {e}"
