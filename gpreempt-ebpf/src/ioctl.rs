@@ -359,10 +359,9 @@ fn nv_entry<C: EbpfContext>(ctx: &C, file: u64, cmd: u32, arg: u64) {
     begin(ctx, cfg, pid_tgid, fd, cmd, arg, file_kind::NVIDIA, false);
 }
 
-/// Fds searched for a file (libcuda's RM fds are among a process's first).
-const FD_SCAN: u64 = 256;
-
-/// The caller's fd that refers to `file`, or -1 (not among its first [`FD_SCAN`]).
+/// The caller's fd that refers to `file`, or -1 (not among its first 64: libcuda opens its RM
+/// fds early; fd 8 on the H100). Unrolled by hand: the 6.1 verifier took the loop LLVM made of a
+/// `while` for an infinite one.
 #[inline(always)]
 fn fd_of(file: u64) -> i32 {
     let Some(o) = OFFSETS.get(0) else {
@@ -378,15 +377,21 @@ fn fd_of(file: u64) -> i32 {
     let Some(fds) = read(fdt, o, kf::FDT_FD) else {
         return -1;
     };
-    let mut i = 0u64;
-    while i < FD_SCAN && i < max {
-        // SAFETY: a probe read of one slot of the fd array (i < max_fds); faults return an error.
-        let f = unsafe { bpf_probe_read_kernel((fds + 8 * i) as *const u64) }.unwrap_or(0);
-        if f == file {
-            return i as i32;
-        }
-        i += 1;
+    macro_rules! scan {
+        ($($i:literal)*) => {$(
+            if $i >= max {
+                return -1;
+            }
+            // SAFETY: a probe read of one slot of the fd array (i < max_fds); faults return an
+            // error.
+            if unsafe { bpf_probe_read_kernel((fds + 8 * $i) as *const u64) }.unwrap_or(0) == file {
+                return $i;
+            }
+        )*};
     }
+    scan!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+          32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+          61 62 63);
     -1
 }
 
