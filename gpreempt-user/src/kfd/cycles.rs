@@ -466,9 +466,12 @@ impl Waiter {
 }
 
 /// Ok(report) when every queue acted on was done; the early end otherwise.
-fn judge(r: Result<OpReport, ActError>, pid: u32, what: &str) -> Result<OpReport, Stop> {
+async fn judge(r: Result<OpReport, ActError>, pid: u32, what: &str) -> Result<OpReport, Stop> {
     match r {
         Ok(rep) if rep.queues.iter().all(|q| q.outcome == QueueOutcome::Done) => Ok(rep),
+        // A queue that vanished under the call because its process is exiting (its queues go
+        // before the process does): the target ended, not a failure.
+        Ok(_) if exiting(pid).await => Err(Stop::Gone),
         Ok(rep) => Err(Stop::Failed(format!(
             "pid {pid}: {}",
             rep.describe(what == "suspend")
@@ -476,6 +479,26 @@ fn judge(r: Result<OpReport, ActError>, pid: u32, what: &str) -> Result<OpReport
         Err(ActError::Target(TargetError::Gone)) => Err(Stop::Gone),
         Err(e) => Err(Stop::Failed(format!("pid {pid}: {what}: {e}"))),
     }
+}
+
+/// Whether `pid` is gone or a zombie within half a second.
+async fn exiting(pid: u32) -> bool {
+    for _ in 0..10 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            // The state follows the comm's closing parenthesis.
+            Ok(t)
+                if matches!(
+                    t.rsplit_once(") ").and_then(|(_, r)| r.chars().next()),
+                    Some('Z' | 'X')
+                ) =>
+            {
+                return true
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    false
 }
 
 fn emit(json_out: bool, v: &serde_json::Value) {
@@ -597,12 +620,13 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
                 b.suspend(&state, pid, None, a.grace).await.now(),
                 pid,
                 "suspend",
-            )?;
+            )
+            .await?;
             let held = w.wait(&mut backends, a.hold.0).await;
             let b = backends
                 .for_pid(&state, pid)
                 .map_err(|e| Stop::Failed(e.to_string()))?;
-            let r = judge(b.resume(&state, pid, None).await.now(), pid, "resume")?;
+            let r = judge(b.resume(&state, pid, None).await.now(), pid, "resume").await?;
             held?;
             w.wait(&mut backends, a.gap.0).await?;
             Ok::<_, Stop>(CycleTimes {
