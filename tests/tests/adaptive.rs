@@ -98,7 +98,9 @@ fn without_interference_the_adaptive_controller_leaves_offline_alone() {
 #[test]
 fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
     let _one = serial();
-    let (audit, err) = run_pair("--profile resnet50_b1024 --offline --priority 0", 20);
+    // 30 s: at 20 s one CI run on a loaded 2-vCPU host ended after a recalibration at z 2.1
+    // (the test needs 2.33), with no time left for the next.
+    let (audit, err) = run_pair("--profile resnet50_b1024 --offline --priority 0", 30);
     let notes = notes(&audit);
     let s = suspends(&audit);
     println!("emulated: {notes:#?}\n{} suspends", s.len());
@@ -128,7 +130,7 @@ fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
     // CI host under load measured medians 1.1x apart with the tails 1.4x apart).
     assert!(figure("z ", ')') >= 2.33, "{acted}");
     assert!(figure("(tail ", 'x') >= 1.05, "{acted}");
-    // It acts on many requests (400 in 20 s), every suspend with the tuner's reasoning.
+    // It acts on many requests (600 in 30 s), every suspend with the tuner's reasoning.
     assert!(s.len() > 50, "{} suspends: {notes:?}", s.len());
     assert!(
         s.iter().all(|a| a["reason"]
