@@ -607,3 +607,42 @@ fn the_detail_pane_shows_the_dispatch_mix() {
         &format!("{:<KEY_W$} 25.0%  grid 512x1x1 wg 64x1x1  0xb0", "kernel"),
     );
 }
+
+/// An NVIDIA TSG's row shows its channel activity as the sampler gives it: GPFIFO entries
+/// fetched per second in DISP/S (1500 in a second: 1.5k), entries pending in BKLG (6).
+#[test]
+fn an_nvidia_tsg_shows_its_channel_activity() {
+    use crate::model::{tests::nvidia::rm_alloc, SampleRead};
+    use gpreempt_common::nv::class;
+    let mut st = State::new();
+    for (parent, new, cl, head) in [
+        (0, 0xc1, class::NV01_ROOT_CLIENT, 0),
+        (0xc1, 0x10, class::NV01_DEVICE_0, 0),
+        (0x10, 0x11, class::NV20_SUBDEVICE_0, 0),
+        (0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1),
+        (0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0),
+    ] {
+        st.apply(rm_alloc(1, 4242, 0xc1, parent, new, cl, head));
+    }
+    for (ts, read, write) in [(1_000_000_000, 0, 4), (2_000_000_000, 1500, 1506)] {
+        st.apply(Update::Samples {
+            ts_ns: ts,
+            samples: vec![(
+                4242,
+                0x20,
+                SampleRead::Ids {
+                    read,
+                    write,
+                    packets: Vec::new(),
+                },
+            )],
+        });
+    }
+    let app = App::new("100ms");
+    let b = render(&app, &st, 140, 30);
+    let row = words(&row_with(&b, "tsg-gr"));
+    assert!(
+        has(&row, "1ch") && has(&row, "1.5k") && has(&row, "6"),
+        "{row:?}"
+    );
+}
