@@ -202,6 +202,22 @@ pub const TIMESLICE_PARAMS_SIZE: usize = 8;
 /// 2 HIGH); needs CAP_SYS_NICE or an administrator.
 pub const CTRL_TSG_SET_INTERLEAVE_LEVEL: u32 = 0xa06c_0107;
 
+/// `NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO` on a client (class 0x41): the parent or the
+/// external class of one of the client's objects (`cliresCtrlCmdClientGetHandleInfo_IMPL` in
+/// src/nvidia/src/kernel/rmapi/client_resource.c). Through a duplicate of the process's own fd it
+/// proves that a handle a journal remembers is still that object.
+pub const CTRL_CLIENT_GET_HANDLE_INFO: u32 = 0x0d02;
+/// `NV0000_CTRL_CLIENT_GET_HANDLE_INFO_PARAMS`: `{ NvHandle hObject; NvU32 index; union {
+/// NvHandle hResult; NvU64 iResult; } data; }` (the union 8-aligned).
+pub mod handle_info {
+    pub const H_OBJECT: usize = 0;
+    pub const INDEX: usize = 4;
+    pub const DATA: usize = 8;
+    pub const SIZE: usize = 16;
+    pub const INDEX_PARENT: u32 = 1;
+    pub const INDEX_CLASSID: u32 = 2;
+}
+
 /// NV_STATUS values the tool explains.
 pub mod status {
     pub const OK: u32 = 0;

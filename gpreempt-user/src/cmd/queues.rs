@@ -19,6 +19,9 @@ struct ProcOut<'a> {
     info: Option<&'a ProcInfo>,
     class: Option<&'a str>,
     debugger: Option<u32>,
+    /// Why the tool cannot manage this GPU process (absent when it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unmanaged: Option<&'a str>,
     queues: Vec<&'a Queue>,
 }
 
@@ -40,6 +43,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             info: p.info.as_ref(),
             class: p.class.as_deref(),
             debugger: p.debugger,
+            unmanaged: p.unmanaged.as_deref(),
             queues: p.live_queues().collect(),
         })
         .collect();
@@ -119,7 +123,14 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
         }
         if !any {
             rows += 1;
-            let _ = writeln!(s, "{head} {:>6}", "(no queues)");
+            match &p.unmanaged {
+                Some(why) => {
+                    let _ = writeln!(s, "{head} (unmanaged: {why})");
+                }
+                None => {
+                    let _ = writeln!(s, "{head} {:>6}", "(no queues)");
+                }
+            }
         }
     }
     if rows == 0 {

@@ -637,6 +637,12 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             args.sample_interval,
         ),
     )?;
+    // Before the self-test and the first decision: adopted processes are classified like any.
+    if !args.dry_run && Path::new(gpreempt_common::nv::NVIDIACTL).exists() {
+        for line in w.adopt_nv(&dir, true) {
+            eprintln!("gpreempt-ebpf run: {line}");
+        }
+    }
     let mut backends = backends;
     let mut notices = backends.notices.take();
     let mut arrivals = backends.arrivals.take();
@@ -763,6 +769,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                         ctx.retry_refused(&mut w).await;
                     }
                     if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
+                        if let Err(e) = w.save_nv_log(&dir) {
+                            log::warn!("NVIDIA objects journal: {e:#}");
+                        }
                         let status = ctx.status(&w);
                         if let Err(e) = daemon::write_status(&dir, &status) {
                             log::warn!("{e:#}");

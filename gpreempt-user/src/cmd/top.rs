@@ -197,7 +197,7 @@ impl tui::Source for Top {
 
 pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let ms = Duration::from_millis;
-    let w = Watcher::start(
+    let mut w = Watcher::start(
         Paths::default(),
         g.probe_options(),
         Intervals::from_ms(
@@ -206,6 +206,13 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             args.sample_interval,
         ),
     )?;
+    // CUDA processes already running: what a controller journaled (proven through the driver),
+    // and the rest shown as unmanaged. The lines go to the model's log.
+    if std::path::Path::new(gpreempt_common::nv::NVIDIACTL).exists() {
+        for line in w.adopt_nv(&crate::rundir::run_dir(), false) {
+            log::info!("{line}");
+        }
+    }
     let mut top = Top {
         w,
         kfd_device: g.kfd_device.clone(),

@@ -67,6 +67,7 @@ pub struct Metrics {
     events_degraded: IntGauge,
     audit_failing: IntGauge,
     refused: IntGauge,
+    unmanaged: IntGauge,
     reloads: IntCounterVec,
     watchdog: prometheus::IntCounter,
     online_goal: prometheus::GaugeVec,
@@ -128,6 +129,7 @@ impl Metrics {
             events_degraded: reg(&r, IntGauge::new("events_degraded", "1 while kernel records are being lost and the map leans on sampling.")?)?,
             audit_failing: reg(&r, IntGauge::new("audit_failing", "1 while audit records cannot be written.")?)?,
             refused: reg(&r, IntGauge::new("processes_refused", "Processes the controller cannot act on (see the log).")?)?,
+            unmanaged: reg(&r, IntGauge::new("processes_unmanaged", "GPU processes whose GPU objects the controller does not know (opened the NVIDIA driver before it watched and no journal names them; see the log).")?)?,
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
             watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
@@ -324,6 +326,13 @@ impl Metrics {
         self.audit_failing
             .set(i64::from(status.audit_failing.is_some()));
         self.refused.set(status.refused.len() as i64);
+        self.unmanaged.set(
+            state
+                .procs
+                .values()
+                .filter(|p| p.exited_ns.is_none() && p.unmanaged.is_some())
+                .count() as i64,
+        );
         for a in &status.adaptive {
             let g = gpu_label(a.gpu_id);
             if let Some(t) = a.target_ns {
@@ -611,6 +620,13 @@ mod tests {
             Some(3.0)
         );
         assert_eq!(value(&page, "gpreempt_watchdog_resumes_total"), Some(1.0));
+        assert_eq!(value(&page, "gpreempt_processes_unmanaged"), Some(0.0));
+        st.apply(Update::Unmanaged {
+            pid: 300,
+            why: "opened the NVIDIA driver before the observer attached".into(),
+        });
+        let page = m.render(&st, &status, 5_000_000_000);
+        assert_eq!(value(&page, "gpreempt_processes_unmanaged"), Some(1.0));
         // The process exits: its series leave the next page.
         st.apply(Update::Event(Event::ProcessExit(ProcessExit {
             origin: Origin {

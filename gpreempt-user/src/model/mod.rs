@@ -185,6 +185,14 @@ impl State {
                 self.log(ts_ns, LogKind::Error, 0, None, text);
             }
             Update::Tick { now_ns } => self.tick(now_ns),
+            Update::Unmanaged { pid, why } => {
+                let now = self.now_ns;
+                let p = self.proc_mut(pid, Source::Sysfs, now);
+                if p.unmanaged.as_ref() != Some(&why) {
+                    p.unmanaged = Some(why.clone());
+                    self.log(now, LogKind::Error, pid, None, format!("unmanaged: {why}"));
+                }
+            }
         }
     }
 

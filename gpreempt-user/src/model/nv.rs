@@ -33,6 +33,11 @@ impl Default for NvClient {
 }
 
 impl State {
+    /// Processes with an RM client the model knows.
+    pub fn nv_client_pids(&self) -> std::collections::BTreeSet<u32> {
+        self.nv_objects.keys().map(|&(pid, _)| pid).collect()
+    }
+
     /// What the controller says it changed: exactly the listed TSGs carry a changed timeslice.
     pub(super) fn timeslices(&mut self, list: &[(u32, u32, u64, u64)]) {
         for p in self.procs.values_mut() {

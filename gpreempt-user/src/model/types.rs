@@ -295,6 +295,10 @@ pub struct Process {
     /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
     #[serde(skip)]
     pub kernel_names: crate::kfd::codeobj::KernelNames,
+    /// Why a GPU process is not managed (its RM objects are unknown: it opened the NVIDIA
+    /// driver before the observer attached and no journal named them); None when managed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged: Option<String>,
 }
 
 impl Process {
@@ -312,6 +316,7 @@ impl Process {
             last_launch_ns: None,
             launches: 0,
             kernel_names: Default::default(),
+            unmanaged: None,
         }
     }
     pub fn comm(&self) -> &str {
@@ -413,6 +418,11 @@ pub enum SampleRead {
 pub enum Update {
     /// A KFD event from the eBPF programs.
     Event(Event),
+    /// A GPU process the tool cannot manage, and why (shown, never acted on).
+    Unmanaged {
+        pid: u32,
+        why: String,
+    },
     /// A DBG_TRAP SUSPEND/RESUME_QUEUES by `by` on `target`, with the queue ids it acted on
     /// (read from the caller's array; None when unreadable). Ids carry no status bits.
     Suspended {

@@ -324,6 +324,25 @@ pub fn set_timeslice(fd: BorrowedFd, h_client: u32, h_tsg: u32, us: u64) -> Resu
     Ok(t0.elapsed())
 }
 
+/// `NV0000_CTRL_CMD_CLIENT_GET_HANDLE_INFO`: the parent handle (`INDEX_PARENT`) or the
+/// external class (`INDEX_CLASSID`) of `h_object` in client `h_client`, asked through `fd`,
+/// which must be the file the client was made on (a duplicate of the owner's fd is).
+pub fn handle_info(fd: BorrowedFd, h_client: u32, h_object: u32, index: u32) -> Result<u64> {
+    use nv::handle_info as hi;
+    let mut p = [0u8; hi::SIZE];
+    p[hi::H_OBJECT..hi::H_OBJECT + 4].copy_from_slice(&h_object.to_le_bytes());
+    p[hi::INDEX..hi::INDEX + 4].copy_from_slice(&index.to_le_bytes());
+    rm_control_ok(
+        fd,
+        h_client,
+        h_client,
+        nv::CTRL_CLIENT_GET_HANDLE_INFO,
+        &mut p,
+    )
+    .with_context(|| format!("asking about handle {h_object:#x} of client {h_client:#x}"))?;
+    Ok(nv::u64_at(&p, hi::DATA))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

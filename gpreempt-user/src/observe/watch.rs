@@ -1,7 +1,7 @@
 //! The live map: eBPF events applied to the model as they arrive, reconciled with sysfs, debugfs
 //! `hqds`/`mqds` and the queues' own dispatch ids on their intervals. `top` and `queues` read it.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use gpreempt_common::kfd::{self, dbg_op};
@@ -84,6 +84,8 @@ pub struct Watcher {
     applied: [u64; APPLIED.len()],
     /// NVIDIA channels' GP_GET / GP_PUT, read from their USERD.
     pub channels: crate::nv::activity::ChannelSampler,
+    /// The NVIDIA objects journal (`run` only): what a restarted controller adopts.
+    nv_log: Option<crate::nv::adopt::ObjectLog>,
 }
 
 impl Watcher {
@@ -124,6 +126,7 @@ impl Watcher {
             names: Default::default(),
             applied: [0; APPLIED.len()],
             channels: Default::default(),
+            nv_log: None,
         })
     }
 
@@ -475,6 +478,12 @@ impl Watcher {
             }
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
+                if let Some(log) = self.nv_log.as_mut() {
+                    log.note(n);
+                }
+            }
+            if let (Event::ProcessExit(x), Some(log)) = (&ev, self.nv_log.as_mut()) {
+                log.exited(x.origin.pid);
             }
             if let Event::Ioctl(i) = &ev {
                 pids.push(i.origin.pid);
@@ -510,6 +519,56 @@ impl Watcher {
             if new {
                 self.proc_info(pid);
             }
+        }
+    }
+
+    /// Adopts the NVIDIA processes a previous controller journaled in `dir`, each proven through
+    /// the driver ([`crate::nv::adopt`]), marks the processes holding the driver that nothing
+    /// explains as unmanaged, and (`journal`: `run`) journals from now on. Lines for the log.
+    pub fn adopt_nv(&mut self, dir: &Path, journal: bool) -> Vec<String> {
+        use crate::nv::adopt;
+        let mut lines = Vec::new();
+        let mut log = adopt::ObjectLog::default();
+        match adopt::load(dir) {
+            Ok(j) if !j.is_empty() => {
+                let journaled = j.len();
+                let mut host = adopt::RealHost {
+                    proc_root: &self.paths.proc,
+                };
+                let a = adopt::adopt(j, &mut host, monotonic_ns());
+                lines.push(format!(
+                    "NVIDIA: adopted {} running process(es) with {} TSG(s) from {} \
+                     ({journaled} journaled; each proven through the driver)",
+                    a.kept.len(),
+                    a.tsgs(),
+                    dir.join(adopt::FILE).display()
+                ));
+                for (pid, why) in &a.refused {
+                    lines.push(format!("pid {pid}: not adopted: {why}"));
+                }
+                log.adopted(&a.kept);
+                self.batch.extend(a.events.into_iter().map(Event::Nv));
+                self.apply_events();
+            }
+            Ok(_) => {}
+            Err(e) => lines.push(format!("NVIDIA objects journal not used: {e:#}")),
+        }
+        self.nv_log = journal.then_some(log);
+        let known = self.state.nv_client_pids();
+        for (pid, why) in adopt::unexplained(&self.paths.proc, &known, std::process::id()) {
+            lines.push(format!("pid {pid}: unmanaged: {why}"));
+            self.state.apply(Update::Unmanaged { pid, why });
+            self.proc_info(pid);
+        }
+        lines
+    }
+
+    /// Writes the NVIDIA objects journal if it changed (after [`Self::adopt_nv`]).
+    pub fn save_nv_log(&mut self, dir: &Path) -> Result<()> {
+        let proc_root = self.paths.proc.clone();
+        match self.nv_log.as_mut() {
+            Some(log) => log.save(dir, |pid| procinfo::start_time(&proc_root, pid).ok()),
+            None => Ok(()),
         }
     }
 

@@ -63,6 +63,26 @@ impl Journal {
         })
     }
 
+    /// [`Self::lock`], waiting up to `wait` for a live owner to let go: a restarted controller's
+    /// guardian starts while its predecessor's guardian may still be undoing what it held (its
+    /// controller was killed). Waiting for it means the new controller reads each timeslice's
+    /// original only after the old change is undone (no original recorded from a lowered value,
+    /// so no lost restore), and finds the journal emptied or, if the old guardian died mid-way,
+    /// the rest to recover (no double restore of a later change).
+    pub fn lock_within(&self, wait: std::time::Duration) -> Result<Flock<File>> {
+        let end = std::time::Instant::now() + wait;
+        loop {
+            match self.lock() {
+                Ok(l) => return Ok(l),
+                Err(e) if std::time::Instant::now() >= end => return Err(e),
+                Err(e) if e.to_string().contains("live guardian") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// The entries (none when the file does not exist). An unreadable line (a write torn by a
     /// crash) is skipped with a warning.
     pub fn read(&self) -> Result<Vec<HoldEntry>> {

@@ -55,6 +55,10 @@ use serde::{Deserialize, Serialize};
 
 use super::rm::Channels;
 
+/// How long a starting guardian waits for its predecessor to finish undoing (well within the
+/// controller's 30 s wait for `ready`).
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+
 mod handle;
 mod holds;
 mod journal;
@@ -206,8 +210,9 @@ pub fn main(args: &Args) -> Result<ExitCode> {
 
     let mut out = io::stdout().lock();
     let journal = Journal::new(&args.journal);
+    // A predecessor's guardian may still be undoing its holds: wait for it (bounded).
     let started = journal
-        .lock()
+        .lock_within(LOCK_WAIT)
         .and_then(|lock| Ok((lock, Guardian::new(Rm, journal.clone())?)));
     let started = started.and_then(|(lock, mut g)| {
         if let Some(pid) = args.kill_on_expiry {

@@ -156,7 +156,23 @@ fn journal_round_trip() {
     let l = j.lock().unwrap();
     assert!(j.lock().unwrap_err().to_string().contains("live guardian"));
     assert!(recover(j.path()).is_empty());
-    drop(l);
+    // A starting guardian waits for a predecessor that is still undoing, within its bound.
+    let t0 = std::time::Instant::now();
+    let e = j.lock_within(Duration::from_millis(150)).unwrap_err();
+    assert!(e.to_string().contains("live guardian"), "{e}");
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(l);
+    });
+    let t0 = std::time::Instant::now();
+    let _l = j.lock_within(Duration::from_secs(5)).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(150),
+        "it waited for the release"
+    );
+    releaser.join().unwrap();
+    drop(_l);
     j.lock().unwrap();
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -460,6 +460,9 @@ pub fn proc_state_label(p: &Process) -> &'static str {
     if p.exited_ns.is_some() {
         return "exited";
     }
+    if p.unmanaged.is_some() && p.live_queues().next().is_none() {
+        return "unmanaged";
+    }
     proc_queue_state(p).map_or("-", QueueState::label)
 }
 

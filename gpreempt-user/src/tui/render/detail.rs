@@ -226,6 +226,12 @@ fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
             format!("{} live, {total} listed", app::live_count(p)),
         ),
         ("dispatch/s", fmt_rate(app::proc_rate(p))),
+        (
+            "managed",
+            p.unmanaged
+                .as_ref()
+                .map_or_else(|| "yes".into(), |why| format!("no: {why}")),
+        ),
         ("ns pid", opt(info.and_then(|i| i.ns_pid))),
         ("uid", opt(info.and_then(|i| i.uid))),
         (
