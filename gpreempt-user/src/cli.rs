@@ -40,6 +40,8 @@ pub enum Command {
     Resume(cmd::manual::ResumeArgs),
     /// Is this host ready, and what to change if not.
     Doctor(cmd::doctor::Args),
+    /// Policy files: `policy check FILE...` validates them as `run` would (no root, no GPU).
+    Policy(cmd::policy::Args),
     /// Resumes NVIDIA channels a dead controller paused (started by the controller).
     #[command(hide = true)]
     NvGuardian(crate::nv::guardian::Args),
@@ -164,6 +166,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Suspend(args) => rt()?.block_on(cmd::manual::suspend(g, args)),
         Command::Resume(args) => rt()?.block_on(cmd::manual::resume(g, args)),
         Command::Doctor(args) => cmd::doctor::main(g, args),
+        Command::Policy(args) => cmd::policy::main(args),
         Command::NvGuardian(args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(args) => rt()?.block_on(crate::nv::pausetest::main(args)),
         Command::KfdCycles(args) => rt()?.block_on(crate::kfd::cycles::main(g, args)),

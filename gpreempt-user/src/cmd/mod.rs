@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod manual;
+pub mod policy;
 pub mod queues;
 pub mod run;
 pub mod sim;
