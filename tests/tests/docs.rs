@@ -155,8 +155,8 @@ fn every_toml_block_in_the_docs_passes_policy_check() {
                 }
                 continue;
             }
-            match b.marker.as_deref() {
-                Some(m) => match m.strip_prefix("fragment:").map(str::trim) {
+            if let Some(m) = b.marker.as_deref() {
+                match m.strip_prefix("fragment:").map(str::trim) {
                     Some(why) if !why.is_empty() => {
                         skipped.push(format!("{name}:{}", b.fence));
                         continue;
@@ -165,8 +165,7 @@ fn every_toml_block_in_the_docs_passes_policy_check() {
                         "{name}:{}: marker {m:?}: write `<!-- policy: fragment: WHY -->`",
                         b.fence - 1
                     )),
-                },
-                None => {}
+                }
             }
             checked.push(format!("{name}:{}", b.fence));
             failures.extend(problems(&name, b.fence, &b.text, false));
