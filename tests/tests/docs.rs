@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use gpreempt_user::cmd::policy::{check_text, host_group};
 use gpreempt_user::policy::LintKind;
+use tests::{join_lexically, md_anchors, md_links};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -232,6 +233,42 @@ fn every_example_file_passes_policy_check_without_warnings() {
 }
 
 #[test]
+fn every_relative_link_in_readme_and_docs_resolves_with_its_anchor() {
+    let mut broken = Vec::new();
+    let mut seen = 0;
+    for md in markdown() {
+        let name = md.display().to_string();
+        let path = repo().join(&md);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let dir = path.parent().expect("a file's directory");
+        for (line, link) in md_links(&text) {
+            seen += 1;
+            let (file, anchor) = match link.split_once('#') {
+                Some((f, a)) => (f, Some(a)),
+                None => (link.as_str(), None),
+            };
+            let target = if file.is_empty() {
+                path.clone()
+            } else {
+                join_lexically(dir, file)
+            };
+            if !target.exists() {
+                broken.push(format!("{name}:{line}: {link}: no such file"));
+                continue;
+            }
+            if let (Some(a), true) = (anchor, target.extension().is_some_and(|x| x == "md")) {
+                let t = std::fs::read_to_string(&target).expect("a markdown file");
+                if !md_anchors(&t).contains(a) {
+                    broken.push(format!("{name}:{line}: {link}: no heading makes #{a}"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    assert!(seen > 50, "only {seen} links found");
+}
+
+#[test]
 fn the_extractor_finds_fences_markers_and_lines() {
     let md = "intro\n\n```toml\n[policy]\n```\n\n<!-- policy: fragment: only rules -->\n\
               ```toml\n[[rule]]\n```\n\n- item\n\n  ```\n  [[rule]]\n  ```\n\
@@ -254,4 +291,24 @@ fn the_extractor_finds_fences_markers_and_lines() {
     let p = problems("x.md", 0, spoof, false);
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(problems("x.toml", 0, spoof, true).len(), 2);
+    // Links and the anchors headings make.
+    let md = "# Top `cmd` --json\n\n## Top `cmd` --json\n[a](b.md#top-cmd---json) [u](https://x) \
+              [s](#top-cmd---json-1)\n```\n[not](a link)\n# not a heading\n```\n";
+    assert_eq!(
+        md_links(md),
+        [
+            (4, "b.md#top-cmd---json".to_string()),
+            (4, "#top-cmd---json-1".to_string())
+        ]
+    );
+    let a = md_anchors(md);
+    assert!(
+        a.contains("top-cmd---json") && a.contains("top-cmd---json-1"),
+        "{a:?}"
+    );
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(
+        join_lexically(Path::new("/r/docs"), "../examples/./x.toml"),
+        Path::new("/r/examples/x.toml")
+    );
 }
