@@ -268,6 +268,96 @@ fn every_relative_link_in_readme_and_docs_resolves_with_its_anchor() {
     assert!(seen > 50, "only {seen} links found");
 }
 
+/// Every `"action"` the controller writes to the audit file is in controller.md's audit table.
+#[test]
+fn every_audit_action_the_controller_writes_is_documented() {
+    let code = std::fs::read_to_string(repo().join("gpreempt-user/src/cmd/run.rs"))
+        .expect("gpreempt-user/src/cmd/run.rs");
+    let doc = std::fs::read_to_string(repo().join("docs/controller.md")).expect("controller.md");
+    let table = doc
+        .split("### Audit log")
+        .nth(1)
+        .and_then(|t| t.split("\n## ").next())
+        .expect("controller.md's audit section");
+    // Literal actions (`"action": "adapt"`) and the decisions' serialized `Action`s.
+    let mut actions: Vec<String> = code
+        .split("\"action\": \"")
+        .skip(1)
+        .filter_map(|t| t.split('"').next())
+        .map(str::to_owned)
+        .collect();
+    actions.extend(["suspend".into(), "resume".into()]);
+    actions.sort();
+    actions.dedup();
+    assert!(actions.len() >= 5, "{actions:?}");
+    for a in &actions {
+        assert!(
+            table.contains(&format!("| `{a}`")) || table.contains(&format!(", `{a}`")),
+            "audit action {a:?} (cmd/run.rs) is not in docs/controller.md's audit table"
+        );
+    }
+}
+
+/// The Debian packages `cargo xtask test` installs are those CI installs and the README and
+/// docs/testing.md name.
+#[test]
+fn the_test_package_lists_agree() {
+    let read =
+        |p: &str| std::fs::read_to_string(repo().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let xtask = read("xtask/src/main.rs");
+    let body = xtask
+        .split("fn test_packages()")
+        .nth(1)
+        .and_then(|t| t.split("])").next())
+        .expect("test_packages in xtask/src/main.rs");
+    let pkgs: Vec<&str> = body
+        .split("(\"")
+        .skip(1)
+        .filter_map(|t| t.split('"').next())
+        .collect();
+    assert!(pkgs.len() >= 10, "{pkgs:?}");
+    let ci = read(".ci/run");
+    let install = ci
+        .lines()
+        .skip_while(|l| !l.contains("apt-get install"))
+        .take_while(|l| !l.contains("cargo xtask ci"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // The parenthesised list after "Debian packages the tests use".
+    let listed = |name: &str| -> Vec<String> {
+        let text = read(name);
+        let after = text
+            .split("Debian packages the tests use")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{name}: no \"Debian packages the tests use\""));
+        let list = after
+            .split_once('(')
+            .and_then(|(_, t)| t.split_once(')'))
+            .map(|(l, _)| l)
+            .unwrap_or_else(|| panic!("{name}: no list after \"Debian packages the tests use\""));
+        list.split([',', ':', ' ', '\n'])
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (readme, testing) = (listed("README.md"), listed("docs/testing.md"));
+    for p in &pkgs {
+        assert!(
+            install.split_whitespace().any(|w| w == *p),
+            ".ci/run does not install {p}"
+        );
+        assert!(
+            readme.iter().any(|w| w == p),
+            "README.md does not list {p}: {readme:?}"
+        );
+        assert!(
+            testing.iter().any(|w| w == p),
+            "docs/testing.md does not list {p}: {testing:?}"
+        );
+    }
+}
+
 #[test]
 fn the_extractor_finds_fences_markers_and_lines() {
     let md = "intro\n\n```toml\n[policy]\n```\n\n<!-- policy: fragment: only rules -->\n\
