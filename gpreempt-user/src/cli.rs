@@ -12,7 +12,14 @@ use crate::cmd::{self, Global};
 #[command(
     name = "gpreempt-ebpf",
     version,
-    about = "Watch and preempt AMD GPU compute queues (amdkfd) with eBPF"
+    about = "Watch and preempt GPU compute queues with eBPF: AMD (amdkfd) and NVIDIA (RM)",
+    long_about = "Watch and preempt GPU compute queues with eBPF: AMD (amdkfd) and NVIDIA (RM).\n\n\
+        eBPF programs see every GPU process's driver calls (KFD ioctls on AMD, resource-manager \
+        escapes on NVIDIA); `top`, `queues` and `trace` show the host's queues, and `run` makes \
+        offline (best-effort) work yield while online work runs, by policy: on AMD it suspends \
+        their KFD queues through the debug-trap ioctls, on NVIDIA it shortens their hardware \
+        timeslice or pauses their channels. `sim` is an emulated AMD GPU to try it all on.",
+    after_long_help = DOCS
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -21,25 +28,37 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Where the documentation is, for `--help` and the man pages.
+const DOCS: &str = "Documentation: README.md and docs/ (policy.md, controller.md, \
+    observability.md, nvidia.md, ...) in the source tree; the Debian package installs them in \
+    /usr/share/doc/gpreempt-ebpf, with example policies in its examples/. `gpreempt-ebpf \
+    doctor` says whether this host is ready.";
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Live view of every GPU compute queue: processes, queues, HQD slots, state, activity.
+    /// Live view of every GPU compute queue (AMD KFD queues, NVIDIA TSGs and channels):
+    /// processes, classes, queues, HQD slots, state, activity.
     Top(cmd::top::Args),
-    /// The PID -> queue -> HQD map once, as a table or JSON.
+    /// The PID -> queue -> HQD map once, as a table or JSON (AMD: read from sysfs, debugfs and
+    /// process memory; loads no eBPF).
     Queues(cmd::queues::Args),
-    /// Print KFD events (queue create/destroy/update, debug-trap calls, process exits) live.
+    /// Print GPU driver events live: KFD ioctls (queue create/destroy/update, debug-trap calls),
+    /// NVIDIA RM escapes (allocs, frees, controls) and GPU processes' exits.
     Trace(cmd::trace::Args),
     /// Run an emulated AMD GPU (KFD) and commands against it (default: the demo).
     Sim(cmd::sim::Args),
-    /// The controller: classify processes by a policy and suspend offline queues while online
-    /// work runs.
+    /// The controller: classify processes by a policy and make offline GPU work yield while
+    /// online work runs (AMD: KFD queue suspend; NVIDIA: hardware timeslice or channel pause).
     Run(cmd::run::Args),
-    /// Suspend a process's queues (held until Ctrl-C, `resume`, --for or --max-suspend).
+    /// Suspend a process's queues (held until Ctrl-C, `resume`, --for or --max-suspend; NVIDIA
+    /// processes through a running `run`).
     Suspend(cmd::manual::SuspendArgs),
     /// Resume a process's queues.
     Resume(cmd::manual::ResumeArgs),
     /// Is this host ready, and what to change if not.
     Doctor(cmd::doctor::Args),
+    /// Policy files: `policy check FILE...` validates them as `run` would (no root, no GPU).
+    Policy(cmd::policy::Args),
     /// Resumes NVIDIA channels a dead controller paused (started by the controller).
     #[command(hide = true)]
     NvGuardian(crate::nv::guardian::Args),
@@ -65,6 +84,18 @@ pub enum Generate {
     Completions { shell: clap_complete::Shell },
 }
 
+/// One page for `cmd` (named `name`) and one per visible subcommand, nested ones included
+/// (`gpreempt-ebpf-policy-check`), each named by its path.
+fn man_pages(cmd: &clap::Command, name: &str, out: &mut Vec<(String, clap::Command)>) {
+    out.push((name.to_string(), cmd.clone().name(name.to_string())));
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        man_pages(sub, &format!("{name}-{}", sub.get_name()), out);
+    }
+}
+
 /// Writes the man pages or the completions `g` asks for.
 fn generate(g: &Generate) -> Result<ExitCode> {
     use clap::CommandFactory as _;
@@ -73,17 +104,8 @@ fn generate(g: &Generate) -> Result<ExitCode> {
         Generate::Man { dir } => {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             cmd.build();
-            let mut pages = vec![(cmd.get_name().to_string(), cmd.clone())];
-            for sub in cmd
-                .get_subcommands()
-                .filter(|s| !s.is_hide_set() && s.get_name() != "help")
-            {
-                pages.push((
-                    format!("{}-{}", cmd.get_name(), sub.get_name()),
-                    sub.clone()
-                        .name(format!("{}-{}", cmd.get_name(), sub.get_name())),
-                ));
-            }
+            let mut pages = Vec::new();
+            man_pages(&cmd, cmd.get_name(), &mut pages);
             for (name, page) in pages {
                 let path = dir.join(format!("{name}.1"));
                 let mut out = Vec::new();
@@ -164,6 +186,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Suspend(args) => rt()?.block_on(cmd::manual::suspend(g, args)),
         Command::Resume(args) => rt()?.block_on(cmd::manual::resume(g, args)),
         Command::Doctor(args) => cmd::doctor::main(g, args),
+        Command::Policy(args) => cmd::policy::main(args),
         Command::NvGuardian(args) => crate::nv::guardian::main(args),
         Command::NvPauseTest(args) => rt()?.block_on(crate::nv::pausetest::main(args)),
         Command::KfdCycles(args) => rt()?.block_on(crate::kfd::cycles::main(g, args)),

@@ -1,6 +1,6 @@
 //! `gpreempt-ebpf trace`: the event stream as readable lines or JSON Lines.
 //!
-//! Field names follow kfd_ioctl.h; see README "trace JSON schema".
+//! Field names follow kfd_ioctl.h; the schema is in docs/observability.md.
 
 use std::io::Write;
 
@@ -385,7 +385,7 @@ fn write_fields<W: Write>(w: &mut W, fields: Vec<(&'static str, Val)>) -> std::i
     Ok(())
 }
 
-/// Writes one JSON object per event (the README documents the schema). Written field by field:
+/// Writes one JSON object per event (docs/observability.md documents the schema). Written field by field:
 /// building a `serde_json::Value` per event was the bottleneck of the consumer.
 pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
     let o = ev.origin();

@@ -445,3 +445,83 @@ pub fn assert_nothing_left() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// The links of a markdown text outside fenced blocks: (1-based line, target) for every
+/// `](target)` whose target is not a URL (`scheme:`); same-page anchors (`#x`) included.
+pub fn md_links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let tail = &rest[at + 2..];
+            let Some(end) = tail.find(')') else { break };
+            let target = &tail[..end];
+            let scheme = target
+                .split_once(':')
+                .is_some_and(|(s, _)| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphabetic()));
+            if !target.is_empty() && !scheme {
+                out.push((i + 1, target.to_string()));
+            }
+            rest = &tail[end..];
+        }
+    }
+    out
+}
+
+/// The anchors GitHub makes for a markdown text's headings (outside fenced blocks): lower case,
+/// punctuation but `-` and `_` dropped, spaces to `-`, repeats numbered `-1`, `-2`, ...
+pub fn md_anchors(text: &str) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let Some(title) = line.strip_prefix('#').map(|t| t.trim_start_matches('#')) else {
+            continue;
+        };
+        if fenced || !title.starts_with(' ') {
+            continue;
+        }
+        let slug: String = title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut name = slug.clone();
+        let mut n = 0;
+        while out.contains(&name) {
+            n += 1;
+            name = format!("{slug}-{n}");
+        }
+        out.insert(name);
+    }
+    out
+}
+
+/// `base` joined with a relative `link` path, `.` and `..` resolved lexically (the target need
+/// not exist).
+pub fn join_lexically(base: &Path, link: &str) -> PathBuf {
+    let mut out = base.to_path_buf();
+    for part in link.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            p => out.push(p),
+        }
+    }
+    out
+}

@@ -89,6 +89,101 @@ fn exec_start(unit: &str) -> String {
     exec
 }
 
+const DOC: &str = "/usr/share/doc/gpreempt-ebpf";
+
+/// Every file of docs/ and every example policy of the tree is installed under DOC as it is
+/// here; the links of the installed README and docs reach installed files (but those into the
+/// source tree, which the package does not ship); the installed binary accepts every installed
+/// example; the main man page names the vendors and where the docs are.
+fn assert_docs_installed() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut shipped = Vec::new();
+    walk(&repo.join("docs"), &mut shipped);
+    let mut examples = Vec::new();
+    walk(&repo.join("examples"), &mut examples);
+    examples.retain(|p| p.extension().is_some_and(|x| x == "toml"));
+    assert!(shipped.len() > 10 && examples.len() >= 5);
+    shipped.push(repo.join("README.md"));
+    shipped.extend(examples.iter().cloned());
+    for src in &shipped {
+        let rel = src.strip_prefix(repo).unwrap();
+        let installed = Path::new(DOC).join(rel);
+        let got = std::fs::read(&installed)
+            .unwrap_or_else(|e| panic!("{} not installed: {e}", installed.display()));
+        assert_eq!(got, std::fs::read(src).unwrap(), "{}", installed.display());
+    }
+
+    const SOURCE_ONLY: [&str; 3] = ["packaging/", "gpreempt-user/", "scripts/"];
+    let mut broken = Vec::new();
+    let mut md: Vec<PathBuf> = vec![Path::new(DOC).join("README.md")];
+    md.extend(
+        std::fs::read_dir(Path::new(DOC).join("docs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md")),
+    );
+    for f in &md {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (line, link) in tests::md_links(&text) {
+            let file = link.split('#').next().unwrap_or("");
+            if file.is_empty() {
+                continue;
+            }
+            let target = tests::join_lexically(f.parent().unwrap(), file);
+            let in_doc = target.strip_prefix(DOC).map(|r| r.display().to_string());
+            if in_doc
+                .as_ref()
+                .is_ok_and(|r| SOURCE_ONLY.iter().any(|s| r.starts_with(s)))
+            {
+                continue;
+            }
+            if in_doc.is_err() || !target.is_file() {
+                broken.push(format!("{}:{line}: {link}", f.display()));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "dead links once installed:\n{}",
+        broken.join("\n")
+    );
+
+    let installed_examples: Vec<PathBuf> = examples
+        .iter()
+        .map(|e| Path::new(DOC).join(e.strip_prefix(repo).unwrap()))
+        .collect();
+    let out = sh(Command::new("/usr/bin/gpreempt-ebpf")
+        .args(["policy", "check"])
+        .args(&installed_examples));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "installed examples: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        installed_examples.len()
+    );
+
+    let out = sh(Command::new("zcat").arg("/usr/share/man/man1/gpreempt-ebpf.1.gz"));
+    // roff escapes every '-'.
+    let page = String::from_utf8_lossy(&out.stdout).replace("\\-", "-");
+    assert!(
+        page.contains("NVIDIA") && page.contains("amdkfd") && page.contains(DOC),
+        "{page}"
+    );
+}
+
 #[test]
 fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
     let _one = serial();
@@ -121,10 +216,12 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
         "/usr/share/bash-completion/completions/gpreempt-ebpf",
         "/usr/share/zsh/vendor-completions/_gpreempt-ebpf",
         "/usr/share/doc/gpreempt-ebpf/examples/resnet-online-offline.toml",
+        "/usr/share/man/man1/gpreempt-ebpf-policy-check.1.gz",
         UNIT,
     ] {
         assert!(Path::new(f).exists(), "{f} not installed");
     }
+    assert_docs_installed();
     // Under systemd (JOURNAL_STREAM set) log lines carry their syslog priority, no colour.
     let out = sh(Command::new("/usr/bin/gpreempt-ebpf")
         .args(["-v", "trace", "--duration", "0.3", "--output", "/dev/null"])

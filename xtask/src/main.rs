@@ -40,7 +40,7 @@ enum Task {
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
     /// Build the Debian package (target/debian/gpreempt-ebpf_VERSION_amd64.deb): the binary, the
-    /// systemd unit, example policies, man pages, shell completions.
+    /// systemd unit, README, docs/ and example policies, man pages, shell completions.
     Package {
         /// Package the debug build instead of the release build.
         #[arg(long)]

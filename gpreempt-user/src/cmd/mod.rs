@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod manual;
+pub mod policy;
 pub mod queues;
 pub mod run;
 pub mod sim;
@@ -30,8 +31,11 @@ pub struct Global {
         value_name = "PATH"
     )]
     pub nvidia_device: Vec<PathBuf>,
-    /// Where KFD ioctl events come from: `auto` takes the kprobe pair on kfd_ioctl where kprobes
-    /// reach it (no other ioctl on the host runs a program), else the syscall tracepoints.
+    /// Where GPU ioctl events come from. `auto`: a pair on the driver's ioctl entry (amdkfd's
+    /// `kfd_ioctl`, NVIDIA's `nvidia_unlocked_ioctl`), fentry/fexit where the module has BTF and
+    /// trampolines, else kprobes, so no other ioctl on the host runs a program; else
+    /// the syscall tracepoints. `fentry` and `kprobe` insist on that pair for KFD; `tracepoint`
+    /// forces the tracepoints for both vendors.
     #[arg(
         long,
         global = true,

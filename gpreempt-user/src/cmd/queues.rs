@@ -1,5 +1,5 @@
 //! `gpreempt-ebpf queues`: the PID -> queue -> HQD map once, as a table or JSON (schema in
-//! README "queues JSON").
+//! docs/observability.md, "queues --json").
 
 use std::{fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
 
@@ -144,7 +144,7 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// One JSON document (schema in README).
+    /// One JSON document (schema in docs/observability.md).
     #[arg(long)]
     pub json: bool,
     /// Time between the two reads of dispatch ids that give dispatch rates (ms).

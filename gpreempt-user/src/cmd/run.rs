@@ -36,7 +36,7 @@ use crate::{
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The policy file (TOML; see examples/ and README).
+    /// The policy file (TOML: docs/policy.md, examples/; `policy check FILE` validates it).
     #[arg(long, value_name = "FILE")]
     pub policy: std::path::PathBuf,
     /// Decide and log, act on nothing.
@@ -54,7 +54,7 @@ pub struct Args {
     /// How often to reconcile with sysfs and /proc (ms).
     #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
     pub reconcile_interval: u64,
-    /// How often to read debugfs `hqds` (ms).
+    /// How often to read debugfs `hqds` for HQD slots (ms; AMD).
     #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub hqd_interval: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; off by default).

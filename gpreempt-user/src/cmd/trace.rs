@@ -24,7 +24,7 @@ use crate::{
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// JSON Lines, one object per event (schema in README).
+    /// JSON Lines, one object per event (schema in docs/observability.md).
     #[arg(long)]
     pub json: bool,
     /// Only this process (thread group id; filtered in the kernel).
@@ -42,14 +42,15 @@ pub struct Args {
     /// Show the eBPF programs' own diagnostics (aya-log) on stderr.
     #[arg(long)]
     pub ebpf_log: bool,
-    /// Launch hints: uprobes on the HIP/HSA launch entry points of every KFD process seen (or
-    /// only of --pid).
+    /// Launch hints: uprobes on the launch entry points (HIP/HSA, libcuda) of every GPU process
+    /// seen (or only of --pid).
     #[arg(long)]
     pub launches: bool,
     /// At most one launch hint per process per this many ms (0: every launch).
     #[arg(long, value_name = "MS", default_value_t = 1.0)]
     pub launch_gap: f64,
-    /// Only the ioctl tracepoints: no kprobes / fentry on amdkfd.
+    /// No kernel-internal probes on amdkfd (kprobes / fentry on its queue functions); ioctls
+    /// still come from --ioctl-source.
     #[arg(long)]
     pub no_kernel_probes: bool,
     /// Drop a process's records beyond PER_S a second (bursts of BURST) in the kernel, counted

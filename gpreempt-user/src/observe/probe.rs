@@ -44,7 +44,7 @@ pub struct ProbeOptions {
     pub nvidia_devices: Vec<PathBuf>,
     /// Per-process limit of ioctl records: (per second, burst); None: unlimited.
     pub rate_limit: Option<(u32, u32)>,
-    /// Where KFD ioctl records come from.
+    /// Where GPU ioctl records come from (`--ioctl-source`).
     pub ioctl_source: IoctlSource,
 }
 
@@ -62,7 +62,8 @@ pub enum IoctlSource {
     /// The kprobe + kretprobe pair on `kfd_ioctl` (amdkfd's own dispatcher: no other ioctl on
     /// the host runs a program); an error where it cannot attach.
     Kprobe,
-    /// The syscall tracepoints (every ioctl on the host runs the filter).
+    /// The syscall tracepoints, for KFD and NVIDIA alike (every ioctl on the host runs the
+    /// filter).
     Tracepoint,
 }
 

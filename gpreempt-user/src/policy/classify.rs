@@ -65,11 +65,42 @@ impl Rule {
     }
 }
 
+/// What a [`Lint`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LintKind {
+    /// No process can be both online and offline work: the controller never suspends anything.
+    NeverActs,
+    /// A rule on `comm`/`cmdline` alone: a process can claim or dodge it by renaming itself.
+    Spoofable,
+    /// A rule on `pid`: it names one process instance, and the pid is reused once that exits.
+    Pid,
+}
+
+/// Something valid but probably wrong in a policy: the file parses, the controller would run it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lint {
+    pub kind: LintKind,
+    /// The line it is about (a rule's `[[rule]]` header; 1 for the file as a whole).
+    pub line: usize,
+    /// The rule it is about (1-based), if any.
+    pub rule: Option<usize>,
+    /// What is wrong, without the file, line or rule number.
+    pub text: String,
+}
+
+impl Lint {
+    /// `file:LINE: warning: ...`, as `policy check` prints it.
+    pub fn located(&self, source: &str) -> String {
+        match self.rule {
+            Some(n) => format!("{source}:{}: warning: rule {n} {}", self.line, self.text),
+            None => format!("{source}:{}: warning: {}", self.line, self.text),
+        }
+    }
+}
+
 impl Policy {
-    /// Rules any local user can satisfy or dodge by renaming a process: one line each, for
-    /// `run` to print at start. An online or ignore rule on `comm`/`cmdline` alone lets any
-    /// process claim that class; an offline one lets an offline job leave it for the default.
-    pub fn trust_warnings(&self) -> Vec<String> {
+    /// Everything [`Policy::trust_warnings`] names, and rules on `pid`, with their lines.
+    pub fn lints(&self) -> Vec<Lint> {
         let mut out = Vec::new();
         // Nothing to act on: an empty file (or one without rules) is most likely a mistake.
         let classes: Vec<Class> = self
@@ -79,39 +110,75 @@ impl Policy {
             .chain([self.default_class])
             .collect();
         if !(classes.contains(&Class::Online) && classes.contains(&Class::Offline)) {
-            out.push(format!(
-                "{}: {} rule(s) and default {}: no process can be both online and offline work \
-                 here, so the controller will never suspend anything",
-                self.source,
-                self.rules.len(),
-                self.default_class.label()
-            ));
+            out.push(Lint {
+                kind: LintKind::NeverActs,
+                line: 1,
+                rule: None,
+                text: format!(
+                    "{} rule(s) and default {}: no process can be both online and offline work \
+                     here, so the controller will never suspend anything",
+                    self.rules.len(),
+                    self.default_class.label()
+                ),
+            });
         }
-        out.extend(self.rules
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| !r.pins_identity())
-            .filter_map(|(i, r)| {
-                let what = match r.class {
-                    Class::Online | Class::Ignore => format!(
-                        "any local user can name a process to match it and be classed {}",
+        for (i, r) in self.rules.iter().enumerate() {
+            if let Some(pid) = r.pid {
+                out.push(Lint {
+                    kind: LintKind::Pid,
+                    line: r.line,
+                    rule: Some(i + 1),
+                    text: format!(
+                        "matches pid {pid}: a pid names one process until it exits, then the \
+                         kernel gives it to another one, which this rule classes {} (pids are \
+                         the host's, not a container's); pin uid, gid, cgroup or pod instead",
                         r.class.label()
                     ),
-                    Class::Offline if self.default_class != Class::Offline => format!(
-                        "an offline job can rename itself out of it and be classed {} (the default)",
-                        self.default_class.label()
-                    ),
-                    Class::Offline => return None,
-                };
-                Some(format!(
-                    "{}: rule {} (line {}) matches only on comm/cmdline, which a process sets \
-                     itself: {what}; add uid, gid or cgroup",
-                    self.source,
-                    i + 1,
-                    r.line
-                ))
-            }));
+                });
+            }
+            if r.pins_identity() {
+                continue;
+            }
+            let what = match r.class {
+                Class::Online | Class::Ignore => format!(
+                    "any local user can name a process to match it and be classed {}",
+                    r.class.label()
+                ),
+                Class::Offline if self.default_class != Class::Offline => format!(
+                    "an offline job can rename itself out of it and be classed {} (the default)",
+                    self.default_class.label()
+                ),
+                Class::Offline => continue,
+            };
+            out.push(Lint {
+                kind: LintKind::Spoofable,
+                line: r.line,
+                rule: Some(i + 1),
+                text: format!(
+                    "matches only on comm/cmdline, which a process sets itself: {what}; add uid, \
+                     gid or cgroup"
+                ),
+            });
+        }
         out
+    }
+
+    /// Rules any local user can satisfy or dodge by renaming a process, and a policy that can
+    /// never act: one line each, for `run` to print at start. An online or ignore rule on
+    /// `comm`/`cmdline` alone lets any process claim that class; an offline one lets an offline
+    /// job leave it for the default.
+    pub fn trust_warnings(&self) -> Vec<String> {
+        self.lints()
+            .into_iter()
+            .filter_map(|l| match (l.kind, l.rule) {
+                (LintKind::NeverActs, _) => Some(format!("{}: {}", self.source, l.text)),
+                (LintKind::Spoofable, Some(n)) => Some(format!(
+                    "{}: rule {n} (line {}) {}",
+                    self.source, l.line, l.text
+                )),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -206,6 +273,7 @@ mod control_tests {
     fn the_control_group_is_parsed_and_checked() {
         let p = Policy::parse("[control]\ngroup = \"gpu-admins\"\n", "p.toml").unwrap();
         assert_eq!(p.control_group.as_deref(), Some("gpu-admins"));
+        assert_eq!(p.control_group_line, Some(2));
         assert_eq!(Policy::parse("", "p.toml").unwrap().control_group, None);
         let e = Policy::parse("[control]\ngroup = \"a b\"\n", "p.toml")
             .unwrap_err()

@@ -376,7 +376,10 @@ impl<'t> Parser<'t> {
             for (k, v) in t.iter() {
                 match k.get_ref().as_ref() {
                     "group" => match self.string(v, "group") {
-                        Some(g) if is_group_name(g) => policy.control_group = Some(g.to_string()),
+                        Some(g) if is_group_name(g) => {
+                            policy.control_group = Some(g.to_string());
+                            policy.control_group_line = Some(self.line(v.span().start));
+                        }
                         Some(g) => self.err(
                             v.span().start,
                             format!("group: {g:?} is not a group name (letters, digits, _ . -)"),

@@ -19,8 +19,9 @@ use regex::Regex;
 use serde::Serialize;
 
 pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
+pub use classify::{Lint, LintKind};
 pub use engine::Engine;
-pub use file::{parse_duration, PolicyError};
+pub use file::{parse_duration, read_policy_file, PolicyError};
 pub use glob::Glob;
 pub use levers::{LeverChange, LeverTuner, LeverView};
 
@@ -283,6 +284,8 @@ pub struct Policy {
     pub nvidia: NvPolicy,
     /// `[control] group`: members of this group may send requests too (root always may).
     pub control_group: Option<String>,
+    /// The line of `[control] group`, for messages about it.
+    pub control_group_line: Option<usize>,
 }
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
@@ -311,6 +314,7 @@ impl Default for Policy {
             launch_hints: true,
             nvidia: NvPolicy::default(),
             control_group: None,
+            control_group_line: None,
         }
     }
 }

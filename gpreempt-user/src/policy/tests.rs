@@ -1824,6 +1824,78 @@ fn adaptive_checks_a_miss_at_no_suspends_side_by_side_before_acting() {
 }
 
 #[test]
+fn the_vendor_examples_class_by_what_a_process_cannot_choose() {
+    use crate::observe::k8s::Pod;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let svc = ProcInfo {
+        comm: "python3".into(),
+        cmdline: "python3 serve.py".into(),
+        uid: Some(990),
+        gid: Some(990),
+        cgroup: "/system.slice/inference.service".into(),
+        ..ProcInfo::default()
+    };
+    let batch = ProcInfo {
+        comm: "python3".into(),
+        cmdline: "python3 train.py".into(),
+        uid: Some(1000),
+        gid: Some(1000),
+        groups: vec![2000],
+        cgroup: "/user.slice/user-1000.slice/session-3.scope".into(),
+        ..ProcInfo::default()
+    };
+    // A user who names a process like the service, in their own session.
+    let spoof = ProcInfo {
+        gid: Some(1000),
+        groups: vec![],
+        ..batch.clone()
+    };
+    let pod = |ns: &str| ProcInfo {
+        pod: Some(Pod {
+            uid: "1a2b3c4d-5e6f-4a8b-9c0d-112233445566".into(),
+            namespace: Some(ns.into()),
+            name: Some("x-0".into()),
+            container: Some("c".into()),
+        }),
+        ..spoof.clone()
+    };
+
+    let p = Policy::load(&dir.join("nvidia.toml")).unwrap();
+    assert_eq!(p.strategy, Strategy::Priority);
+    assert_eq!(p.nvidia.lever, NvLever::Timeslice);
+    assert_eq!(p.nvidia.offline_timeslice_us, 200);
+    assert_eq!(p.classify(&svc, 1).0, Class::Online);
+    assert_eq!(p.classify(&batch, 2).0, Class::Offline);
+    assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);
+    assert_eq!(p.classify(&pod("inference"), 4).0, Class::Online);
+    assert_eq!(p.classify(&pod("training"), 5).0, Class::Offline);
+    assert_eq!(p.classify(&pod("default"), 6).0, Class::Ignore);
+
+    let p = Policy::load(&dir.join("nvidia-adaptive.toml")).unwrap();
+    assert_eq!(
+        p.strategy,
+        Strategy::Adaptive {
+            budget: Budget::Ratio(1.1)
+        }
+    );
+    assert_eq!(p.nvidia.levers, LeverSet::DEFAULT);
+    assert_eq!(p.classify(&svc, 1).0, Class::Online);
+    assert_eq!(p.classify(&batch, 2).0, Class::Offline);
+    assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);
+
+    let p = Policy::load(&dir.join("amd-adaptive.toml")).unwrap();
+    assert!(matches!(p.strategy, Strategy::Adaptive { .. }));
+    assert_eq!(p.min_interval_ns, MS);
+    let docker = ProcInfo {
+        cgroup: "/system.slice/docker-3f4e5a6b7c8d.scope".into(),
+        ..spoof.clone()
+    };
+    assert_eq!(p.classify(&svc, 1).0, Class::Online);
+    assert_eq!(p.classify(&docker, 2).0, Class::Offline);
+    assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);
+}
+
+#[test]
 fn kubernetes_rules_match_namespace_and_pod_names_kubelet_gave() {
     use crate::observe::k8s::Pod;
     let p = Policy::parse(
