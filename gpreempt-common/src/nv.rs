@@ -147,6 +147,12 @@ pub mod class {
         c & 0xff == 0x6f && c >= 0xA06F && c <= 0xFF6F
     }
 
+    /// A compute engine object (`*_COMPUTE_*`: low byte 0xC0, Kepler and later), made under a
+    /// channel of a graphics/compute TSG.
+    pub const fn is_compute(c: u32) -> bool {
+        c & 0xff == 0xc0 && c >= 0xA0C0 && c <= 0xFFC0
+    }
+
     /// The driver's name of a class, when the observer knows it.
     pub fn name(c: u32) -> Option<&'static str> {
         Some(match c {
@@ -217,6 +223,19 @@ pub mod handle_info {
     pub const INDEX_PARENT: u32 = 1;
     pub const INDEX_CLASSID: u32 = 2;
 }
+
+/// RM client handles: `RS_CLIENT_HANDLE_BASE` + an index below `RS_CLIENT_HANDLE_MAX`, given out
+/// in increasing order (wrapping) by `_serverCreateEntryAndLockForNewClient`
+/// (src/nvidia/src/libraries/resserv/src/rs_server.c; constants in g_resserv_nvoc.h).
+pub const CLIENT_HANDLE_BASE: u32 = 0xC1D0_0000;
+pub const CLIENT_HANDLE_MAX: u32 = 0x10_0000;
+/// `NV2080_CTRL_CMD_GPU_GET_ID` on a subdevice: `{ NvU32 gpuId; }`.
+pub const CTRL_GPU_GET_ID: u32 = 0x2080_0142;
+/// `NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2` on a client: `{ gpuId; gpuFlags; deviceInstance;
+/// subDeviceInstance; ... }` (32 bytes): the device instance is a device's alloc `deviceId`.
+pub const CTRL_GPU_GET_ID_INFO_V2: u32 = 0x0205;
+pub const ID_INFO_V2_SIZE: usize = 32;
+pub const ID_INFO_V2_DEVICE_INSTANCE: usize = 8;
 
 /// NV_STATUS values the tool explains.
 pub mod status {

@@ -264,6 +264,8 @@ pub trait Host {
         h_object: u32,
         index: u32,
     ) -> Result<u64>;
+    /// The device instance of the GPU behind a subdevice (a device's alloc `deviceId`).
+    fn device_instance(&mut self, fd: BorrowedFd, h_client: u32, h_subdevice: u32) -> Result<u32>;
 }
 
 /// The real host: /proc, `pidfd_getfd`, the RM.
@@ -293,6 +295,10 @@ impl Host for RealHost<'_> {
         index: u32,
     ) -> Result<u64> {
         super::rm::handle_info(fd, h_client, h_object, index)
+    }
+
+    fn device_instance(&mut self, fd: BorrowedFd, h_client: u32, h_subdevice: u32) -> Result<u32> {
+        super::rm::device_instance(fd, h_client, h_subdevice)
     }
 }
 
@@ -424,8 +430,188 @@ pub fn adopt(journal: BTreeMap<u32, ProcRecs>, host: &mut impl Host, now_ns: u64
     out
 }
 
+/// Where [`discover`] looks for a process that no journal names.
+#[derive(Clone, Debug)]
+pub struct Scan {
+    /// Client handle indices below this are tried, newest first (the RM's next index: clients
+    /// of running processes are below it).
+    pub client_top: u32,
+    /// Object handle ranges by base (libcuda's own handles start at 0x5c000000 on driver 580,
+    /// the RM's at 0xcaf00000): each is read from its base until [`GAP`] handles in a row
+    /// answer nothing, at most [`SPAN`] handles.
+    pub bases: Vec<u32>,
+    /// Driver calls allowed for one process (each is a few microseconds).
+    pub max_calls: u64,
+}
+
+pub const DEFAULT_BASES: [u32; 2] = [0x5c00_0000, 0xcaf0_0000];
+pub const GAP: u32 = 0x1000;
+pub const SPAN: u32 = 0x1_0000;
+/// About 2 s of driver calls at the H100's ~5 us each.
+pub const MAX_CALLS: u64 = 400_000;
+
+/// What [`discover`] found for one process.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Allocations in an order the model can replay (clients, devices, subdevices, TSGs,
+    /// channels), as a journal would hold them.
+    pub recs: Vec<Rec>,
+    pub calls: u64,
+    /// Why something was not found (a budget, an fd), if so.
+    pub why_not: Option<String>,
+}
+
+impl Found {
+    pub fn tsgs(&self) -> usize {
+        self.recs
+            .iter()
+            .filter(|r| r.class == class::KEPLER_CHANNEL_GROUP_A)
+            .count()
+    }
+}
+
+/// Finds a running process's RM objects from the driver itself, through duplicates of its
+/// `fds` (its /dev/nvidiactl files): which clients each file holds (`GET_HANDLE_INFO` of
+/// candidate client handles answers only for the file's own), then the class and parent of
+/// every handle in the scanned ranges under each client. A TSG is a compute one when one of
+/// its channels holds a compute engine object (`*_COMPUTE_*`); a device's index comes from its
+/// subdevice's GPU id. Channel rings stay unknown (their placement is in the alloc params
+/// only): such a process has no channel activity, but its TSGs can be paused and timesliced.
+pub fn discover(pid: u32, fds: &[i32], host: &mut impl Host, scan: &Scan) -> Found {
+    let mut out = Found::default();
+    let over = |calls: u64| calls >= scan.max_calls;
+    for &fd in fds {
+        let d = match host.dup(pid, fd) {
+            Ok(d) => d,
+            Err(e) => {
+                out.why_not.get_or_insert_with(|| format!("{e:#}"));
+                continue;
+            }
+        };
+        let mut clients = Vec::new();
+        for idx in (0..scan.client_top.min(nv::CLIENT_HANDLE_MAX)).rev() {
+            if over(out.calls) {
+                break;
+            }
+            let h = nv::CLIENT_HANDLE_BASE + idx;
+            out.calls += 1;
+            let c = host
+                .handle_info(d.as_fd(), h, h, hi::INDEX_CLASSID)
+                .ok()
+                .and_then(|c| u32::try_from(c).ok())
+                .filter(|&c| class::is_client(c));
+            if let Some(c) = c {
+                clients.push((h, c));
+            }
+        }
+        for (client, c) in clients {
+            out.recs
+                .push(found_rec(fd, client, client, client, c, None));
+            let mut objects: Vec<(u32, u32, u32)> = Vec::new();
+            for &base in &scan.bases {
+                let (mut h, mut miss) = (base, 0);
+                while h < base.saturating_add(SPAN) && miss < GAP && !over(out.calls) {
+                    out.calls += 1;
+                    match host.handle_info(d.as_fd(), client, h, hi::INDEX_CLASSID) {
+                        Ok(cls) => {
+                            miss = 0;
+                            out.calls += 1;
+                            let parent = host
+                                .handle_info(d.as_fd(), client, h, hi::INDEX_PARENT)
+                                .unwrap_or(0);
+                            objects.push((h, cls as u32, parent as u32));
+                        }
+                        Err(_) => miss += 1,
+                    }
+                    h += 1;
+                }
+            }
+            let parent_of = |h: u32| objects.iter().find(|o| o.0 == h).map(|o| o.2);
+            let compute_tsgs: BTreeSet<u32> = objects
+                .iter()
+                .filter(|o| class::is_compute(o.1))
+                .filter_map(|o| parent_of(o.2))
+                .collect();
+            let rank = |c: u32| match c {
+                class::NV01_DEVICE_0 => Some(0),
+                class::NV20_SUBDEVICE_0 => Some(1),
+                class::KEPLER_CHANNEL_GROUP_A => Some(2),
+                c if class::is_channel(c) => Some(3),
+                _ => None,
+            };
+            let mut kept: Vec<(u32, u32, u32)> = objects
+                .iter()
+                .copied()
+                .filter(|o| rank(o.1).is_some())
+                .collect();
+            kept.sort_by_key(|o| (rank(o.1), o.0));
+            for (h, cls, parent) in kept {
+                let params = match cls {
+                    class::NV01_DEVICE_0 => {
+                        let sub = objects
+                            .iter()
+                            .find(|o| o.1 == class::NV20_SUBDEVICE_0 && o.2 == h)
+                            .map(|o| o.0);
+                        out.calls += 2;
+                        let idx = sub
+                            .and_then(|s| host.device_instance(d.as_fd(), client, s).ok())
+                            .unwrap_or(0);
+                        Some((0, idx))
+                    }
+                    class::KEPLER_CHANNEL_GROUP_A => {
+                        let engine = if compute_tsgs.contains(&h) {
+                            nv::ENGINE_TYPE_GRAPHICS
+                        } else {
+                            0
+                        };
+                        Some((nv::TSG_ENGINE_TYPE_AT, engine))
+                    }
+                    _ => None,
+                };
+                out.recs.push(found_rec(fd, client, parent, h, cls, params));
+            }
+        }
+        if over(out.calls) {
+            out.why_not.get_or_insert_with(|| {
+                format!(
+                    "the scan stopped at its budget of {} driver calls",
+                    scan.max_calls
+                )
+            });
+        }
+    }
+    out
+}
+
+/// A discovered object as a journal entry; `params`: one u32 of the alloc params (at, value).
+fn found_rec(
+    fd: i32,
+    client: u32,
+    parent: u32,
+    new: u32,
+    cls: u32,
+    params: Option<(usize, u32)>,
+) -> Rec {
+    Rec {
+        fd,
+        h_root: client,
+        parent,
+        new,
+        class: cls,
+        nvos64: false,
+        params_size: 0,
+        params: params.map(|(at, v)| {
+            let mut p = [0u8; nv::ALLOC_HEAD_LEN];
+            p[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            hex(&p)
+        }),
+        // Short of a channel's head: no ring placement is claimed.
+        params_len: nv::PARAMS_HEAD_LEN,
+    }
+}
+
 /// The allocation event a journal entry stands for.
-fn event(pid: u32, r: &Rec, now_ns: u64) -> NvEvent {
+pub fn event(pid: u32, r: &Rec, now_ns: u64) -> NvEvent {
     let size = if r.nvos64 {
         nv::alloc::NVOS64_SIZE
     } else {
@@ -486,18 +672,61 @@ pub fn unexplained(proc_root: &Path, known: &BTreeSet<u32>, me: u32) -> Vec<(u32
         if pid == me || known.contains(&pid) {
             continue;
         }
-        if holds_nvidiactl(&e.path().join("fd")) {
+        // The controller, its guardian and its self-test run this binary: theirs are the
+        // tool's own handles, not a workload's.
+        if holds_nvidiactl(&e.path().join("fd")) && !is_own_binary(&e.path().join("exe")) {
             out.push((
                 pid,
-                "opened the NVIDIA driver before the observer attached, and no journal of a \
-                 previous controller names its RM objects: not managed (restart it, or start \
-                 the controller before GPU work)"
+                "opened the NVIDIA driver before the observer attached and no journal of a \
+                 previous controller names its RM objects"
                     .into(),
             ));
         }
     }
     out.sort();
     out
+}
+
+/// Whether `exe` (a /proc/PID/exe) is the file this process runs, from cached attributes
+/// (`AT_STATX_DONT_SYNC`: an executable on a FUSE mount is not asked).
+fn is_own_binary(exe: &Path) -> bool {
+    let id = |p: &Path| -> Option<(u32, u32, u64)> {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: an all-zero `statx` is valid; statx only writes into it.
+        let mut st: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid C string for the call; `st` is exclusively borrowed.
+        let r = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                libc::AT_STATX_DONT_SYNC,
+                libc::STATX_INO,
+                &mut st,
+            )
+        };
+        (r == 0).then_some((st.stx_dev_major, st.stx_dev_minor, st.stx_ino))
+    };
+    match (id(Path::new("/proc/self/exe")), id(exe)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The fds of a process that name /dev/nvidiactl (by the links' text; each is proven by
+/// [`Host::dup`] before use).
+pub fn nvidiactl_fds(proc_root: &Path, pid: u32) -> Vec<i32> {
+    let dir = proc_root.join(pid.to_string()).join("fd");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut fds: Vec<i32> = rd
+        .flatten()
+        .take(65_536)
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == nv::NVIDIACTL))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    fds.sort_unstable();
+    fds
 }
 
 /// Whether a /proc/PID/fd directory has an fd on the NVIDIA control node, by the links' text

@@ -15,6 +15,7 @@
 use std::{
     fmt,
     os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::unix::fs::OpenOptionsExt as _,
     time::{Duration, Instant},
 };
 
@@ -341,6 +342,70 @@ pub fn handle_info(fd: BorrowedFd, h_client: u32, h_object: u32, index: u32) -> 
     )
     .with_context(|| format!("asking about handle {h_object:#x} of client {h_client:#x}"))?;
     Ok(nv::u64_at(&p, hi::DATA))
+}
+
+/// The index the RM gives the next client it makes (`RS_CLIENT_HANDLE_BASE` + index): a client
+/// is made on a fresh /dev/nvidiactl and freed at once. Clients of processes that ran before are
+/// below it (indices increase; a wrap past `CLIENT_HANDLE_MAX` is not followed).
+pub fn next_client_index() -> Result<u32> {
+    use nv::{alloc as a, free as fr};
+    use std::os::fd::AsFd as _;
+    let ctl = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(nv::NVIDIACTL)
+        .with_context(|| format!("opening {}", nv::NVIDIACTL))?;
+    let mut args = [0u8; a::NVOS21_SIZE as usize];
+    args[a::H_CLASS..a::H_CLASS + 4].copy_from_slice(&nv::class::NV01_ROOT_CLIENT.to_le_bytes());
+    let req = nv::iowr(nv::nr::RM_ALLOC, a::NVOS21_SIZE);
+    // SAFETY: `args` is the 32-byte NVOS21 the request's size names, with no params pointer.
+    let r = unsafe { libc::ioctl(ctl.as_fd().as_raw_fd(), req as _, args.as_mut_ptr()) };
+    if r < 0 {
+        return Err(anyhow!("RM_ALLOC of a client: {}", Errno::last()));
+    }
+    let status = nv::u32_at(&args, a::NVOS21_STATUS);
+    if status != nv::status::OK {
+        return Err(anyhow!(
+            "RM_ALLOC of a client: {}",
+            nv::status::name(status)
+        ));
+    }
+    let h = nv::u32_at(&args, a::H_OBJECT_NEW);
+    let mut f = [0u8; fr::SIZE as usize];
+    for at in [fr::H_ROOT, fr::H_OBJECT_PARENT, fr::H_OBJECT_OLD] {
+        f[at..at + 4].copy_from_slice(&h.to_le_bytes());
+    }
+    let req = nv::iowr(nv::nr::RM_FREE, fr::SIZE);
+    // SAFETY: `f` is the 16-byte NVOS00 the request's size names. Closing the file frees the
+    // client anyway; the explicit free only keeps it short-lived.
+    let _ = unsafe { libc::ioctl(ctl.as_fd().as_raw_fd(), req as _, f.as_mut_ptr()) };
+    anyhow::ensure!(
+        h & !(nv::CLIENT_HANDLE_MAX - 1) == nv::CLIENT_HANDLE_BASE,
+        "the RM made client {h:#x}, outside {:#x}..{:#x}",
+        nv::CLIENT_HANDLE_BASE,
+        nv::CLIENT_HANDLE_BASE + nv::CLIENT_HANDLE_MAX
+    );
+    Ok((h - nv::CLIENT_HANDLE_BASE) + 1)
+}
+
+/// The device instance (a device's alloc `deviceId`) of the GPU behind subdevice `h_subdevice`:
+/// `NV2080_CTRL_CMD_GPU_GET_ID`, then `NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2` on the client.
+pub fn device_instance(fd: BorrowedFd, h_client: u32, h_subdevice: u32) -> Result<u32> {
+    let mut id = [0u8; 4];
+    rm_control_ok(fd, h_client, h_subdevice, nv::CTRL_GPU_GET_ID, &mut id)
+        .with_context(|| format!("the GPU id of subdevice {h_subdevice:#x}"))?;
+    let mut info = [0u8; nv::ID_INFO_V2_SIZE];
+    info[..4].copy_from_slice(&id);
+    rm_control_ok(
+        fd,
+        h_client,
+        h_client,
+        nv::CTRL_GPU_GET_ID_INFO_V2,
+        &mut info,
+    )
+    .with_context(|| format!("the device instance of GPU id {:#x}", nv::u32_at(&id, 0)))?;
+    Ok(nv::u32_at(&info, nv::ID_INFO_V2_DEVICE_INSTANCE))
 }
 
 #[cfg(test)]

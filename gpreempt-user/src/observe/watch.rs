@@ -553,13 +553,69 @@ impl Watcher {
             Ok(_) => {}
             Err(e) => lines.push(format!("NVIDIA objects journal not used: {e:#}")),
         }
-        self.nv_log = journal.then_some(log);
         let known = self.state.nv_client_pids();
-        for (pid, why) in adopt::unexplained(&self.paths.proc, &known, std::process::id()) {
-            lines.push(format!("pid {pid}: unmanaged: {why}"));
-            self.state.apply(Update::Unmanaged { pid, why });
-            self.proc_info(pid);
+        let rest = adopt::unexplained(&self.paths.proc, &known, std::process::id());
+        // What no journal names is looked for in the driver itself.
+        let scan = if rest.is_empty() {
+            None
+        } else {
+            match crate::nv::rm::next_client_index() {
+                Ok(top) => Some(adopt::Scan {
+                    client_top: top,
+                    bases: adopt::DEFAULT_BASES.to_vec(),
+                    max_calls: adopt::MAX_CALLS,
+                }),
+                Err(e) => {
+                    lines.push(format!(
+                        "NVIDIA: no driver scan of running processes: {e:#}"
+                    ));
+                    None
+                }
+            }
+        };
+        for (pid, why) in rest {
+            let found = scan.as_ref().map(|scan| {
+                let fds = adopt::nvidiactl_fds(&self.paths.proc, pid);
+                let mut host = adopt::RealHost {
+                    proc_root: &self.paths.proc,
+                };
+                let t0 = std::time::Instant::now();
+                (adopt::discover(pid, &fds, &mut host, scan), t0.elapsed())
+            });
+            match found {
+                Some((f, took)) if f.tsgs() > 0 => {
+                    lines.push(format!(
+                        "pid {pid}: {} TSG(s) found through the driver ({} calls, {} ms; it \
+                         opened the driver before the observer attached: no channel activity){}",
+                        f.tsgs(),
+                        f.calls,
+                        took.as_millis(),
+                        f.why_not.map(|w| format!("; {w}")).unwrap_or_default()
+                    ));
+                    let now = monotonic_ns();
+                    self.batch
+                        .extend(f.recs.iter().map(|r| Event::Nv(adopt::event(pid, r, now))));
+                    self.apply_events();
+                    log.adopted(&std::collections::BTreeMap::from([(pid, f.recs)]));
+                }
+                other => {
+                    let why = match other.and_then(|(f, _)| f.why_not) {
+                        Some(w) => format!("{why}; the driver scan found no TSG ({w})"),
+                        None if scan.is_some() => {
+                            format!("{why}; the driver scan found no TSG")
+                        }
+                        None => why,
+                    };
+                    let why = format!(
+                        "{why}: not managed (restart it, or start the controller before GPU work)"
+                    );
+                    lines.push(format!("pid {pid}: unmanaged: {why}"));
+                    self.state.apply(Update::Unmanaged { pid, why });
+                    self.proc_info(pid);
+                }
+            }
         }
+        self.nv_log = journal.then_some(log);
         lines
     }
 

@@ -246,6 +246,92 @@ impl Host for FakeHost {
             .ok_or_else(|| anyhow::anyhow!("NV_ERR_OBJECT_NOT_FOUND"))?;
         Ok(u64::from(if index == hi::INDEX_CLASSID { c } else { p }))
     }
+    fn device_instance(&mut self, _fd: BorrowedFd, h_client: u32, h_subdevice: u32) -> Result<u32> {
+        anyhow::ensure!(
+            self.objects.get(&(8, h_client, h_subdevice)).map(|o| o.0)
+                == Some(class::NV20_SUBDEVICE_0),
+            "not a subdevice"
+        );
+        Ok(2)
+    }
+}
+
+const CH_CE: u32 = 0x5c00_0018;
+const TSG_CE: u32 = 0x5c00_0017;
+
+/// The live process plus a copy TSG, engine objects under the channels, and a memory object.
+fn scanned_host() -> FakeHost {
+    let mut h = FakeHost::live();
+    for (o, c, p) in [
+        (0x5c00_0020, class::HOPPER_COMPUTE_A, CH),
+        (TSG_CE, class::KEPLER_CHANNEL_GROUP_A, DEV),
+        (CH_CE, class::HOPPER_CHANNEL_GPFIFO_A, TSG_CE),
+        (0x5c00_0021, class::HOPPER_DMA_COPY_A, CH_CE),
+        (MEM, 0x3e, DEV),
+    ] {
+        h.objects.insert((8, CLIENT, o), (c, p));
+    }
+    h
+}
+
+fn scan() -> Scan {
+    Scan {
+        client_top: 0x100,
+        bases: DEFAULT_BASES.to_vec(),
+        max_calls: MAX_CALLS,
+    }
+}
+
+#[test]
+fn discovery_finds_a_running_process_objects_through_the_driver() {
+    let mut host = scanned_host();
+    let f = discover(PID, &[8], &mut host, &scan());
+    assert_eq!(f.why_not, None);
+    assert_eq!(f.tsgs(), 2);
+    let order: Vec<u32> = f.recs.iter().map(|r| r.new).collect();
+    assert_eq!(
+        order,
+        vec![CLIENT, DEV, SUB, TSG, TSG_CE, CH, CH_CE],
+        "parents first"
+    );
+    // Replayed: the TSG with a compute object is a compute queue on device 2, the other a copy
+    // queue; channels are known, rings are not (no activity claimed).
+    let mut s = State::new();
+    for r in &f.recs {
+        s.apply(Update::Event(Event::Nv(event(PID, r, 5))));
+    }
+    let p = &s.procs[&PID];
+    let gr = &p.queues[&TSG];
+    assert_eq!(gr.kind, crate::model::QueueKind::NvCompute);
+    assert_eq!(gr.gpu_id, 2);
+    let t = gr.nv.as_ref().unwrap();
+    assert_eq!((t.h_client, t.h_subdevice, t.fd), (CLIENT, Some(SUB), 8));
+    assert_eq!(t.channels, vec![CH]);
+    assert!(t.rings.is_empty());
+    assert_eq!(p.queues[&TSG_CE].kind, crate::model::QueueKind::NvCopy);
+    // The client scan went newest first through every index below the top, the object scan
+    // stopped GAP misses after the last hit in each range.
+    assert!(f.calls >= 0x100 + 2 * u64::from(GAP));
+    assert!(f.calls < 0x100 + 2 * u64::from(GAP) + 100);
+}
+
+#[test]
+fn discovery_keeps_to_its_budget_and_says_so() {
+    let mut host = scanned_host();
+    let mut sc = scan();
+    sc.max_calls = 50;
+    let f = discover(PID, &[8], &mut host, &sc);
+    assert!(f.calls <= 52, "{}", f.calls);
+    assert!(f.why_not.unwrap().contains("budget"));
+}
+
+#[test]
+fn discovery_of_a_file_that_is_not_the_driver_finds_nothing() {
+    let mut host = scanned_host();
+    host.no_fd = true;
+    let f = discover(PID, &[8], &mut host, &scan());
+    assert!(f.recs.is_empty());
+    assert!(f.why_not.unwrap().contains("no longer an NVIDIA device"));
 }
 
 fn journal(start_time: u64) -> BTreeMap<u32, ProcRecs> {
@@ -342,6 +428,15 @@ fn unexplained_names_processes_holding_nvidiactl_that_nothing_explains() {
         std::fs::create_dir_all(&fd).unwrap();
         std::os::unix::fs::symlink(target, fd.join("3")).unwrap();
     }
+    // 13 runs this very binary (the controller's guardian, its self-test): not a workload.
+    let fd = root.join("13").join("fd");
+    std::fs::create_dir_all(&fd).unwrap();
+    std::os::unix::fs::symlink("/dev/nvidiactl", fd.join("4")).unwrap();
+    std::os::unix::fs::symlink(
+        std::fs::read_link("/proc/self/exe").unwrap(),
+        root.join("13").join("exe"),
+    )
+    .unwrap();
     let known = BTreeSet::from([12]);
     let u = unexplained(&root, &known, 1);
     assert_eq!(u.iter().map(|x| x.0).collect::<Vec<_>>(), vec![10]);
