@@ -1,6 +1,6 @@
 #!/bin/bash
-# Restart check on the H100 (the NVIDIA observer's adoption; ~3 min): a CUDA process started
-# before any controller (must show as unmanaged), then `run` with the dynamic lever, an offline
+# Restart check on the H100 (the NVIDIA observer's adoption; ~3 min): an offline job started
+# before any controller (found through the driver, then under the lever), then `run` with the dynamic lever, an offline
 # fp16 GEMM loop and an online eager LLM decode service (scripts/gpu/{offline,online}.py, pair E
 # of pairs.sh). Once the lever acts on the offline process: `kill -9` of `run` (its guardian
 # undoes what it held), an immediate restart, and the time from the restart until the offline
@@ -44,11 +44,10 @@ class = "offline"
 cmdline = 'offline\.py'
 uid = 0
 EOF
-# A CUDA context older than any controller.
-python3 -c 'import torch, time; torch.zeros(1, device="cuda"); print("early ready", flush=True); time.sleep(900)' \
-  > "$W/early.log" 2>&1 &
+# An offline job older than any controller: found through the driver (no journal names it).
+python3 scripts/gpu/offline.py 600 "$W/early.json" --model gemm > "$W/early.log" 2>&1 &
 EARLY=$!
-for _ in $(seq 60); do grep -q ready "$W/early.log" && break; sleep 1; done
+sleep 25
 "$GP" -v run --policy "$W/policy.toml" --audit "$W/audit1.jsonl" 2> "$W/run1.err" &
 R1=$!
 sleep 5
@@ -89,7 +88,8 @@ print(f"kill -9 -> old guardian gone: {(t0g - t0) / 1e6:.0f} ms")
 print(f"restart -> offline under the lever again: " + (f"{(t2 - t1) / 1e6:.0f} ms" if t2 else "NEVER (within 30 s)"))
 print(f"kill -9 -> offline under the lever again: " + (f"{(t2 - t0) / 1e6:.0f} ms" if t2 else "-"))
 EOF
-grep -h "adopted\|unmanaged\|not adopted\|guardian" "$W/run1.err" "$W/run2.err" | head -20
+grep -h "adopted\|unmanaged\|not adopted\|guardian\|through the driver" "$W/run1.err" "$W/run2.err" | head -20
+echo "acts on the early offline job (pid $EARLY): run 1 $(grep -c "\"pid\":$EARLY," "$W/audit1.jsonl"), run 2 $(grep -c "\"pid\":$EARLY," "$W/audit2.jsonl")"
 sleep 6
 "$GP" queues --json > "$W/queues.json" 2> "$W/queues.err"
 python3 scripts/gpu/top_capture.py "$GP" 10 "$W/top.raw" 160 45

@@ -134,7 +134,7 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
         }
     }
     if rows == 0 {
-        s.push_str("no KFD processes\n");
+        s.push_str("no GPU processes\n");
     }
     for w in warnings {
         let _ = writeln!(s, "warning: {w}");

@@ -91,9 +91,17 @@ pub struct Watcher {
 impl Watcher {
     /// Reads everything once; no eBPF, no timers (for `queues`). Two samples `gap` apart give
     /// activity rates.
+    /// On an NVIDIA host the GPU processes come from the controller's journal and the driver
+    /// ([`Self::adopt_nv`]): no events are watched here.
     pub fn snapshot(paths: &Paths, gap: Duration) -> Result<(State, Vec<String>)> {
-        let mut w = Self::without_events(paths.clone())?;
+        let nvidia = Path::new(gpreempt_common::nv::NVIDIACTL).exists();
+        let mut w = Self::without_events_kfd(paths.clone(), !nvidia)?;
         w.read_all(true);
+        if nvidia {
+            for line in w.adopt_nv(&crate::rundir::run_dir(), false) {
+                log::info!("{line}");
+            }
+        }
         std::thread::sleep(gap);
         w.sample_now();
         w.name_kernels_now();
