@@ -765,13 +765,14 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
                 _ = publish.tick() => {
                     // Every second regardless: the event counters move without decisions.
                     publishes += 1;
+                    // Written when it changed: a controller killed now loses at most 250 ms of it.
+                    if let Err(e) = w.save_nv_log(&dir) {
+                        log::warn!("NVIDIA objects journal: {e:#}");
+                    }
                     if publishes.is_multiple_of(8) && !ctx.refused.is_empty() {
                         ctx.retry_refused(&mut w).await;
                     }
                     if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
-                        if let Err(e) = w.save_nv_log(&dir) {
-                            log::warn!("NVIDIA objects journal: {e:#}");
-                        }
                         let status = ctx.status(&w);
                         if let Err(e) = daemon::write_status(&dir, &status) {
                             log::warn!("{e:#}");
