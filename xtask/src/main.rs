@@ -30,7 +30,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// What CI runs: setup, fmt check, clippy, then `test` in a fresh mount namespace (.ci/fresh).
+    /// What CI runs: setup, fmt check, clippy (with and without the emulator), then `test` in a
+    /// fresh mount namespace (.ci/fresh).
     Ci,
     /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput;
     /// `top`'s CPU and memory with 10,000 queues (`--top-only`: just that).
@@ -70,6 +71,10 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
+
+/// The feature that builds `gpreempt-ebpf sim` (the emulator) in: every build here but the
+/// package's (the tests crate enables it too, so workspace builds agree).
+pub const SIM: [&str; 2] = ["--features", "gpreempt-user/sim"];
 
 fn setup() -> Result<()> {
     run(Command::new("bash").arg(root().join("xtask/setup-toolchain.sh")))
@@ -124,7 +129,7 @@ fn main() -> Result<()> {
         Task::Setup => setup(),
         Task::Build => {
             setup()?;
-            run(cargo().args(["build", "--release", "--bins"]))
+            run(cargo().args(["build", "--release", "--bins"]).args(SIM))
         }
         Task::Test { args } => {
             setup()?;
@@ -134,10 +139,12 @@ fn main() -> Result<()> {
             test_packages()?;
             // The VM tests boot distribution kernels with the real amdgpu module.
             vm::setup()?;
-            // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
-            run(cargo().args(["build", "--bins"]))?;
-            // The service test installs the package (of this debug build: no second build).
+            // The service test installs the package of the debug build, without the emulator as
+            // a host gets it. First: its build leaves target/debug/gpreempt-ebpf without `sim`,
+            // the build below puts the emulator back.
             package::package("debug")?;
+            // The kernel tests run the built binaries (gpreempt-ebpf with `sim`, kfd-poke).
+            run(cargo().args(["build", "--bins"]).args(SIM))?;
             run(cargo()
                 .args([
                     "test",
@@ -152,7 +159,18 @@ fn main() -> Result<()> {
         Task::Ci => {
             setup()?;
             run(cargo().args(["fmt", "--all", "--check"]))?;
+            // The workspace has the emulator (the tests crate enables `sim`); the binary the
+            // package ships is gpreempt-user without it, linted on its own (~10 s more).
             run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            run(cargo().args([
+                "clippy",
+                "-p",
+                "gpreempt-user",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
             if !is_root() {
                 bail!(
                     "CI runs the tests as root in a fresh mount namespace: sudo -E cargo xtask ci"
@@ -178,7 +196,7 @@ fn main() -> Result<()> {
         }
         Task::Demo => {
             setup()?;
-            run(cargo().args(["build", "--release", "--bins"]))?;
+            run(cargo().args(["build", "--release", "--bins"]).args(SIM))?;
             demo()
         }
     }
