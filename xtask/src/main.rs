@@ -8,6 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod deploy;
 mod package;
 mod vm;
 
@@ -40,6 +41,9 @@ enum Task {
     Demo,
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
+    /// Prepare the packaging test (kubernetes-validate from PyPI, a Debian image base made by
+    /// mmdebstrap, both in .tools; idempotent; `test` runs it).
+    DeploySetup,
     /// Build the Debian package (target/debian/gpreempt-ebpf_VERSION_amd64.deb): the binary, the
     /// systemd unit, README, docs/ and example policies, man pages, shell completions.
     Package {
@@ -85,7 +89,9 @@ fn setup() -> Result<()> {
 /// end-to-end test drives it in a tmux pane and signals it with pkill), strace (a tracer that
 /// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
 /// generator), and for the service
-/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
+/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
+/// for the packaging test: buildah (builds the image, no daemon), mmdebstrap (its Debian base)
+/// and python3-pip (installs the manifest validator).
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -99,6 +105,9 @@ fn test_packages() -> Result<()> {
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),
         ("prometheus", "/usr/bin/prometheus"),
+        ("buildah", "/usr/bin/buildah"),
+        ("mmdebstrap", "/usr/bin/mmdebstrap"),
+        ("python3-pip", "/usr/bin/pip3"),
     ])
 }
 
@@ -139,6 +148,8 @@ fn main() -> Result<()> {
             test_packages()?;
             // The VM tests boot distribution kernels with the real amdgpu module.
             vm::setup()?;
+            // The packaging test: the manifest validator and the image's Debian base.
+            deploy::prepare()?;
             // The service test installs the package of the debug build, without the emulator as
             // a host gets it. First: its build leaves target/debug/gpreempt-ebpf without `sim`,
             // the build below puts the emulator back.
@@ -158,6 +169,9 @@ fn main() -> Result<()> {
         }
         Task::Ci => {
             setup()?;
+            // Downloads (PyPI, Debian's mirror) while fmt and clippy use the CPU; `test` finds
+            // them made. The packages it needs are .ci/run's.
+            let prepared = std::thread::spawn(deploy::prepare);
             run(cargo().args(["fmt", "--all", "--check"]))?;
             // The workspace has the emulator (the tests crate enables `sim`); the binary the
             // package ships is gpreempt-user without it, linted on its own (~10 s more).
@@ -176,6 +190,9 @@ fn main() -> Result<()> {
                     "CI runs the tests as root in a fresh mount namespace: sudo -E cargo xtask ci"
                 );
             }
+            prepared
+                .join()
+                .map_err(|_| anyhow::anyhow!("preparing the packaging test's tools panicked"))??;
             // As on a freshly booted machine: no tracefs or debugfs mounted, empty /run and
             // /tmp, whatever earlier runs left here.
             run(Command::new(root().join(".ci/fresh")).args(["cargo", "xtask", "test"]))
@@ -189,6 +206,12 @@ fn main() -> Result<()> {
                 bail!("the VM tier installs packages and links /lib/modules: sudo -E cargo xtask vm-setup");
             }
             vm::setup()
+        }
+        Task::DeploySetup => {
+            if !is_root() {
+                bail!("mmdebstrap makes the image base as root: sudo -E cargo xtask deploy-setup");
+            }
+            deploy::prepare()
         }
         Task::Package { debug } => {
             setup()?;
