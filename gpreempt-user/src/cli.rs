@@ -18,7 +18,8 @@ use crate::cmd::{self, Global};
         escapes on NVIDIA); `top`, `queues` and `trace` show the host's queues, and `run` makes \
         offline (best-effort) work yield while online work runs, by policy: on AMD it suspends \
         their KFD queues through the debug-trap ioctls, on NVIDIA it shortens their hardware \
-        timeslice or pauses their channels. `sim` is an emulated AMD GPU to try it all on.",
+        timeslice or pauses their channels. `sim` (in builds with the emulator: the demo's, not the package's) is an emulated \
+        AMD GPU to try it all on.",
     after_long_help = DOCS
 )]
 pub struct Cli {
@@ -46,6 +47,13 @@ pub enum Command {
     /// NVIDIA RM escapes (allocs, frees, controls) and GPU processes' exits.
     Trace(cmd::trace::Args),
     /// Run an emulated AMD GPU (KFD) and commands against it (default: the demo).
+    #[cfg_attr(
+        not(feature = "sim"),
+        command(
+            about = "The emulated AMD GPU: not in this build (the packaged binary leaves it \
+            out; `cargo xtask demo` in the source tree builds one with it)"
+        )
+    )]
     Sim(cmd::sim::Args),
     /// The controller: classify processes by a policy and make offline GPU work yield while
     /// online work runs (AMD: KFD queue suspend; NVIDIA: hardware timeslice or channel pause).

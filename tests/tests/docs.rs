@@ -358,6 +358,204 @@ fn the_test_package_lists_agree() {
     }
 }
 
+/// The figures a text quotes: a number with a decimal point or a unit (ms, us, µs, x, %, MB), or
+/// a range of two (`0.68-0.69`), as written, without the unit. Dates, versions (`580.159.04`),
+/// counts (`8 pairs`) and numbers inside words (`H100`, `p99`, `2-vCPU`) are not figures.
+fn figures(text: &str) -> Vec<String> {
+    let b = text.as_bytes();
+    let number = |mut i: usize| -> (usize, usize) {
+        // (end, dots)
+        let mut dots = 0;
+        while i < b.len()
+            && (b[i].is_ascii_digit()
+                || (b[i] == b'.' && i + 1 < b.len() && b[i + 1].is_ascii_digit()))
+        {
+            dots += usize::from(b[i] == b'.');
+            i += 1;
+        }
+        (i, dots)
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = b[i].is_ascii_digit()
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b".,-_".contains(&b[i - 1])));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let (mut end, mut dots) = number(i);
+        let mut parts = 1;
+        while end + 1 < b.len() && b[end] == b'-' && b[end + 1].is_ascii_digit() {
+            let (e, d) = number(end + 1);
+            (end, dots, parts) = (e, dots.max(d), parts + 1);
+        }
+        let token = &text[i..end];
+        let rest = text[end..].strip_prefix(' ').unwrap_or(&text[end..]);
+        let unit = ["ms", "us", "µs", "x", "%", "MB"].iter().any(|u| {
+            rest.strip_prefix(u)
+                .is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric()))
+        });
+        let word = text[end..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        // A date (three parts) or a version (two dots in a part) is no figure.
+        if parts <= 2 && dots <= 1 && (unit || (token.contains('.') && !word)) {
+            out.push(token.to_string());
+        }
+        i = end;
+    }
+    out
+}
+
+/// Where `figure` stands in `doc` as written (not inside a longer number), and the text that
+/// labels it there: the heading of its section and its paragraph (a table is one paragraph).
+fn places<'a>(doc: &'a str, figure: &str) -> Vec<(&'a str, String)> {
+    let mut out = Vec::new();
+    let mut heading = "";
+    let mut para: Vec<&str> = Vec::new();
+    let flush = |heading: &'a str, para: &mut Vec<&str>, out: &mut Vec<(&'a str, String)>| {
+        let text = para.join("\n");
+        let found = text.match_indices(figure).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + figure.len()..].chars().next();
+            let tail = &text[at + figure.len()..];
+            let longer = before.is_some_and(|c| c.is_ascii_digit() || c == '.' || c == '-')
+                || after.is_some_and(|c| c.is_ascii_digit() || c == '-')
+                || tail
+                    .strip_prefix('.')
+                    .is_some_and(|t| t.starts_with(|c: char| c.is_ascii_digit()));
+            !longer
+        });
+        if found {
+            out.push((heading, text));
+        }
+        para.clear();
+    };
+    for line in doc.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            flush(heading, &mut para, &mut out);
+            if line.starts_with('#') {
+                heading = line;
+            }
+        } else {
+            para.push(line);
+        }
+    }
+    flush(heading, &mut para, &mut out);
+    out
+}
+
+/// What README's "Status: what is measured" quotes that the docs its bullets link do not say,
+/// as written and labelled: an "Emulated" bullet's figures under a heading or in a paragraph
+/// labelled emulated, a "Real GPUs" bullet's next to H100 or H200 and not under an emulated
+/// heading. `doc` reads a linked file (a path relative to the repository).
+fn unsourced(status: &str, doc: &dyn Fn(&str) -> String) -> (usize, Vec<String>) {
+    let emulated = |t: &str| {
+        let t = t.to_lowercase();
+        t.contains("emulated") && !t.contains("not emulated")
+    };
+    let real = |t: &str| t.contains("H100") || t.contains("H200");
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for bullet in status.split("\n- ").skip(1) {
+        let label = bullet
+            .strip_prefix("**")
+            .and_then(|b| b.split_once("**"))
+            .map_or("", |(l, _)| l);
+        let mut linked: Vec<String> = md_links(bullet)
+            .into_iter()
+            .map(|(_, l)| l.split('#').next().unwrap_or("").to_string())
+            .filter(|l| l.ends_with(".md"))
+            .collect();
+        linked.sort();
+        linked.dedup();
+        if linked.is_empty() {
+            missing.push(format!("\"{label}\": links no doc for its figures"));
+            continue;
+        }
+        let texts: Vec<(String, String)> = linked.iter().map(|l| (l.clone(), doc(l))).collect();
+        for f in figures(bullet) {
+            checked += 1;
+            let ok = texts.iter().any(|(_, t)| {
+                places(t, &f).iter().any(|(h, p)| match label {
+                    "Emulated" => emulated(h) || emulated(p),
+                    "Real GPUs" => !emulated(h) && (real(h) || real(p)),
+                    _ => true,
+                })
+            });
+            if !ok {
+                missing.push(format!(
+                    "\"{label}\": {f} is not in {linked:?} as written, labelled"
+                ));
+            }
+        }
+    }
+    (checked, missing)
+}
+
+/// One source for figures: every figure README's status quotes is in the doc its bullet links,
+/// written the same way, next to its label (emulated, H100/H200). A figure changes in the doc
+/// first; README copies it.
+#[test]
+fn every_figure_readme_quotes_is_in_the_doc_it_links_labelled() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let status = readme
+        .split("\n## Status: what is measured\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README's \"Status: what is measured\" section");
+    let doc = |l: &str| {
+        std::fs::read_to_string(repo().join(l)).unwrap_or_else(|e| panic!("README links {l}: {e}"))
+    };
+    let (checked, missing) = unsourced(status, &doc);
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert!(
+        checked > 40,
+        "only {checked} figures found in README's status"
+    );
+    for label in ["**Emulated**", "**Real GPUs**"] {
+        assert!(
+            status.contains(&format!("\n- {label}")),
+            "no {label} bullet"
+        );
+    }
+}
+
+#[test]
+fn the_figure_check_catches_a_changed_an_unlabelled_and_an_unlinked_figure() {
+    assert_eq!(
+        figures(
+            "p99 10.5-11.2 ms at 0.68x (H100, 2026-11-22, driver 580.159.04, 8 pairs, 2-vCPU VM, \
+             10,000 queues, +216%, 6.48 to 5.94, 3-4 rounds, 1 µs)"
+        ),
+        ["10.5-11.2", "0.68", "216", "6.48", "5.94", "1"]
+    );
+    let doc = |l: &str| match l {
+        "docs/a.md" => {
+            "# A (emulated)\n\n| p99 | 10.5-11.2 | 0.68 |\n\n# B\n\nH100: 5.94 ms, 3.7 ms\n\n\
+                        # C\n\nno label: 6.48 ms, 110.5-11.2\n"
+                .to_string()
+        }
+        _ => String::new(),
+    };
+    let status = "\n- **Emulated** ([a](docs/a.md)): 10.5-11.2 ms at 0.68x, 0.69x, 5.94 ms\n\
+                  - **Real GPUs** ([a](docs/a.md)): 5.94 ms, 6.48 ms, 3.7x, 10.5-11.3\n\
+                  - **Overheads**: 1.42%\n";
+    let (checked, missing) = unsourced(status, &doc);
+    assert_eq!(checked, 8);
+    assert_eq!(
+        missing,
+        [
+            // changed
+            "\"Emulated\": 0.69 is not in [\"docs/a.md\"] as written, labelled",
+            // in the doc, under another label
+            "\"Emulated\": 5.94 is not in [\"docs/a.md\"] as written, labelled",
+            "\"Real GPUs\": 6.48 is not in [\"docs/a.md\"] as written, labelled",
+            "\"Real GPUs\": 10.5-11.3 is not in [\"docs/a.md\"] as written, labelled",
+            "\"Overheads\": links no doc for its figures",
+        ]
+    );
+}
+
 #[test]
 fn the_extractor_finds_fences_markers_and_lines() {
     let md = "intro\n\n```toml\n[policy]\n```\n\n<!-- policy: fragment: only rules -->\n\

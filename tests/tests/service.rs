@@ -1,8 +1,8 @@
 //! The controller as a service (root): the .deb `cargo xtask package` built (`cargo xtask test`
-//! builds it first) is installed with dpkg, the installed binary runs `doctor`, systemd accepts
-//! the unit, and `run` started exactly as the unit's ExecStart says serves metrics that a real
-//! Prometheus (Debian's) scrapes inside `sim`, with one workload in a fake Kubernetes pod; the
-//! package is removed again. Nothing here is skipped: a missing package or tool fails loudly.
+//! builds it first) is installed with dpkg, the installed binary runs `doctor` and has no
+//! emulator (`sim` says so), systemd accepts the unit, and `run` started exactly as the unit's
+//! ExecStart says serves metrics that a real Prometheus (Debian's) scrapes inside the test
+//! build's `sim`, with one workload in a fake Kubernetes pod; the package is removed again. Nothing here is skipped: a missing package or tool fails loudly.
 
 use std::{
     io::{Read as _, Write as _},
@@ -210,6 +210,38 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
         "{doc}"
     );
     assert_eq!(doc["checks"][0]["name"], "privileges", "{doc}");
+    // Built without the emulator: `sim` says so and how to get one, and no code of the emulator
+    // or its FUSE library is linked (the package strips debug info, not the symbol table).
+    let out = sh(Command::new("/usr/bin/gpreempt-ebpf").args(["sim", "--", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && err.contains("this build of gpreempt-ebpf has no emulator")
+            && err.contains("cargo xtask demo"),
+        "{:?} {err}",
+        out.status
+    );
+    let out = sh(Command::new("nm").arg("/usr/bin/gpreempt-ebpf"));
+    let syms = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && syms.lines().count() > 1000,
+        "nm: {syms:.200}"
+    );
+    let emulator: Vec<&str> = syms
+        .lines()
+        .filter(|l| l.contains("gpreempt_sim") || l.contains("fuser"))
+        .take(5)
+        .collect();
+    assert!(
+        emulator.is_empty(),
+        "the packaged binary links the emulator: {emulator:?}"
+    );
+    // The tests' own build has it (the demo's).
+    let out = sh(Command::new("nm").arg(bin("gpreempt-ebpf")));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("gpreempt_sim"),
+        "the test build lacks the emulator"
+    );
     for f in [
         "/usr/share/man/man1/gpreempt-ebpf.1.gz",
         "/usr/share/man/man1/gpreempt-ebpf-run.1.gz",

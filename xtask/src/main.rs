@@ -8,6 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod deploy;
 mod package;
 mod vm;
 
@@ -30,7 +31,8 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// What CI runs: setup, fmt check, clippy, then `test` in a fresh mount namespace (.ci/fresh).
+    /// What CI runs: setup, fmt check, clippy (with and without the emulator), then `test` in a
+    /// fresh mount namespace (.ci/fresh).
     Ci,
     /// Benchmarks: tracer overhead against no tracer, bpftrace and strace; ring-buffer throughput;
     /// `top`'s CPU and memory with 10,000 queues (`--top-only`: just that).
@@ -39,6 +41,9 @@ enum Task {
     Demo,
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
+    /// Prepare the packaging test (kubernetes-validate from PyPI, a Debian image base made by
+    /// mmdebstrap, both in .tools; idempotent; `test` runs it).
+    DeploySetup,
     /// Build the Debian package (target/debian/gpreempt-ebpf_VERSION_amd64.deb): the binary, the
     /// systemd unit, README, docs/ and example policies, man pages, shell completions.
     Package {
@@ -71,6 +76,10 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+/// The feature that builds `gpreempt-ebpf sim` (the emulator) in: every build here but the
+/// package's (the tests crate enables it too, so workspace builds agree).
+pub const SIM: [&str; 2] = ["--features", "gpreempt-user/sim"];
+
 fn setup() -> Result<()> {
     run(Command::new("bash").arg(root().join("xtask/setup-toolchain.sh")))
 }
@@ -80,7 +89,9 @@ fn setup() -> Result<()> {
 /// end-to-end test drives it in a tmux pane and signals it with pkill), strace (a tracer that
 /// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
 /// generator), and for the service
-/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
+/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
+/// for the packaging test: buildah (builds the image, no daemon), mmdebstrap (its Debian base)
+/// and python3-pip (installs the manifest validator).
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -94,6 +105,9 @@ fn test_packages() -> Result<()> {
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),
         ("prometheus", "/usr/bin/prometheus"),
+        ("buildah", "/usr/bin/buildah"),
+        ("mmdebstrap", "/usr/bin/mmdebstrap"),
+        ("python3-pip", "/usr/bin/pip3"),
     ])
 }
 
@@ -124,7 +138,7 @@ fn main() -> Result<()> {
         Task::Setup => setup(),
         Task::Build => {
             setup()?;
-            run(cargo().args(["build", "--release", "--bins"]))
+            run(cargo().args(["build", "--release", "--bins"]).args(SIM))
         }
         Task::Test { args } => {
             setup()?;
@@ -134,10 +148,14 @@ fn main() -> Result<()> {
             test_packages()?;
             // The VM tests boot distribution kernels with the real amdgpu module.
             vm::setup()?;
-            // The kernel tests run the built binaries (gpreempt-ebpf, kfd-poke).
-            run(cargo().args(["build", "--bins"]))?;
-            // The service test installs the package (of this debug build: no second build).
+            // The packaging test: the manifest validator and the image's Debian base.
+            deploy::prepare()?;
+            // The service test installs the package of the debug build, without the emulator as
+            // a host gets it. First: its build leaves target/debug/gpreempt-ebpf without `sim`,
+            // the build below puts the emulator back.
             package::package("debug")?;
+            // The kernel tests run the built binaries (gpreempt-ebpf with `sim`, kfd-poke).
+            run(cargo().args(["build", "--bins"]).args(SIM))?;
             run(cargo()
                 .args([
                     "test",
@@ -151,13 +169,30 @@ fn main() -> Result<()> {
         }
         Task::Ci => {
             setup()?;
+            // Downloads (PyPI, Debian's mirror) while fmt and clippy use the CPU; `test` finds
+            // them made. The packages it needs are .ci/run's.
+            let prepared = std::thread::spawn(deploy::prepare);
             run(cargo().args(["fmt", "--all", "--check"]))?;
+            // The workspace has the emulator (the tests crate enables `sim`); the binary the
+            // package ships is gpreempt-user without it, linted on its own (~10 s more).
             run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            run(cargo().args([
+                "clippy",
+                "-p",
+                "gpreempt-user",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
             if !is_root() {
                 bail!(
                     "CI runs the tests as root in a fresh mount namespace: sudo -E cargo xtask ci"
                 );
             }
+            prepared
+                .join()
+                .map_err(|_| anyhow::anyhow!("preparing the packaging test's tools panicked"))??;
             // As on a freshly booted machine: no tracefs or debugfs mounted, empty /run and
             // /tmp, whatever earlier runs left here.
             run(Command::new(root().join(".ci/fresh")).args(["cargo", "xtask", "test"]))
@@ -172,13 +207,19 @@ fn main() -> Result<()> {
             }
             vm::setup()
         }
+        Task::DeploySetup => {
+            if !is_root() {
+                bail!("mmdebstrap makes the image base as root: sudo -E cargo xtask deploy-setup");
+            }
+            deploy::prepare()
+        }
         Task::Package { debug } => {
             setup()?;
             package::package(if debug { "debug" } else { "release" }).map(|_| ())
         }
         Task::Demo => {
             setup()?;
-            run(cargo().args(["build", "--release", "--bins"]))?;
+            run(cargo().args(["build", "--release", "--bins"]).args(SIM))?;
             demo()
         }
     }

@@ -8,6 +8,11 @@ pub mod manual;
 pub mod policy;
 pub mod queues;
 pub mod run;
+#[cfg(feature = "sim")]
+pub mod sim;
+/// Without the `sim` feature, `sim` says how to get a build with the emulator.
+#[cfg(not(feature = "sim"))]
+#[path = "nosim.rs"]
 pub mod sim;
 pub mod top;
 pub mod trace;

@@ -81,11 +81,12 @@ pub struct BenchArgs {
     pub pairs: Option<String>,
 }
 
-/// `cargo build --release ARGS`.
+/// `cargo build --release ARGS`, with the emulator (the benches run `sim`).
 fn build_release(args: &[&str]) -> Result<()> {
     run_cmd(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args(["build", "--release"])
+            .args(crate::SIM)
             .args(args),
     )
 }
