@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask <setup|build|test|ci|bench|demo>`.
+//! Project tasks: `cargo xtask <setup|build|test|ci|bench|demo|screenshot|...>`.
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod deploy;
 mod package;
+mod screenshot;
 mod vm;
 
 #[derive(Parser)]
@@ -39,6 +40,13 @@ enum Task {
     Bench(bench::BenchArgs),
     /// The main job: build, then `top` on the emulated GPU with an online and an offline workload.
     Demo,
+    /// README's picture of `top`: the demo in a tmux pane for a while, captured with its
+    /// colours and drawn as SVG (docs/img/top.svg).
+    Screenshot {
+        /// How long the demo runs before the capture (s).
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+    },
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
     /// Prepare the packaging test (kubernetes-validate from PyPI, a Debian image base made by
@@ -221,6 +229,15 @@ fn main() -> Result<()> {
             setup()?;
             run(cargo().args(["build", "--release", "--bins"]).args(SIM))?;
             demo()
+        }
+        Task::Screenshot { secs } => {
+            setup()?;
+            run(cargo().args(["build", "--release", "--bins"]).args(SIM))?;
+            screenshot::screenshot(
+                &root().join("target/release/gpreempt-ebpf"),
+                secs,
+                &root().join("docs/img/top.svg"),
+            )
         }
     }
 }
