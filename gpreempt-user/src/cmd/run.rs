@@ -26,7 +26,7 @@ use crate::{
         daemon::{self, Request, Response, Status},
         requests::{answer, finish, Answer, Answered},
     },
-    kfd::Paths,
+    kfd::{control::TargetError, Paths},
     model::Update,
     observe::watch::{Intervals, Watcher},
     outcome::Notice,
@@ -225,6 +225,13 @@ impl Ctx {
     }
 
     fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {
+        if let ActError::Target(TargetError::Reused { .. }) = e {
+            // Not a process that cannot be controlled: the one the model knew is gone. Its
+            // pid's new owner is read afresh (a new process, classified anew).
+            w.recheck(pid);
+            self.status_dirty = true;
+            return;
+        }
         let text = e.to_string();
         if self.refused.get(&pid) != Some(&text) {
             log::warn!("pid {pid}: cannot be controlled: {text}");
@@ -412,10 +419,17 @@ impl Ctx {
 
     fn notice(&mut self, w: &mut Watcher, n: Notice) {
         match n {
-            Notice::TargetGone { pid } => {
-                self.engine.forget(pid, None);
-                for b in &mut self.backends.list {
-                    b.forget(pid);
+            Notice::TargetGone { pid, start_time } => {
+                // The pid's next owner, if the model knows it already, is another process.
+                let reused = w.state.procs.get(&pid).is_some_and(|p| {
+                    p.exited_ns.is_none()
+                        && p.info.as_ref().is_some_and(|i| i.start_time != start_time)
+                });
+                if !reused {
+                    self.engine.forget(pid, None);
+                    for b in &mut self.backends.list {
+                        b.forget(pid);
+                    }
                 }
             }
             Notice::Acted {

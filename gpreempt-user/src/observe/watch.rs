@@ -408,6 +408,12 @@ impl Watcher {
         }
     }
 
+    /// Reads `pid`'s /proc facts again now: an act found the pid owned by another process than
+    /// the model's (a different start time), and the model replaces it with the new one.
+    pub fn recheck(&mut self, pid: u32) {
+        self.proc_info(pid);
+    }
+
     fn proc_info(&mut self, pid: u32) {
         match procinfo::read(&self.paths.proc, pid) {
             Ok(info) => self.state.apply(Update::ProcInfo { pid, info }),
