@@ -658,3 +658,94 @@ kill -INT $B $S; wait $B $S || true
     );
     assert_nothing_left();
 }
+
+/// Issue 34 finding 3 (a pid is not an identity): an offline process that existed before `run`
+/// started (so no exit record of it ever comes: it made no GPU call since) is held, killed, and
+/// an unprivileged process takes its pid at once (clone3 with set_tid) and opens the GPU. The
+/// controller's model still names the old process under that pid; every act names the process by
+/// its start time too, so the new owner is never seized or suspended, the act is refused as "pid
+/// reused", and the new owner is classified afresh (uid 65534: the example's default, ignore).
+/// Reconciliation is slowed to once in 10 minutes so that the reuse always falls between two
+/// passes, as an attacker times it. Emulated.
+#[test]
+fn a_held_process_whose_pid_is_reused_leaves_the_new_owner_untouched() {
+    let _one = serial();
+    let t = TempDir::new("reuse");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let wp = bin("with-pid");
+    let wp = wp.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+NGP=$GP
+setpriv --reuid 65534 --regid 65534 --clear-groups test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+$GP sim workload {OFFLINE} --duration 60 >/dev/null 2>&1 & B=$!
+echo $B > {d}/pid
+sleep 1.5
+$GP sim workload --profile resnet18_b1 --rate 200 --priority 15 --duration 60 >/dev/null 2>&1 & A=$!
+$GP run --policy {policy} --audit {d}/audit.jsonl --reconcile-interval 600000 2>{d}/run.err & R=$!
+for i in $(seq 300); do grep -q "\"held\":\[\[$B," $S 2>/dev/null && break; sleep 0.05; done
+grep -q "\"held\":\[\[$B," $S && echo 1 > {d}/held || echo 0 > {d}/held
+kill -9 $B; wait $B || true
+wc -l < {d}/audit.jsonl > {d}/audit.before
+{wp} $B setpriv --reuid 65534 --regid 65534 --clear-groups $NGP sim workload --profile resnet50_b8 --offline --duration 5 > {d}/new.out 2>&1 & N=$!
+# The new owner's tracer and state, every 10 ms while it runs.
+while kill -0 $N 2>/dev/null; do
+  grep -s TracerPid /proc/$B/status | cut -f2 >> {d}/tracer || true
+  sleep 0.01
+done
+wait $N; echo $? > {d}/new.rc
+cp $S {d}/status.json
+kill -INT $R; wait $R
+kill -INT $A; wait $A || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let err = text(&t.path("run.err"));
+    let pid = text(&t.path("pid")).trim().to_string();
+    assert_eq!(text(&t.path("held")).trim(), "1", "never held:\n{err}");
+    let new = text(&t.path("new.out"));
+    assert_eq!(text(&t.path("new.rc")).trim(), "0", "{new}");
+    assert!(
+        new.contains(&format!("pid {pid} gpu")),
+        "the new process did not get pid {pid}:\n{new}"
+    );
+    let tracer = text(&t.path("tracer"));
+    assert!(tracer.lines().count() > 100, "too few samples: {tracer}");
+    assert!(
+        tracer.lines().all(|l| l.trim() == "0"),
+        "the new owner of pid {pid} was ptrace-attached:\n{tracer}\n{err}"
+    );
+    let before: usize = text(&t.path("audit.before")).trim().parse().unwrap();
+    let audit = text(&t.path("audit.jsonl"));
+    let after: Vec<serde_json::Value> = audit
+        .lines()
+        .skip(before)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| r["pid"].to_string() == pid)
+        .collect();
+    assert!(
+        after.iter().all(|r| r["action"] != "suspend"
+            || r["done"].as_array().is_none_or(|d| d.is_empty())),
+        "the new owner of pid {pid} was suspended: {after:#?}"
+    );
+    // The stale decision was made and refused: the test did exercise the reuse.
+    assert!(
+        after.iter().any(|r| r["failed"]
+            .as_str()
+            .is_some_and(|f| f.contains(&format!("pid {pid} was reused")))),
+        "no act was refused as a reused pid: {after:#?}\n{err}"
+    );
+    let status = json(&t.path("status.json"));
+    assert_eq!(
+        status["classes"][&pid], "ignore",
+        "the new owner was not classified afresh: {}",
+        status["classes"]
+    );
+    assert!(status["refused"].get(&pid).is_none(), "{}", status["refused"]);
+    assert_nothing_left();
+}
