@@ -729,8 +729,9 @@ kill -INT $A; wait $A || true
         .filter(|r: &serde_json::Value| r["pid"].to_string() == pid)
         .collect();
     assert!(
-        after.iter().all(|r| r["action"] != "suspend"
-            || r["done"].as_array().is_none_or(|d| d.is_empty())),
+        after
+            .iter()
+            .all(|r| r["action"] != "suspend" || r["done"].as_array().is_none_or(|d| d.is_empty())),
         "the new owner of pid {pid} was suspended: {after:#?}"
     );
     // The stale decision was made and refused: the test did exercise the reuse.
@@ -746,6 +747,10 @@ kill -INT $A; wait $A || true
         "the new owner was not classified afresh: {}",
         status["classes"]
     );
-    assert!(status["refused"].get(&pid).is_none(), "{}", status["refused"]);
+    assert!(
+        status["refused"].get(&pid).is_none(),
+        "{}",
+        status["refused"]
+    );
     assert_nothing_left();
 }
