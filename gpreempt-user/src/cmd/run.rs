@@ -225,12 +225,17 @@ impl Ctx {
     }
 
     fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {
-        if let ActError::Target(TargetError::Reused { .. }) = e {
-            // Not a process that cannot be controlled: the one the model knew is gone. Its
-            // pid's new owner is read afresh (a new process, classified anew).
-            w.recheck(pid);
-            self.status_dirty = true;
-            return;
+        match e {
+            ActError::Target(TargetError::Reused { .. }) => {
+                // Not a process that cannot be controlled: the one the model knew is gone. Its
+                // pid's new owner is read afresh (a new process, classified anew).
+                w.recheck(pid);
+                self.status_dirty = true;
+                return;
+            }
+            // The model may not know yet: its record goes now, not at the next reconcile.
+            ActError::Target(TargetError::Gone) => w.recheck(pid),
+            _ => {}
         }
         let text = e.to_string();
         if self.refused.get(&pid) != Some(&text) {

@@ -408,6 +408,34 @@ impl Watcher {
         }
     }
 
+    /// Before a GPU set-up call of `pid` lands in its record: is the record's process the one
+    /// that has the pid now? A process that was never seen to exit (it made no GPU call while
+    /// we watched, so no exit record came) may have handed its pid to a new one, whose calls
+    /// would otherwise count as the old one's (and get its class). The new one gets a record of
+    /// its own and is classified afresh.
+    fn same_owner(&mut self, pid: u32) {
+        let Some(known) = self
+            .state
+            .procs
+            .get(&pid)
+            .filter(|p| p.exited_ns.is_none())
+            .and_then(|p| p.info.as_ref())
+            .map(|i| i.start_time)
+        else {
+            return;
+        };
+        match procinfo::start_time(&self.paths.proc, pid) {
+            Ok(t) if t != known => {
+                log::warn!(
+                    "pid {pid}: a new process (started at tick {t}) has the pid of one started at \
+                     tick {known} whose exit was not seen: a new process, classified afresh"
+                );
+                self.proc_info(pid);
+            }
+            _ => {}
+        }
+    }
+
     /// Reads `pid`'s /proc facts again now: an act found the pid owned by another process than
     /// the model's (a different start time), and the model replaces it with the new one.
     pub fn recheck(&mut self, pid: u32) {
@@ -460,6 +488,8 @@ impl Watcher {
         let mut batch = std::mem::take(&mut self.batch);
         // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
         let mut pids = Vec::new();
+        // Processes whose owner was checked in this batch (see `setting_up`).
+        let mut checked = Vec::new();
         self.applied[0] += 1;
         for ev in batch.drain(..) {
             let kind = match &ev {
@@ -478,6 +508,12 @@ impl Watcher {
                     }
                 }
                 self.losses.forget(x.origin.pid);
+            }
+            if let Some(pid) = setting_up(&ev) {
+                if !checked.contains(&pid) {
+                    checked.push(pid);
+                    self.same_owner(pid);
+                }
             }
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
@@ -685,6 +721,28 @@ const APPLIED: [&str; 6] = [
     "launches",
     "exits",
 ];
+
+/// The caller of a GPU set-up call (a runtime opening KFD, a queue, an RM client): rare, and
+/// what a new process under a reused pid does first.
+fn setting_up(ev: &Event) -> Option<u32> {
+    match ev {
+        Event::Ioctl(i) => matches!(
+            i.call,
+            KfdCall::GetVersion(_)
+                | KfdCall::AcquireVm(_)
+                | KfdCall::RuntimeEnable(_)
+                | KfdCall::CreateQueue { .. }
+        )
+        .then_some(i.origin.pid),
+        Event::Nv(n) => matches!(
+            n.call,
+            crate::observe::events::NvCall::Alloc { h_class, .. }
+                if h_class == gpreempt_common::nv::class::NV01_ROOT_CLIENT
+        )
+        .then_some(n.origin.pid),
+        _ => None,
+    }
+}
 
 /// For a successful DBG_TRAP SUSPEND/RESUME_QUEUES: which queues it acted on. The kernel writes
 /// status bits into the caller's queue array; entries without ERROR/INVALID were acted on.
