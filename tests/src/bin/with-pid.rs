@@ -1,10 +1,9 @@
 //! Runs a command as the process with a chosen pid, for the pid-reuse tests: clone3 with
 //! `set_tid` (root: CAP_SYS_ADMIN over the pid namespace, Linux 5.5+), then exec in the child.
 //!
-//! Usage: with-pid [--wait] PID CMD [ARGS]...   waits for CMD and exits with its status.
+//! Usage: with-pid PID CMD [ARGS]...   waits for CMD and exits with its status; prints nothing.
 //! Fails (exit 2, one line on stderr) when the pid is taken or set_tid is refused: a test must
-//! know its process did get the pid. `--wait`: while the pid is taken, try again (every 50 us,
-//! for 30 s at most), so CMD gets it the moment it is freed.
+//! know its process did get the pid.
 
 use std::{ffi::CString, process::ExitCode};
 
@@ -26,11 +25,7 @@ struct CloneArgs {
 }
 
 fn main() -> ExitCode {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let wait = args.first().is_some_and(|a| a == "--wait");
-    if wait {
-        args.remove(0);
-    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(pid), true) = (
         args.first().and_then(|p| p.parse::<libc::pid_t>().ok()),
         args.len() >= 2,
@@ -55,22 +50,14 @@ fn main() -> ExitCode {
         set_tid_size: 1,
         ..Default::default()
     };
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let r = loop {
-        // SAFETY: clone3 reads `ca` (a live, correctly sized struct) and the one-pid array it
-        // points to; without CLONE_VM the child gets a copy of this single-threaded process.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                &ca as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
-        let taken = r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST);
-        if !(wait && taken && std::time::Instant::now() < end) {
-            break r;
-        }
-        std::thread::sleep(std::time::Duration::from_micros(50));
+    // SAFETY: clone3 reads `ca` (a live, correctly sized struct) and the one-pid array it points
+    // to; without CLONE_VM the child gets a copy of this single-threaded process.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &ca as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
     };
     if r < 0 {
         eprintln!(
