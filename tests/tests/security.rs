@@ -759,3 +759,65 @@ kill -INT $A; wait $A || true
     );
     assert_nothing_left();
 }
+
+/// Issue 34 finding 5: the lease guardian must not kill a controller that is making progress.
+/// The held offline job is flooded with signals (each one a ptrace stop the controller handles)
+/// while twelve online processes with launch hints end together, so their uprobes are detached
+/// (each detach waits for an RCU grace period: about 0.25 s per process on this host, more under
+/// the flood) and the controller is then stopped with SIGINT in the middle of the flood. It
+/// lives through all of it (the guardian's lease is 2 s here), exits 0 and leaves nothing held.
+/// Before the heartbeat had a thread of its own, the detaches alone kept the loop from beating
+/// for longer than the lease. Emulated.
+#[test]
+fn a_signal_flood_and_uprobe_teardown_do_not_make_the_guardian_kill_run() {
+    let _one = serial();
+    let t = TempDir::new("flood");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+$GP sim workload {OFFLINE} --duration 90 >/dev/null 2>&1 & B=$!
+$GP -v run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+while [ ! -e $S ]; do sleep 0.1; done
+ON=""
+for k in $(seq 12); do
+  $GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 8 >/dev/null 2>&1 & ON="$ON $!"
+done
+for i in $(seq 300); do grep -q "\"held\":\[\[$B," $S 2>/dev/null && break; sleep 0.05; done
+grep -q "\"held\":\[\[$B," $S && echo 1 > {d}/held || echo 0 > {d}/held
+# Signals the job ignores (SIGWINCH) and job control, as fast as two processes can send them.
+F=""
+for k in 1 2; do
+  perl -e '$p=shift; $e=time+40; while (time < $e) {{ kill "WINCH", $p or last; kill "STOP", $p; kill "CONT", $p }}' $B & F="$F $!"
+done
+# The online processes end (their hints are detached) while the flood goes on.
+wait $ON || true
+sleep 3
+kill -0 $R 2>/dev/null && echo 1 > {d}/alive || echo 0 > {d}/alive
+kill -INT $R 2>/dev/null || true; rc=0; wait $R || rc=$?; echo $rc > {d}/rc
+kill $F 2>/dev/null || true; wait $F 2>/dev/null || true
+kill -CONT $B 2>/dev/null || true
+kill -INT $B 2>/dev/null || true; wait $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(150));
+    let err = text(&t.path("run.err"));
+    assert_eq!(text(&t.path("held")).trim(), "1", "never held:\n{err}");
+    let hinted = err.matches("launch hints from").count();
+    assert!(hinted >= 10, "only {hinted} online processes got launch hints:\n{err}");
+    assert!(
+        !err.contains("killed the controller") && !err.contains("silent for"),
+        "the guardian acted on a controller that was making progress:\n{err}"
+    );
+    assert_eq!(text(&t.path("alive")).trim(), "1", "run died:\n{err}");
+    assert_eq!(num(&t.path("rc")), 0, "{err}");
+    assert!(
+        err.contains("interrupted: nothing is left suspended"),
+        "{err}"
+    );
+    assert_nothing_left();
+}
