@@ -808,7 +808,10 @@ kill -INT $B 2>/dev/null || true; wait $B || true
     let err = text(&t.path("run.err"));
     assert_eq!(text(&t.path("held")).trim(), "1", "never held:\n{err}");
     let hinted = err.matches("launch hints from").count();
-    assert!(hinted >= 10, "only {hinted} online processes got launch hints:\n{err}");
+    assert!(
+        hinted >= 10,
+        "only {hinted} online processes got launch hints:\n{err}"
+    );
     assert!(
         !err.contains("killed the controller") && !err.contains("silent for"),
         "the guardian acted on a controller that was making progress:\n{err}"

@@ -284,7 +284,7 @@ impl KfdBackend {
             install_panic_hook(h);
         }
         recover(&control, dir).await;
-        let lease = kfd_lease::KfdLease::start(dir, max_suspend)?;
+        let lease = kfd_lease::KfdLease::start(dir, max_suspend, control.turns())?;
         Ok((
             Self {
                 control,

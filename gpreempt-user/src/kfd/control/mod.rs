@@ -179,7 +179,14 @@ pub struct Control {
     tx: Option<mpsc::Sender<Req>>,
     wake: std::sync::Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
+    turns: Turns,
 }
+
+/// When the control thread last went round its loop (or a step of a long operation: a detach
+/// waiting for its target to stop, one target of a shutdown), CLOCK_MONOTONIC ns. It turns at
+/// least every 100 ms while alive: this is what the KFD lease's heartbeat watches, since this
+/// thread's watchdog is what bounds every hold.
+pub type Turns = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
 /// A cheap clone of the request side, for a panic hook or signal handler task.
 #[derive(Clone)]
@@ -272,10 +279,12 @@ impl Control {
         let (tx, rx) = mpsc::channel();
         let (ntx, nrx) = tmpsc::unbounded_channel();
         let thread_wake = wake_fd.clone();
+        let turns: Turns = std::sync::Arc::new(crate::clock::monotonic_ns().into());
+        let thread_turns = turns.clone();
         let thread = std::thread::Builder::new()
             .name("gpreempt-ctl".into())
             .spawn(move || {
-                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits);
+                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits, thread_turns);
                 t.run();
                 // Drop of `t` resumes and disables whatever is left (also when unwinding).
             })
@@ -285,9 +294,15 @@ impl Control {
                 tx: Some(tx),
                 wake: wake_fd,
                 thread: Some(thread),
+                turns,
             },
             nrx,
         ))
+    }
+
+    /// The control thread's turns, for the lease's heartbeat.
+    pub fn turns(&self) -> Turns {
+        self.turns.clone()
     }
 
     pub fn handle(&self) -> Option<ControlHandle> {

@@ -580,7 +580,12 @@ impl Thread {
 
     pub(super) fn release_all(&mut self) -> Vec<OpReport> {
         let pids: Vec<u32> = self.targets.keys().copied().collect();
-        pids.into_iter().filter_map(|p| self.release(p)).collect()
+        pids.into_iter()
+            .filter_map(|p| {
+                self.turn();
+                self.release(p)
+            })
+            .collect()
     }
 
     /// Ends the ptrace link: a seized tracee must be stopped to be detached, so interrupt it,
@@ -592,6 +597,7 @@ impl Thread {
         }
         let end = monotonic_ns() + 1_000_000_000;
         while monotonic_ns() < end {
+            self.turn();
             match waitpid(p, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_micros(200)),
                 Ok(WaitStatus::Stopped(_, sig)) => {

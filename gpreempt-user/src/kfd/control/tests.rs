@@ -344,7 +344,7 @@ fn rig(limits: Limits) -> Rig {
     let (tx, rx) = mpsc::channel();
     let (ntx, notices) = tmpsc::unbounded_channel();
     Rig {
-        t: Thread::new(kfd, sigfd, wake, rx, ntx, limits),
+        t: Thread::new(kfd, sigfd, wake, rx, ntx, limits, Arc::default()),
         tx,
         notices,
     }

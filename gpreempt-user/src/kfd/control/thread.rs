@@ -53,6 +53,8 @@ pub(super) struct Thread {
     pub(super) limits: Limits,
     /// Last look for destroys of held queues (not on every wake-up: it reads procfs).
     pub(super) destroy_scan_ns: u64,
+    /// Stamped on every turn ([`super::Turns`]).
+    pub(super) turns: super::Turns,
 }
 
 impl Thread {
@@ -63,6 +65,7 @@ impl Thread {
         rx: mpsc::Receiver<Req>,
         notices: tmpsc::UnboundedSender<Notice>,
         limits: Limits,
+        turns: super::Turns,
     ) -> Self {
         Self {
             kfd,
@@ -74,7 +77,14 @@ impl Thread {
             fenced: Fences::default(),
             limits,
             destroy_scan_ns: 0,
+            turns,
         }
+    }
+
+    /// This thread is alive and going round (the lease's heartbeat watches it).
+    pub(super) fn turn(&self) {
+        self.turns
+            .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn notice(&self, n: Notice) {
@@ -114,11 +124,13 @@ impl Thread {
                     .map(|(p, _)| *p)
                     .collect::<Vec<u32>>()
             };
+            self.turn();
             let mut buf = [0u8; 8];
             // SAFETY: reading 8 bytes into a live buffer from our eventfd.
             unsafe { libc::read(self.wake.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
             // Requests first: a suspend is latency-critical, the housekeeping below is not.
             loop {
+                self.turn();
                 match self.rx.try_recv() {
                     Ok(Req::Shutdown(reply)) => {
                         let out = self.release_all();
@@ -278,6 +290,7 @@ impl Thread {
         let pids: Vec<u32> = self.targets.keys().copied().collect();
         for pid in pids {
             let p = Pid::from_raw(pid as i32);
+            self.turn();
             for _ in 0..64 {
                 match waitpid(p, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                     Ok(WaitStatus::StillAlive) => break,
