@@ -824,3 +824,73 @@ kill -INT $B 2>/dev/null || true; wait $B || true
     );
     assert_nothing_left();
 }
+
+/// Issue 34 (by design until now): an offline job that runs under a tracer of its own (here
+/// `strace -f`, started with it) cannot be seized by the controller, so it escapes control. It
+/// is not hidden: `queues` (read by an unprivileged user), `queues --json` and the metrics show
+/// it as uncontrollable with the reason, and the metrics count it by reason. Emulated.
+#[test]
+fn a_job_under_its_own_tracer_is_shown_uncontrollable_and_counted() {
+    let _one = serial();
+    let t = TempDir::new("evade");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+NGP=$GP
+setpriv --reuid 65534 --regid 65534 --clear-groups test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+strace -f -o /dev/null $GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & T=$!
+for i in $(seq 100); do B=$(pgrep -P $T || true); [ -n "$B" ] && break; sleep 0.05; done
+echo $B > {d}/pid
+$GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & A=$!
+$GP run --policy {policy} --metrics 127.0.0.1:0 2>{d}/run.err & R=$!
+for i in $(seq 200); do grep -q "\"$B\":" $S 2>/dev/null && grep -q "\"refused\":{{.*\"$B\"" $S && break; sleep 0.1; done
+# The metrics page is rendered once a second.
+sleep 2.5
+ADDR=$(sed -n 's|.*metrics at http://\([^/]*\)/metrics.*|\1|p' {d}/run.err)
+perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(shift) or die "connect: $!"; print $s "GET /metrics HTTP/1.0\r\n\r\n"; print while <$s>' $ADDR > {d}/metrics
+setpriv --reuid 65534 --regid 65534 --clear-groups $NGP queues --json > {d}/queues.json
+setpriv --reuid 65534 --regid 65534 --clear-groups $NGP queues > {d}/queues.txt
+kill -INT $R; wait $R
+kill -INT $A $T 2>/dev/null || true; kill -INT $B 2>/dev/null || true; wait $A $T || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let err = text(&t.path("run.err"));
+    let pid = text(&t.path("pid")).trim().to_string();
+    let q = json(&t.path("queues.json"));
+    let p = q["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"].to_string() == pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in queues --json: {q:#}\n{err}"));
+    assert_eq!(p["uncontrollable"]["kind"], "traced", "{p:#}\n{err}");
+    let reason = p["uncontrollable"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("already traced by pid") && reason.contains("(strace)"),
+        "{reason}"
+    );
+    let table = text(&t.path("queues.txt"));
+    assert!(
+        table.contains(&format!("uncontrollable (traced): pid {pid} ")),
+        "{table}"
+    );
+    let m = text(&t.path("metrics"));
+    assert!(
+        m.lines()
+            .any(|l| l == "gpreempt_processes_uncontrollable{reason=\"traced\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpreempt_process_uncontrollable{")
+                && l.contains(&format!("pid=\"{pid}\""))
+                && l.contains("reason=\"traced\"")
+                && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert_nothing_left();
+}

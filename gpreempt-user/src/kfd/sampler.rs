@@ -346,6 +346,7 @@ mod tests {
             last_launch_ns: None,
             launches: 0,
             kernel_names: Default::default(),
+            uncontrollable: None,
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

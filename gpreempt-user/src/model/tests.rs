@@ -357,6 +357,7 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         last_launch_ns: None,
         launches: 0,
         kernel_names: Default::default(),
+        uncontrollable: None,
     };
     assert_eq!(s.procs, BTreeMap::from([(100, process)]));
     assert_eq!(

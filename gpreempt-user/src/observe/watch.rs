@@ -252,6 +252,10 @@ impl Watcher {
             // The controller is gone: the kernel resumed whatever it held, and nothing it changed
             // is in force (its guardian put the timeslices back).
             if let Some(old) = self.controller.take() {
+                // What it could not act on is nobody's business now.
+                for &pid in old.uncontrollable.keys().chain(old.refused.keys()) {
+                    self.state.apply(Update::Uncontrollable { pid, why: None });
+                }
                 if !old.timeslices.is_empty() {
                     self.state.apply(Update::Timeslices(Vec::new()));
                 }
@@ -280,6 +284,27 @@ impl Watcher {
                     class: Some(class.clone()),
                 });
             }
+        }
+        // What the controller cannot act on (an older controller publishes the sentence only).
+        let mut changed = Vec::new();
+        for p in self.state.procs.values() {
+            let want = s.uncontrollable.get(&p.pid).cloned().or_else(|| {
+                s.refused
+                    .get(&p.pid)
+                    .map(|reason| crate::model::Uncontrollable {
+                        kind: "other".into(),
+                        reason: reason.clone(),
+                    })
+            });
+            if p.uncontrollable != want {
+                changed.push(Update::Uncontrollable {
+                    pid: p.pid,
+                    why: want,
+                });
+            }
+        }
+        for u in changed {
+            self.state.apply(u);
         }
         let by = s.controller_pid;
         let mut held: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();

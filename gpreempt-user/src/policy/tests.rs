@@ -616,6 +616,7 @@ impl World {
             last_launch_ns: None,
             launches: 0,
             kernel_names: Default::default(),
+            uncontrollable: None,
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));
