@@ -726,7 +726,9 @@ kill -INT $A; wait $A || true
         .lines()
         .skip(before)
         .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|r: &serde_json::Value| r["pid"].to_string() == pid)
+        .filter(|r: &serde_json::Value| {
+            r["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid)
+        })
         .collect();
     assert!(
         after
@@ -865,7 +867,10 @@ kill -INT $A $T 2>/dev/null || true; kill -INT $B 2>/dev/null || true; wait $A $
     let q = json(&t.path("queues.json"));
     let p = q["processes"]
         .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["pid"].to_string() == pid))
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid))
+        })
         .unwrap_or_else(|| panic!("pid {pid} not in queues --json: {q:#}\n{err}"));
     assert_eq!(p["uncontrollable"]["kind"], "traced", "{p:#}\n{err}");
     let reason = p["uncontrollable"]["reason"].as_str().unwrap_or_default();
