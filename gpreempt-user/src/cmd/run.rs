@@ -234,8 +234,19 @@ impl Ctx {
                 self.status_dirty = true;
                 return;
             }
-            // The model may not know yet: its record goes now, not at the next reconcile.
-            ActError::Target(TargetError::Gone) => w.recheck(pid),
+            ActError::Target(TargetError::Gone) => {
+                // The model may not know yet: its record goes now, not at the next reconcile,
+                // and a process that is gone is not one that cannot be controlled.
+                w.recheck(pid);
+                if w.state
+                    .procs
+                    .get(&pid)
+                    .is_none_or(|p| p.exited_ns.is_some())
+                {
+                    self.controllable(w, pid);
+                    return;
+                }
+            }
             _ => {}
         }
         let text = e.to_string();
