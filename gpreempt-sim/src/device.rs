@@ -43,6 +43,9 @@ pub struct Shared {
     next_fh: AtomicU64,
     epoch: Instant,
     pub stop: AtomicBool,
+    /// tgid -> its start time when its KFD process was made: the kernel keys a KFD process on
+    /// its mm, so a new process under a reused pid gets a fresh one (never the old one's state).
+    starts: Mutex<HashMap<u32, u64>>,
 }
 
 enum Open {
@@ -227,7 +230,22 @@ impl Shared {
             next_fh: AtomicU64::new(1),
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
+            starts: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn starts(&self) -> MutexGuard<'_, HashMap<u32, u64>> {
+        self.starts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the KFD process of `pid` belongs to a process that is gone: exited (no mm), or
+    /// its pid now names another process (a different start time).
+    fn kfd_process_gone(&self, pid: u32) -> bool {
+        if !host::process_alive(pid) {
+            return true;
+        }
+        let known = self.starts().get(&pid).copied();
+        known.is_some_and(|k| host::start_time(pid).is_some_and(|now| now != k))
     }
 
     pub fn now(&self) -> u64 {
@@ -283,10 +301,11 @@ impl Shared {
                         .procs
                         .keys()
                         .copied()
-                        .filter(|p| !host::process_alive(*p))
+                        .filter(|p| self.kfd_process_gone(*p))
                         .collect();
                     for pid in gone {
                         kfd.process_exit(pid, now);
+                        self.starts().remove(&pid);
                     }
                 }
                 self.settle(&mut kfd, now);
@@ -385,7 +404,19 @@ impl Filesystem for SimFs {
                 let Some(tgid) = host::tgid_of(tid) else {
                     return reply.error(Errno::ESRCH);
                 };
-                self.0.lock().open(Caller { tgid, tid });
+                let mut kfd = self.0.lock();
+                // A pid reused before the engine's reap saw the old process go: the old
+                // process's KFD state ends first.
+                if kfd.procs.contains_key(&tgid) && self.0.kfd_process_gone(tgid) {
+                    kfd.process_exit(tgid, self.0.now());
+                    self.0.starts().remove(&tgid);
+                }
+                if !kfd.procs.contains_key(&tgid) {
+                    if let Some(t) = host::start_time(tgid) {
+                        self.0.starts().insert(tgid, t);
+                    }
+                }
+                kfd.open(Caller { tgid, tid });
                 Open::Device { owner: tgid }
             }
             Node::Text(t) => Open::Text(t.into_bytes()),

@@ -112,6 +112,17 @@ pub fn status_field(pid: u32, key: &str) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A process's start time (clock ticks after boot, field 22 of /proc/PID/stat).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 3 (state) is the first after the comm's closing parenthesis.
+    s[s.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
 /// The thread group of a thread id.
 pub fn tgid_of(tid: u32) -> Option<u32> {
     status_field(tid, "Tgid:")

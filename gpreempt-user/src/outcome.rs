@@ -125,8 +125,9 @@ pub struct TimesliceChange {
 /// know: the KFD control thread, the NVIDIA backend.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Notice {
-    /// A controlled process exited (its queues went with it).
-    TargetGone { pid: u32 },
+    /// A controlled process exited (its queues went with it); its start time names which one
+    /// (the pid may have a new owner by the time this is read).
+    TargetGone { pid: u32, start_time: u64 },
     /// Queues the thread suspended or resumed without a request: new queues of a process held
     /// suspended as a whole, the watchdog, a fence.
     Acted {

@@ -658,3 +658,244 @@ kill -INT $B $S; wait $B $S || true
     );
     assert_nothing_left();
 }
+
+/// Issue 34 finding 3 (a pid is not an identity): an offline process that existed before `run`
+/// started (so no exit record of it ever comes: it made no GPU call since) is held, killed, and
+/// an unprivileged process takes its pid at once (clone3 with set_tid) and opens the GPU. The
+/// controller's model still names the old process under that pid; every act names the process by
+/// its start time too, so the new owner is never seized or suspended, the act is refused as "pid
+/// reused", and the new owner is classified afresh (uid 65534: the example's default, ignore).
+/// Reconciliation is slowed to once in 10 minutes so that the reuse always falls between two
+/// passes, as an attacker times it. Emulated.
+#[test]
+fn a_held_process_whose_pid_is_reused_leaves_the_new_owner_untouched() {
+    let _one = serial();
+    let t = TempDir::new("reuse");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let wp = bin("with-pid");
+    let wp = wp.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+NGP=$GP
+setpriv --reuid 65534 --regid 65534 --clear-groups test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+$GP sim workload {OFFLINE} --duration 60 >/dev/null 2>&1 & B=$!
+echo $B > {d}/pid
+sleep 1.5
+$GP sim workload --profile resnet18_b1 --rate 200 --priority 15 --duration 60 >/dev/null 2>&1 & A=$!
+$GP run --policy {policy} --audit {d}/audit.jsonl --reconcile-interval 600000 2>{d}/run.err & R=$!
+for i in $(seq 300); do grep -q "\"held\":\[\[$B," $S 2>/dev/null && break; sleep 0.05; done
+grep -q "\"held\":\[\[$B," $S && echo 1 > {d}/held || echo 0 > {d}/held
+kill -9 $B; wait $B || true
+wc -l < {d}/audit.jsonl > {d}/audit.before
+{wp} $B setpriv --reuid 65534 --regid 65534 --clear-groups $NGP sim workload --profile resnet50_b8 --offline --duration 5 > {d}/new.out 2>&1 & N=$!
+# The new owner's tracer and state, every 10 ms while it runs.
+while kill -0 $N 2>/dev/null; do
+  grep -s TracerPid /proc/$B/status | cut -f2 >> {d}/tracer || true
+  sleep 0.01
+done
+wait $N; echo $? > {d}/new.rc
+cp $S {d}/status.json
+kill -INT $R; wait $R
+kill -INT $A; wait $A || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let err = text(&t.path("run.err"));
+    let pid = text(&t.path("pid")).trim().to_string();
+    assert_eq!(text(&t.path("held")).trim(), "1", "never held:\n{err}");
+    let new = text(&t.path("new.out"));
+    assert_eq!(text(&t.path("new.rc")).trim(), "0", "{new}");
+    assert!(
+        new.contains(&format!("pid {pid} gpu")),
+        "the new process did not get pid {pid}:\n{new}"
+    );
+    let tracer = text(&t.path("tracer"));
+    assert!(tracer.lines().count() > 100, "too few samples: {tracer}");
+    assert!(
+        tracer.lines().all(|l| l.trim() == "0"),
+        "the new owner of pid {pid} was ptrace-attached:\n{tracer}\n{err}"
+    );
+    let before: usize = text(&t.path("audit.before")).trim().parse().unwrap();
+    let audit = text(&t.path("audit.jsonl"));
+    let after: Vec<serde_json::Value> = audit
+        .lines()
+        .skip(before)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| {
+            r["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid)
+        })
+        .collect();
+    assert!(
+        after
+            .iter()
+            .all(|r| r["action"] != "suspend" || r["done"].as_array().is_none_or(|d| d.is_empty())),
+        "the new owner of pid {pid} was suspended: {after:#?}"
+    );
+    // The reuse was met: at the new owner's first GPU call, or by a stale act refused.
+    let refused = after.iter().any(|r| {
+        r["failed"]
+            .as_str()
+            .is_some_and(|f| f.contains(&format!("pid {pid} was reused")))
+    });
+    let seen = err.contains(&format!("pid {pid}: a new process (started at tick"));
+    assert!(
+        refused || seen,
+        "the reuse of pid {pid} was not noticed: {after:#?}\n{err}"
+    );
+    println!("reuse noticed: at its first GPU call {seen}, by a refused act {refused}");
+    let status = json(&t.path("status.json"));
+    assert_eq!(
+        status["classes"][&pid], "ignore",
+        "the new owner was not classified afresh: {}",
+        status["classes"]
+    );
+    assert!(
+        status["refused"].get(&pid).is_none(),
+        "{}",
+        status["refused"]
+    );
+    assert_nothing_left();
+}
+
+/// Issue 34 finding 5: the lease guardian must not kill a controller that is making progress.
+/// The held offline job is flooded with signals (each one a ptrace stop the controller handles)
+/// while twelve online processes with launch hints end together, so their uprobes are detached
+/// (each detach waits for an RCU grace period: about 0.25 s per process on this host, more under
+/// the flood) and the controller is then stopped with SIGINT in the middle of the flood. It
+/// lives through all of it (the guardian's lease is 2 s here), exits 0 and leaves nothing held.
+/// Before the heartbeat had a thread of its own, the detaches alone kept the loop from beating
+/// for longer than the lease. Emulated.
+#[test]
+fn a_signal_flood_and_uprobe_teardown_do_not_make_the_guardian_kill_run() {
+    let _one = serial();
+    let t = TempDir::new("flood");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+$GP sim workload {OFFLINE} --duration 90 >/dev/null 2>&1 & B=$!
+$GP -v run --policy {policy} --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+while [ ! -e $S ]; do sleep 0.1; done
+ON=""
+for k in $(seq 12); do
+  $GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 8 >/dev/null 2>&1 & ON="$ON $!"
+done
+for i in $(seq 300); do grep -q "\"held\":\[\[$B," $S 2>/dev/null && break; sleep 0.05; done
+grep -q "\"held\":\[\[$B," $S && echo 1 > {d}/held || echo 0 > {d}/held
+# Signals the job ignores (SIGWINCH) and job control, as fast as two processes can send them.
+F=""
+for k in 1 2; do
+  perl -e '$p=shift; $e=time+40; while (time < $e) {{ kill "WINCH", $p or last; kill "STOP", $p; kill "CONT", $p }}' $B & F="$F $!"
+done
+# The online processes end (their hints are detached) while the flood goes on.
+wait $ON || true
+sleep 3
+kill -0 $R 2>/dev/null && echo 1 > {d}/alive || echo 0 > {d}/alive
+kill -INT $R 2>/dev/null || true; rc=0; wait $R || rc=$?; echo $rc > {d}/rc
+kill $F 2>/dev/null || true; wait $F 2>/dev/null || true
+kill -CONT $B 2>/dev/null || true
+kill -INT $B 2>/dev/null || true; wait $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(150));
+    let err = text(&t.path("run.err"));
+    assert_eq!(text(&t.path("held")).trim(), "1", "never held:\n{err}");
+    let hinted = err.matches("launch hints from").count();
+    assert!(
+        hinted >= 10,
+        "only {hinted} online processes got launch hints:\n{err}"
+    );
+    assert!(
+        !err.contains("killed the controller") && !err.contains("silent for"),
+        "the guardian acted on a controller that was making progress:\n{err}"
+    );
+    assert_eq!(text(&t.path("alive")).trim(), "1", "run died:\n{err}");
+    assert_eq!(num(&t.path("rc")), 0, "{err}");
+    assert!(
+        err.contains("interrupted: nothing is left suspended"),
+        "{err}"
+    );
+    assert_nothing_left();
+}
+
+/// Issue 34 (by design until now): an offline job that runs under a tracer of its own (here
+/// `strace -f`, started with it) cannot be seized by the controller, so it escapes control. It
+/// is not hidden: `queues` (read by an unprivileged user), `queues --json` and the metrics show
+/// it as uncontrollable with the reason, and the metrics count it by reason. Emulated.
+#[test]
+fn a_job_under_its_own_tracer_is_shown_uncontrollable_and_counted() {
+    let _one = serial();
+    let t = TempDir::new("evade");
+    let d = t.0.display();
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+NGP=$GP
+setpriv --reuid 65534 --regid 65534 --clear-groups test -x $GP || {{ cp $GP {d}/gp; chmod 755 {d}/gp; NGP={d}/gp; }}
+strace -f -o /dev/null $GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & T=$!
+for i in $(seq 100); do B=$(pgrep -P $T || true); [ -n "$B" ] && break; sleep 0.05; done
+echo $B > {d}/pid
+$GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & A=$!
+$GP run --policy {policy} --metrics 127.0.0.1:0 2>{d}/run.err & R=$!
+for i in $(seq 200); do grep -q "\"$B\":" $S 2>/dev/null && grep -q "\"refused\":{{.*\"$B\"" $S && break; sleep 0.1; done
+# The metrics page is rendered once a second.
+sleep 2.5
+ADDR=$(sed -n 's|.*metrics at http://\([^/]*\)/metrics.*|\1|p' {d}/run.err)
+perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(shift) or die "connect: $!"; print $s "GET /metrics HTTP/1.0\r\n\r\n"; print while <$s>' $ADDR > {d}/metrics
+setpriv --reuid 65534 --regid 65534 --clear-groups $NGP queues --json > {d}/queues.json
+setpriv --reuid 65534 --regid 65534 --clear-groups $NGP queues > {d}/queues.txt
+kill -INT $R; wait $R
+kill -INT $A $T 2>/dev/null || true; kill -INT $B 2>/dev/null || true; wait $A $T || true
+"#
+    );
+    sim(&script, Duration::from_secs(120));
+    let err = text(&t.path("run.err"));
+    let pid = text(&t.path("pid")).trim().to_string();
+    let q = json(&t.path("queues.json"));
+    let p = q["processes"]
+        .as_array()
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid))
+        })
+        .unwrap_or_else(|| panic!("pid {pid} not in queues --json: {q:#}\n{err}"));
+    assert_eq!(p["uncontrollable"]["kind"], "traced", "{p:#}\n{err}");
+    let reason = p["uncontrollable"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("already traced by pid") && reason.contains("(strace)"),
+        "{reason}"
+    );
+    let table = text(&t.path("queues.txt"));
+    assert!(
+        table.contains(&format!("uncontrollable (traced): pid {pid} ")),
+        "{table}"
+    );
+    let m = text(&t.path("metrics"));
+    assert!(
+        m.lines()
+            .any(|l| l == "gpreempt_processes_uncontrollable{reason=\"traced\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("gpreempt_process_uncontrollable{")
+                && l.contains(&format!("pid=\"{pid}\""))
+                && l.contains("reason=\"traced\"")
+                && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert_nothing_left();
+}

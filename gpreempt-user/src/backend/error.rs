@@ -36,6 +36,28 @@ impl fmt::Display for ActError {
 
 impl std::error::Error for ActError {}
 
+impl ActError {
+    /// A short kind for what cannot be controlled ([`crate::model::Uncontrollable::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::DryRun => "dry_run",
+            Self::NoDriver(_) => "no_driver",
+            Self::Target(t) => match t {
+                TargetError::Gone | TargetError::Reused { .. } => "gone",
+                TargetError::Traced { .. } => "traced",
+                TargetError::AlreadyDebugged => "debugged",
+                TargetError::NotPermitted(_) => "not_permitted",
+                TargetError::Unsupported(_) => "unsupported",
+                TargetError::Fenced(_) => "fenced",
+                TargetError::RateLimited => "rate_limited",
+                TargetError::Other(_) => "other",
+            },
+            Self::BackingOff { .. } => "backing_off",
+            Self::Driver(_) => "driver",
+        }
+    }
+}
+
 impl From<TargetError> for ActError {
     fn from(e: TargetError) -> Self {
         Self::Target(e)

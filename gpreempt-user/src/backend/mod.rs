@@ -24,9 +24,10 @@ use anyhow::Result;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::{
+    kfd::control::TargetError,
     kfd::control::{Control, ControlHandle, Limits},
     model::{State, Vendor},
-    observe::procinfo,
+    observe::procinfo::{self, ProcId},
     observe::watch::Watcher,
     outcome::Notice,
     outcome::OpReport,
@@ -283,7 +284,7 @@ impl KfdBackend {
             install_panic_hook(h);
         }
         recover(&control, dir).await;
-        let lease = kfd_lease::KfdLease::start(dir, max_suspend)?;
+        let lease = kfd_lease::KfdLease::start(dir, max_suspend, control.turns())?;
         Ok((
             Self {
                 control,
@@ -293,6 +294,28 @@ impl KfdBackend {
             },
             notices,
         ))
+    }
+
+    /// The process `pid` names for this controller: the model's (the one the policy classified,
+    /// by its start time), else the one attached at first sight (a controller without a
+    /// model), else whoever has the pid now (a request's first sight). The control thread checks
+    /// it against the pid's owner before every act.
+    fn identity(&self, state: &State, pid: u32) -> Result<ProcId, ActError> {
+        if let Some(p) = state.procs.get(&pid) {
+            if p.exited_ns.is_some() {
+                return Err(TargetError::Gone.into());
+            }
+            if let Some(i) = &p.info {
+                return Ok(ProcId {
+                    pid,
+                    start_time: i.start_time,
+                });
+            }
+        }
+        if let Some(&start_time) = self.attached.get(&pid) {
+            return Ok(ProcId { pid, start_time });
+        }
+        ProcId::now(Path::new("/proc"), pid).map_err(|_| TargetError::Gone.into())
     }
 
     fn save_targets(&self) {
@@ -314,7 +337,11 @@ async fn recover(control: &Control, dir: &Path) {
         if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
             continue;
         }
-        match control.resume(t.pid, None).await {
+        let id = ProcId {
+            pid: t.pid,
+            start_time: t.start_time,
+        };
+        match control.resume(id, None).await {
             Ok(r) => eprintln!(
                 "pid {}: left by an earlier controller: resumed its queues (kernel count {})",
                 t.pid,
@@ -338,20 +365,15 @@ impl Backend for KfdBackend {
         class: Class,
     ) -> BoxFut<'a, Result<(), ActError>> {
         Box::pin(async move {
-            if class == Class::Offline && !self.attached.contains_key(&pid) {
-                self.control.attach(pid).await?;
-                // The model has it for classified processes; a controller without one reads it.
-                let start = state
-                    .procs
-                    .get(&pid)
-                    .and_then(|p| p.info.as_ref())
-                    .map(|i| i.start_time)
-                    .or_else(|| procinfo::start_time(Path::new("/proc"), pid).ok())
-                    .unwrap_or(0);
-                self.attached.insert(pid, start);
-                self.save_targets();
-            } else if class != Class::Offline && self.attached.remove(&pid).is_some() {
-                if let Err(e) = self.control.detach(pid).await {
+            if class == Class::Offline {
+                let id = self.identity(state, pid)?;
+                if self.attached.get(&pid) != Some(&id.start_time) {
+                    self.control.attach(id).await?;
+                    self.attached.insert(pid, id.start_time);
+                    self.save_targets();
+                }
+            } else if let Some(start_time) = self.attached.remove(&pid) {
+                if let Err(e) = self.control.detach(ProcId { pid, start_time }).await {
                     log::debug!("pid {pid}: detach: {e}");
                 }
                 self.save_targets();
@@ -362,15 +384,19 @@ impl Backend for KfdBackend {
 
     fn suspend<'a>(
         &'a mut self,
-        _state: &'a State,
+        state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
     ) -> BoxFut<'a, Acted> {
         Box::pin(async move {
+            let id = match self.identity(state, pid) {
+                Ok(id) => id,
+                Err(e) => return Acted::Now(Err(e)),
+            };
             Acted::Now(
                 self.control
-                    .suspend(pid, queues, grace)
+                    .suspend(id, queues, grace)
                     .await
                     .map_err(ActError::from),
             )
@@ -379,14 +405,18 @@ impl Backend for KfdBackend {
 
     fn resume<'a>(
         &'a mut self,
-        _state: &'a State,
+        state: &'a State,
         pid: u32,
         queues: Option<Vec<u32>>,
     ) -> BoxFut<'a, Acted> {
         Box::pin(async move {
+            let id = match self.identity(state, pid) {
+                Ok(id) => id,
+                Err(e) => return Acted::Now(Err(e)),
+            };
             Acted::Now(
                 self.control
-                    .resume(pid, queues)
+                    .resume(id, queues)
                     .await
                     .map_err(ActError::from),
             )

@@ -185,7 +185,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
             _ = hup.recv() => break "hangup".to_string(),
             _ = &mut until => break "--for elapsed".to_string(),
             Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => match n {
-                Notice::TargetGone { pid } if pid == a.pid => break format!("pid {pid} exited"),
+                Notice::TargetGone { pid, .. } if pid == a.pid => break format!("pid {pid} exited"),
                 Notice::Acted { report, suspend, why } => {
                     println!("{} ({why})", report.describe(suspend));
                     for q in report.done() {

@@ -206,7 +206,7 @@ mod tests {
         );
         assert!(
             r.warnings[1].starts_with("p.toml:5: warning: rule 2 matches pid 4242")
-                && r.warnings[1].contains("classes offline"),
+                && r.warnings[1].contains("classed offline"),
             "{}",
             r.warnings[1]
         );

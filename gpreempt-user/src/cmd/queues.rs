@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 use crate::{
-    model::{Gpu, Queue, State},
+    model::{Gpu, Queue, State, Uncontrollable},
     observe::procinfo::ProcInfo,
 };
 
@@ -18,6 +18,9 @@ struct ProcOut<'a> {
     #[serde(flatten)]
     info: Option<&'a ProcInfo>,
     class: Option<&'a str>,
+    /// The running controller cannot act on it: `{"kind": "traced", "reason": "..."}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uncontrollable: Option<&'a Uncontrollable>,
     debugger: Option<u32>,
     /// Why the tool cannot manage this GPU process (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -42,6 +45,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             pid: p.pid,
             info: p.info.as_ref(),
             class: p.class.as_deref(),
+            uncontrollable: p.uncontrollable.as_ref(),
             debugger: p.debugger,
             unmanaged: p.unmanaged.as_deref(),
             queues: p.live_queues().collect(),
@@ -136,6 +140,18 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
     if rows == 0 {
         s.push_str("no GPU processes\n");
     }
+    for p in state.procs.values().filter(|p| p.exited_ns.is_none()) {
+        if let Some(u) = &p.uncontrollable {
+            let _ = writeln!(
+                s,
+                "uncontrollable ({}): pid {} ({}): {}",
+                u.kind,
+                p.pid,
+                p.comm(),
+                u.reason
+            );
+        }
+    }
     for w in warnings {
         let _ = writeln!(s, "warning: {w}");
     }
@@ -167,4 +183,40 @@ pub fn main(args: &Args) -> Result<ExitCode> {
         return crate::cmd::trace::write_failed(e);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{model::Update, tui::app::tests::known_state};
+
+    /// A process the running controller cannot act on carries `uncontrollable` (kind and
+    /// reason) in the JSON and a line of its own under the table; the others carry nothing.
+    #[test]
+    fn an_uncontrollable_process_says_so_in_json_and_the_table() {
+        let mut st = known_state();
+        st.apply(Update::Uncontrollable {
+            pid: 200,
+            why: Some(Uncontrollable {
+                kind: "traced".into(),
+                reason: "already traced by pid 4321 (strace)".into(),
+            }),
+        });
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        let procs = v["processes"].as_array().unwrap();
+        let of = |pid: u64| procs.iter().find(|p| p["pid"] == pid).unwrap();
+        assert_eq!(of(200)["uncontrollable"]["kind"], "traced");
+        assert_eq!(
+            of(200)["uncontrollable"]["reason"],
+            "already traced by pid 4321 (strace)"
+        );
+        assert!(of(100).get("uncontrollable").is_none(), "{}", of(100));
+        let t = to_table(&st, &[]);
+        assert!(
+            t.contains(
+                "uncontrollable (traced): pid 200 (train): already traced by pid 4321 (strace)"
+            ),
+            "{t}"
+        );
+    }
 }

@@ -26,8 +26,8 @@ use crate::{
         daemon::{self, Request, Response, Status},
         requests::{answer, finish, Answer, Answered},
     },
-    kfd::Paths,
-    model::Update,
+    kfd::{control::TargetError, Paths},
+    model::{Uncontrollable, Update},
     observe::watch::{Intervals, Watcher},
     outcome::Notice,
     outcome::{OpReport, QueueOutcome},
@@ -85,7 +85,7 @@ struct Ctx {
     audit: Option<crate::controller::audit::Audit<std::fs::File>>,
     recent: VecDeque<serde_json::Value>,
     /// Processes that cannot be controlled, and why (each reported once).
-    refused: BTreeMap<u32, String>,
+    refused: BTreeMap<u32, Uncontrollable>,
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
@@ -122,7 +122,12 @@ impl Ctx {
                     .collect()
             },
             fenced: self.engine.fenced(),
-            refused: self.refused.clone(),
+            refused: self
+                .refused
+                .iter()
+                .map(|(&pid, u)| (pid, u.reason.clone()))
+                .collect(),
+            uncontrollable: self.refused.clone(),
             decisions: self.recent.iter().cloned().collect(),
             events: w.event_counts(),
             events_degraded: w.events_degraded(),
@@ -189,9 +194,7 @@ impl Ctx {
                 continue;
             };
             match b.classed(&w.state, pid, class).await {
-                Ok(()) => {
-                    self.refused.remove(&pid);
-                }
+                Ok(()) => self.controllable(w, pid),
                 Err(e) => self.refuse(w, pid, e),
             }
         }
@@ -209,8 +212,7 @@ impl Ctx {
                 .get(&pid)
                 .is_some_and(|p| p.exited_ns.is_none());
             let Some(class) = class.filter(|_| live).and_then(|c| Class::parse(&c)) else {
-                self.refused.remove(&pid);
-                self.status_dirty = true;
+                self.controllable(w, pid);
                 continue;
             };
             let Ok(b) = self.backends.for_pid(&w.state, pid) else {
@@ -218,21 +220,59 @@ impl Ctx {
             };
             if b.classed(&w.state, pid, class).await.is_ok() {
                 log::warn!("pid {pid}: can be controlled now");
-                self.refused.remove(&pid);
-                self.status_dirty = true;
+                self.controllable(w, pid);
             }
         }
     }
 
     fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {
+        match e {
+            ActError::Target(TargetError::Reused { .. }) => {
+                // Not a process that cannot be controlled: the one the model knew is gone. Its
+                // pid's new owner is read afresh (a new process, classified anew).
+                w.recheck(pid);
+                self.status_dirty = true;
+                return;
+            }
+            ActError::Target(TargetError::Gone) => {
+                // The model may not know yet: its record goes now, not at the next reconcile,
+                // and a process that is gone is not one that cannot be controlled.
+                w.recheck(pid);
+                if w.state
+                    .procs
+                    .get(&pid)
+                    .is_none_or(|p| p.exited_ns.is_some())
+                {
+                    self.controllable(w, pid);
+                    return;
+                }
+            }
+            _ => {}
+        }
         let text = e.to_string();
-        if self.refused.get(&pid) != Some(&text) {
+        if self.refused.get(&pid).map(|u| &u.reason) != Some(&text) {
             log::warn!("pid {pid}: cannot be controlled: {text}");
             w.state.apply(Update::Warning {
                 ts_ns: monotonic_ns(),
                 text: format!("pid {pid}: cannot be controlled: {text}"),
             });
-            self.refused.insert(pid, text);
+            let why = Uncontrollable {
+                kind: e.kind().into(),
+                reason: text,
+            };
+            w.state.apply(Update::Uncontrollable {
+                pid,
+                why: Some(why.clone()),
+            });
+            self.refused.insert(pid, why);
+            self.status_dirty = true;
+        }
+    }
+
+    /// `pid` is no longer refused (controlled now, or gone).
+    fn controllable(&mut self, w: &mut Watcher, pid: u32) {
+        if self.refused.remove(&pid).is_some() {
+            w.state.apply(Update::Uncontrollable { pid, why: None });
             self.status_dirty = true;
         }
     }
@@ -412,10 +452,17 @@ impl Ctx {
 
     fn notice(&mut self, w: &mut Watcher, n: Notice) {
         match n {
-            Notice::TargetGone { pid } => {
-                self.engine.forget(pid, None);
-                for b in &mut self.backends.list {
-                    b.forget(pid);
+            Notice::TargetGone { pid, start_time } => {
+                // The pid's next owner, if the model knows it already, is another process.
+                let reused = w.state.procs.get(&pid).is_some_and(|p| {
+                    p.exited_ns.is_none()
+                        && p.info.as_ref().is_some_and(|i| i.start_time != start_time)
+                });
+                if !reused {
+                    self.engine.forget(pid, None);
+                    for b in &mut self.backends.list {
+                        b.forget(pid);
+                    }
                 }
             }
             Notice::Acted {

@@ -113,6 +113,9 @@ pub struct Status {
     pub fenced: Vec<(u32, String)>,
     /// Processes that cannot be controlled, and why.
     pub refused: BTreeMap<u32, String>,
+    /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
+    #[serde(default)]
+    pub uncontrollable: BTreeMap<u32, crate::model::Uncontrollable>,
     /// The latest decisions, newest last (audit records).
     pub decisions: Vec<serde_json::Value>,
     /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a

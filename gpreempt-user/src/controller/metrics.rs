@@ -68,6 +68,8 @@ pub struct Metrics {
     audit_failing: IntGauge,
     refused: IntGauge,
     unmanaged: IntGauge,
+    uncontrollable: IntGaugeVec,
+    proc_uncontrollable: IntGaugeVec,
     reloads: IntCounterVec,
     watchdog: prometheus::IntCounter,
     online_goal: prometheus::GaugeVec,
@@ -130,6 +132,8 @@ impl Metrics {
             audit_failing: reg(&r, IntGauge::new("audit_failing", "1 while audit records cannot be written.")?)?,
             refused: reg(&r, IntGauge::new("processes_refused", "Processes the controller cannot act on (see the log).")?)?,
             unmanaged: reg(&r, IntGauge::new("processes_unmanaged", "GPU processes whose GPU objects the controller does not know (opened the NVIDIA driver before it watched and no journal names them; see the log).")?)?,
+            uncontrollable: gauge(&r, "processes_uncontrollable", "Processes the controller cannot act on, by reason (traced: it runs under a tracer of its own, e.g. strace or gdb, and cannot be seized; debugged: another debugger holds its GPU debug trap; ...).", &["reason"])?,
+            proc_uncontrollable: gauge(&r, "process_uncontrollable", "1 while the controller cannot act on the process; reason as in processes_uncontrollable.", &[p, &["reason"][..]].concat())?,
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
             watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
@@ -212,8 +216,15 @@ impl Metrics {
             &self.proc_suspended,
             &self.proc_backlog,
             &self.proc_timeslice,
+            &self.uncontrollable,
+            &self.proc_uncontrollable,
         ] {
             v.reset();
+        }
+        // Always present, so that an alert on it has a series to watch.
+        self.uncontrollable.with_label_values(&["traced"]).set(0);
+        for u in status.uncontrollable.values() {
+            self.uncontrollable.with_label_values(&[&u.kind]).inc();
         }
         for v in [
             &self.gpu_runlists,
@@ -280,6 +291,11 @@ impl Metrics {
                 .with_label_values(&l)
                 .set(live_queues.len() as i64);
             self.proc_suspended.with_label_values(&l).set(suspended);
+            if let Some(u) = status.uncontrollable.get(&p.pid) {
+                let mut lu = l.clone();
+                lu.push(&u.kind);
+                self.proc_uncontrollable.with_label_values(&lu).set(1);
+            }
             let backlog: u64 = live_queues.iter().filter_map(|q| q.activity.backlog).sum();
             self.proc_backlog.with_label_values(&l).set(backlog as i64);
             let mut dispatched = 0u64;
@@ -640,6 +656,54 @@ mod tests {
         let page = m.render(&st, &status, 7_000_000_000);
         assert!(!page.contains("pid=\"200\""), "{page}");
         assert!(page.contains("pid=\"100\""), "{page}");
+    }
+
+    /// A process the controller cannot act on (it runs under a tracer of its own) is a series
+    /// of its own with the reason, and counted by reason; `traced` is there (0) when none is.
+    #[test]
+    fn uncontrollable_processes_are_counted_by_reason() {
+        let mut m = Metrics::new().unwrap();
+        let st = known_state();
+        let page = m.render(&st, &Status::default(), 1);
+        assert_eq!(
+            value(
+                &page,
+                "gpreempt_processes_uncontrollable{reason=\"traced\"}"
+            ),
+            Some(0.0),
+            "{page}"
+        );
+        assert!(!page.contains("gpreempt_process_uncontrollable{"), "{page}");
+        let traced = crate::model::Uncontrollable {
+            kind: "traced".into(),
+            reason: "already traced by pid 4321 (strace)".into(),
+        };
+        let status = Status {
+            refused: [(200, traced.reason.clone())].into(),
+            uncontrollable: [(200, traced)].into(),
+            ..Status::default()
+        };
+        let page = m.render(&st, &status, 2);
+        assert_eq!(
+            value(
+                &page,
+                "gpreempt_processes_uncontrollable{reason=\"traced\"}"
+            ),
+            Some(1.0),
+            "{page}"
+        );
+        assert_eq!(value(&page, "gpreempt_processes_refused"), Some(1.0));
+        assert_eq!(
+            value(
+                &page,
+                "gpreempt_process_uncontrollable{class=\"offline\",comm=\"train\",container=\"\",namespace=\"\",pid=\"200\",pod=\"\",pod_container=\"\",reason=\"traced\"}"
+            ),
+            Some(1.0),
+            "{page}"
+        );
+        // Controlled again: the series goes.
+        let page = m.render(&st, &Status::default(), 3);
+        assert!(!page.contains("gpreempt_process_uncontrollable{"), "{page}");
     }
 
     #[tokio::test(flavor = "current_thread")]

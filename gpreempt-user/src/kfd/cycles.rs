@@ -450,7 +450,7 @@ impl Waiter {
                 _ = self.int.recv() => return Err(Stop::Signal("interrupted (SIGINT)", EXIT_SIGINT)),
                 _ = self.term.recv() => return Err(Stop::Signal("terminated (SIGTERM)", EXIT_SIGTERM)),
                 Some(n) = async { match notices { Some(n) => n.recv().await, None => std::future::pending().await } } => match n {
-                    Notice::TargetGone { pid } if pid == self.pid => return Err(Stop::Gone),
+                    Notice::TargetGone { pid, .. } if pid == self.pid => return Err(Stop::Gone),
                     Notice::Problem { pid, text } => eprintln!("kfd-cycles: pid {pid}: {text}"),
                     Notice::Fenced { gpu_id, why } => {
                         return Err(Stop::Failed(format!("GPU {gpu_id:#x} fenced: {why}")))

@@ -347,6 +347,7 @@ mod tests {
             launches: 0,
             kernel_names: Default::default(),
             unmanaged: None,
+            uncontrollable: None,
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

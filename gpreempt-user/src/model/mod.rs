@@ -179,6 +179,11 @@ impl State {
                     p.class = class;
                 }
             }
+            Update::Uncontrollable { pid, why } => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.uncontrollable = why;
+                }
+            }
             Update::Timeslices(list) => self.timeslices(&list),
             Update::Warning { ts_ns, text } => {
                 self.touch(ts_ns);

@@ -358,6 +358,7 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         launches: 0,
         kernel_names: Default::default(),
         unmanaged: None,
+        uncontrollable: None,
     };
     assert_eq!(s.procs, BTreeMap::from([(100, process)]));
     assert_eq!(

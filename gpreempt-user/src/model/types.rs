@@ -299,6 +299,22 @@ pub struct Process {
     /// driver before the observer attached and no journal named them); None when managed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmanaged: Option<String>,
+    /// The running controller cannot act on it, and why (a tracer of its own, another
+    /// debugger, ...): set by the controller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncontrollable: Option<Uncontrollable>,
+}
+
+/// Why the controller cannot act on a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Uncontrollable {
+    /// A short kind, for counting and alerting: `traced` (it runs under a tracer of its own:
+    /// strace, gdb; the controller cannot seize it), `debugged` (another debugger holds its GPU
+    /// debug trap), `not_permitted`, `unsupported`, `fenced`, `rate_limited`, `gone`,
+    /// `no_driver`, `backing_off`, `driver`, `other`.
+    pub kind: String,
+    /// The sentence the controller logged.
+    pub reason: String,
 }
 
 impl Process {
@@ -317,6 +333,7 @@ impl Process {
             launches: 0,
             kernel_names: Default::default(),
             unmanaged: None,
+            uncontrollable: None,
         }
     }
     pub fn comm(&self) -> &str {
@@ -482,6 +499,11 @@ pub enum Update {
     Class {
         pid: u32,
         class: Option<String>,
+    },
+    /// The controller cannot act on the process (None: it can again).
+    Uncontrollable {
+        pid: u32,
+        why: Option<Uncontrollable>,
     },
     /// The NVIDIA TSG timeslices the running controller changed, all of them: (pid, TSG,
     /// original us, current us). TSGs not listed carry the driver's own value again.

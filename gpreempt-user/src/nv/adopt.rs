@@ -23,7 +23,10 @@ use anyhow::{Context as _, Result};
 use gpreempt_common::nv::{self, class, handle_info as hi};
 use serde::{Deserialize, Serialize};
 
-use crate::observe::events::{NvCall, NvEvent, Origin};
+use crate::observe::{
+    events::{NvCall, NvEvent, Origin},
+    procinfo::ProcId,
+};
 
 /// The journal's file name in the run directory.
 pub const FILE: &str = "nv-objects.json";
@@ -255,8 +258,9 @@ pub fn load(dir: &Path) -> Result<BTreeMap<u32, ProcRecs>> {
 /// What adoption asks of the host (a fake in tests).
 pub trait Host {
     fn start_time(&self, pid: u32) -> Option<u64>;
-    /// A duplicate of `pid`'s `fd`, checked to be an NVIDIA device file.
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd>;
+    /// A duplicate of `fd` of the process `id` names (never another owner of its pid), checked
+    /// to be an NVIDIA device file.
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd>;
     fn handle_info(
         &mut self,
         fd: BorrowedFd,
@@ -278,11 +282,12 @@ impl Host for RealHost<'_> {
         crate::observe::procinfo::start_time(self.proc_root, pid).ok()
     }
 
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
-        let d = super::rm::dup_fd(pid, fd)?;
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd> {
+        let d = super::rm::dup_fd(id, fd)?;
         anyhow::ensure!(
             is_nvidia_device(d.as_fd()),
-            "pid {pid} fd {fd} is no longer an NVIDIA device file"
+            "pid {} fd {fd} is no longer an NVIDIA device file",
+            id.pid
         );
         Ok(d)
     }
@@ -367,15 +372,21 @@ pub fn adopt(journal: BTreeMap<u32, ProcRecs>, host: &mut impl Host, now_ns: u64
         let mut kept = Vec::new();
         let mut why: Option<String> = None;
         for r in pr.recs {
-            let fd = fds
-                .entry(r.fd)
-                .or_insert_with(|| match host.dup(pid, r.fd) {
+            let fd = fds.entry(r.fd).or_insert_with(|| {
+                match host.dup(
+                    ProcId {
+                        pid,
+                        start_time: pr.start_time,
+                    },
+                    r.fd,
+                ) {
                     Ok(d) => Some(d),
                     Err(e) => {
                         why.get_or_insert_with(|| format!("{e:#}"));
                         None
                     }
-                });
+                }
+            });
             let Some(fd) = fd.as_ref() else { continue };
             let ok = if class::is_client(r.class) {
                 // A client's class is asked of the client itself.
@@ -477,11 +488,11 @@ impl Found {
 /// its channels holds a compute engine object (`*_COMPUTE_*`); a device's index comes from its
 /// subdevice's GPU id. Channel rings stay unknown (their placement is in the alloc params
 /// only): such a process has no channel activity, but its TSGs can be paused and timesliced.
-pub fn discover(pid: u32, fds: &[i32], host: &mut impl Host, scan: &Scan) -> Found {
+pub fn discover(id: ProcId, fds: &[i32], host: &mut impl Host, scan: &Scan) -> Found {
     let mut out = Found::default();
     let over = |calls: u64| calls >= scan.max_calls;
     for &fd in fds {
-        let d = match host.dup(pid, fd) {
+        let d = match host.dup(id, fd) {
             Ok(d) => d,
             Err(e) => {
                 out.why_not.get_or_insert_with(|| format!("{e:#}"));

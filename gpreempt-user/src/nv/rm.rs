@@ -23,6 +23,8 @@ use anyhow::{anyhow, Context as _, Result};
 use gpreempt_common::nv::{self, disable_channels as dc};
 use nix::errno::Errno;
 
+use crate::observe::procinfo::{NotThatProcess, ProcId};
+
 /// A pidfd for `pid` (`pidfd_open`): a handle that cannot come to name another process.
 pub fn pidfd_open(pid: u32) -> Result<OwnedFd> {
     let pid_t = libc::pid_t::try_from(pid).map_err(|_| dup_error(Errno::ESRCH, pid, None))?;
@@ -54,12 +56,54 @@ pub fn getfd(pidfd: BorrowedFd, pid: u32, fd: i32) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
 
-/// A duplicate of the target process's fd `fd` (`pidfd_open` + `pidfd_getfd`).
-pub fn dup_fd(pid: u32, fd: i32) -> Result<OwnedFd> {
+/// A pidfd of the process `id` names, never of another process that got its pid: the pidfd
+/// names whoever had the pid when it was opened; the pid's start time is read after that, and
+/// the pidfd's process must still be alive after the read (a live process keeps its pid), so the
+/// start time read was its own. Errors: [`DupError`] (gone) or [`PidReused`].
+pub fn pidfd_of(id: ProcId) -> Result<OwnedFd> {
     use std::os::fd::AsFd as _;
-    let pidfd = pidfd_open(pid)?;
-    getfd(pidfd.as_fd(), pid, fd)
+    let pidfd = pidfd_open(id.pid)?;
+    match id.check(std::path::Path::new("/proc")) {
+        Ok(()) => {}
+        Err(NotThatProcess::Gone) => return Err(dup_error(Errno::ESRCH, id.pid, None)),
+        Err(NotThatProcess::Reused { .. }) => return Err(PidReused { pid: id.pid }.into()),
+    }
+    let mut fds = [nix::poll::PollFd::new(
+        pidfd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    // Readable: the process exited after the open (the start time read may be a new owner's).
+    if nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).map_or(true, |n| n > 0) {
+        return Err(dup_error(Errno::ESRCH, id.pid, None));
+    }
+    Ok(pidfd)
 }
+
+/// A duplicate of fd `fd` of the process `id` names ([`pidfd_of`] + `pidfd_getfd`).
+pub fn dup_fd(id: ProcId, fd: i32) -> Result<OwnedFd> {
+    use std::os::fd::AsFd as _;
+    let pidfd = pidfd_of(id)?;
+    getfd(pidfd.as_fd(), id.pid, fd)
+}
+
+/// The pid names another process than the one asked for (a different start time): that one
+/// is gone, and the pid's new owner is not touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidReused {
+    pub pid: u32,
+}
+
+impl fmt::Display for PidReused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pid {} was reused: the process it named exited (the new one was not touched)",
+            self.pid
+        )
+    }
+}
+
+impl std::error::Error for PidReused {}
 
 /// A failed `pidfd_open` / `pidfd_getfd`, displayed as one sentence (`fd`: None for
 /// `pidfd_open`). Typed so that callers can tell a target that is gone from one they may not touch.
@@ -101,9 +145,10 @@ fn dup_error(errno: Errno, pid: u32, fd: Option<i32>) -> anyhow::Error {
     DupError { errno, pid, fd }.into()
 }
 
-/// Whether `e` is a [`DupError`] saying the target (or its fd) is gone.
+/// Whether `e` is a [`DupError`] saying the target (or its fd) is gone, or a [`PidReused`].
 pub fn is_gone(e: &anyhow::Error) -> bool {
     e.downcast_ref::<DupError>().is_some_and(DupError::is_gone)
+        || e.downcast_ref::<PidReused>().is_some()
 }
 
 /// The NV_STATUS of a refused RM control anywhere in `e`'s chain.
@@ -527,10 +572,14 @@ mod tests {
         );
     }
 
+    fn me() -> ProcId {
+        ProcId::now(std::path::Path::new("/proc"), std::process::id()).unwrap()
+    }
+
     #[test]
     fn dup_fd_of_our_own_pipe_works() {
         let (r, w) = nix::unistd::pipe().unwrap();
-        let dup = dup_fd(std::process::id(), w.as_raw_fd()).unwrap();
+        let dup = dup_fd(me(), w.as_raw_fd()).unwrap();
         assert_ne!(dup.as_raw_fd(), w.as_raw_fd());
         drop(w);
         File::from(dup).write_all(b"hi").unwrap();
@@ -539,15 +588,49 @@ mod tests {
         assert_eq!(got, "hi");
     }
 
+    /// A pidfd (and so a duplicate of an fd) is only had of the process an identity names: the
+    /// pid under another start time is a reuse, and nothing of the new owner is taken.
+    #[test]
+    fn a_reused_pid_yields_no_pidfd_and_no_fd() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let now = ProcId::now(std::path::Path::new("/proc"), child.id()).unwrap();
+        assert!(pidfd_of(now).is_ok());
+        let before = ProcId {
+            start_time: now.start_time - 1,
+            ..now
+        };
+        for e in [
+            pidfd_of(before).unwrap_err(),
+            dup_fd(before, 0).unwrap_err(),
+        ] {
+            assert!(is_gone(&e), "{e:#}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "pid {} was reused: the process it named exited (the new one was not touched)",
+                    now.pid
+                )
+            );
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(is_gone(&pidfd_of(now).unwrap_err()));
+    }
+
     #[test]
     fn dup_fd_errors() {
-        let e = dup_fd(std::process::id(), 1_000_000)
-            .unwrap_err()
-            .to_string();
+        let e = dup_fd(me(), 1_000_000).unwrap_err().to_string();
         assert_eq!(e, format!("pid {} has no fd 1000000", std::process::id()));
         // Beyond pid_max (4M at most): no such process.
+        let nobody = ProcId {
+            pid: 0x7fff_fff0,
+            start_time: 1,
+        };
         assert_eq!(
-            dup_fd(0x7fff_fff0, 0).unwrap_err().to_string(),
+            dup_fd(nobody, 0).unwrap_err().to_string(),
             format!("process {} exited", 0x7fff_fff0u32)
         );
     }

@@ -66,6 +66,8 @@ pub async fn self_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<
             .state
             .procs
             .get(&pid)
+            // Its /proc facts too: every act names a process by its pid and start time.
+            .filter(|p| p.info.is_some())
             .map(|p| {
                 p.live_queues()
                     .filter(|q| {

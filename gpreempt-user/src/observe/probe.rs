@@ -401,6 +401,47 @@ pub struct Probes {
     _tracing: Vec<crate::observe::tracing::Attached>,
     /// The syscall ioctl tracepoints are attached (the floor, or for GPU files beyond amdkfd).
     ioctl_tracepoints: bool,
+    /// Launch uprobes taken off their programs, dropped (detached) on a thread of their own.
+    detacher: Detacher,
+}
+
+/// Detaches launch uprobes off the caller's thread. Closing a uprobe's perf event waits for
+/// RCU grace periods (`perf_uprobe_destroy` -> `uprobe_unregister` -> `synchronize_rcu`): about
+/// 0.25 s per process on a loaded 2-vCPU host, seconds for many processes or under a signal
+/// storm. On the controller's loop that time was silence to the lease guardian, which killed a
+/// controller that was only tearing probes down (issue 34 finding 5).
+#[derive(Default)]
+struct Detacher {
+    tx: Option<std::sync::mpsc::Sender<Vec<aya::programs::uprobe::UProbeLink>>>,
+}
+
+impl Detacher {
+    /// Hands `links` to the detaching thread (started on first use); where no thread can be
+    /// started they are dropped here, as before.
+    fn detach(&mut self, links: Vec<aya::programs::uprobe::UProbeLink>) {
+        if self.tx.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<aya::programs::uprobe::UProbeLink>>();
+            let started = std::thread::Builder::new()
+                .name("uprobe-detach".into())
+                .spawn(move || {
+                    for links in rx {
+                        drop(links);
+                    }
+                });
+            match started {
+                Ok(_) => self.tx = Some(tx),
+                Err(e) => log::warn!("uprobes are detached on the loop (no thread: {e})"),
+            }
+        }
+        let Some(tx) = &self.tx else {
+            drop(links);
+            return;
+        };
+        if let Err(std::sync::mpsc::SendError(links)) = tx.send(links) {
+            self.tx = None;
+            drop(links);
+        }
+    }
 }
 
 /// Counters the programs keep, summed over CPUs.
@@ -1172,6 +1213,7 @@ impl Probes {
             logger,
             sources,
             launch_links: HashMap::new(),
+            detacher: Detacher::default(),
             launch_ready,
             filter,
             kfd_pair,
@@ -1303,11 +1345,15 @@ impl Probes {
         let Some(links) = self.launch_links.remove(&pid) else {
             return;
         };
+        let mut taken = Vec::with_capacity(links.len());
         for (program, link) in links {
             if let Some(Ok(p)) = self.ebpf.program_mut(program).map(<&mut UProbe>::try_from) {
-                let _ = p.detach(link);
+                if let Ok(l) = p.take_link(link) {
+                    taken.push(l);
+                }
             }
         }
+        self.detacher.detach(taken);
         self.update_launch_source();
     }
 

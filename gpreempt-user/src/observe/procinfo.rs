@@ -93,6 +93,57 @@ pub fn start_time(proc_root: &Path, pid: u32) -> io::Result<u64> {
     read_start_time(&pid_dir(proc_root, pid))
 }
 
+/// A process, not a pid: whoever gets a freed pid first owns it next, so everything the
+/// controller acts on or remembers is named by the pid *and* the start time it had when the
+/// process was first seen (field 22 of `/proc/PID/stat`). Before every act the start time is
+/// read again ([`ProcId::check`]); where the act can pin the pid first (a ptrace seize, a
+/// pidfd) it is read again after that, so the check and the act name the same process.
+///
+/// The start time counts clock ticks (10 ms at USER_HZ 100): two processes that got the same pid
+/// within one tick of each other cannot be told apart by it. The process first seen must have
+/// started, been classified and exited inside that tick, and the pid been recycled meanwhile.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// Why a [`ProcId`] no longer names the process that has its pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotThatProcess {
+    /// No process has the pid (or its stat cannot be read: nothing is done to it either way).
+    Gone,
+    /// Another process has the pid now; its start time.
+    Reused { start_time: u64 },
+}
+
+impl ProcId {
+    /// The process that has `pid` now (first sight).
+    pub fn now(proc_root: &Path, pid: u32) -> io::Result<Self> {
+        Ok(Self {
+            pid,
+            start_time: start_time(proc_root, pid)?,
+        })
+    }
+
+    /// Whether `pid` still names this process.
+    pub fn check(&self, proc_root: &Path) -> Result<(), NotThatProcess> {
+        match start_time(proc_root, self.pid) {
+            Ok(t) if t == self.start_time => Ok(()),
+            Ok(t) => Err(NotThatProcess::Reused { start_time: t }),
+            Err(_) => Err(NotThatProcess::Gone),
+        }
+    }
+}
+
+impl std::fmt::Display for ProcId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} (started at tick {})", self.pid, self.start_time)
+    }
+}
+
 /// Container id from cgroup file text: the first 12 hex chars of a 64-hex-char id found in a
 /// path component (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`,
 /// `libpod-<id>.scope`, or a plain `<id>` under a docker/kubepods/containerd/lxc ancestor).
@@ -331,6 +382,54 @@ mod tests {
             }
         );
         assert_eq!(start_time(&fake.root, 4242).expect("start_time"), 987654);
+    }
+
+    /// The identity check: the same start time is the same process; another start time under
+    /// the pid is a reuse (never acted on as the old one); no stat is gone.
+    #[test]
+    fn a_proc_id_names_one_process_not_its_pid() {
+        let fake = FakeProc::new("a_proc_id_names_one_process_not_its_pid");
+        fake.add(4242, &[("stat", stat_line(4242, "train", 1000).as_bytes())]);
+        let first = ProcId::now(&fake.root, 4242).expect("first sight");
+        assert_eq!(
+            first,
+            ProcId {
+                pid: 4242,
+                start_time: 1000
+            }
+        );
+        assert_eq!(first.check(&fake.root), Ok(()));
+        // The process exits and another one takes the pid, whatever it calls itself.
+        fake.add(4242, &[("stat", stat_line(4242, "train", 1001).as_bytes())]);
+        assert_eq!(
+            first.check(&fake.root),
+            Err(NotThatProcess::Reused { start_time: 1001 })
+        );
+        let second = ProcId::now(&fake.root, 4242).expect("the new owner");
+        assert_ne!(first, second);
+        assert_eq!(second.check(&fake.root), Ok(()));
+        fs::remove_dir_all(pid_dir(&fake.root, 4242)).expect("exit");
+        assert_eq!(second.check(&fake.root), Err(NotThatProcess::Gone));
+        // A stat that cannot be parsed is not taken for the process either.
+        fake.add(4242, &[("stat", b"4242 (x".as_slice())]);
+        assert_eq!(second.check(&fake.root), Err(NotThatProcess::Gone));
+    }
+
+    /// Against the real /proc: our own identity holds, a pid nobody has is gone.
+    #[test]
+    fn a_proc_id_of_this_process_checks_out() {
+        let me = ProcId::now(Path::new("/proc"), std::process::id()).expect("own stat");
+        assert_eq!(me.check(Path::new("/proc")), Ok(()));
+        let other = ProcId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert_eq!(
+            other.check(Path::new("/proc")),
+            Err(NotThatProcess::Reused {
+                start_time: me.start_time
+            })
+        );
     }
 
     #[test]

@@ -259,6 +259,10 @@ impl Watcher {
             // The controller is gone: the kernel resumed whatever it held, and nothing it changed
             // is in force (its guardian put the timeslices back).
             if let Some(old) = self.controller.take() {
+                // What it could not act on is nobody's business now.
+                for &pid in old.uncontrollable.keys().chain(old.refused.keys()) {
+                    self.state.apply(Update::Uncontrollable { pid, why: None });
+                }
                 if !old.timeslices.is_empty() {
                     self.state.apply(Update::Timeslices(Vec::new()));
                 }
@@ -287,6 +291,27 @@ impl Watcher {
                     class: Some(class.clone()),
                 });
             }
+        }
+        // What the controller cannot act on (an older controller publishes the sentence only).
+        let mut changed = Vec::new();
+        for p in self.state.procs.values() {
+            let want = s.uncontrollable.get(&p.pid).cloned().or_else(|| {
+                s.refused
+                    .get(&p.pid)
+                    .map(|reason| crate::model::Uncontrollable {
+                        kind: "other".into(),
+                        reason: reason.clone(),
+                    })
+            });
+            if p.uncontrollable != want {
+                changed.push(Update::Uncontrollable {
+                    pid: p.pid,
+                    why: want,
+                });
+            }
+        }
+        for u in changed {
+            self.state.apply(u);
         }
         let by = s.controller_pid;
         let mut held: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
@@ -415,6 +440,40 @@ impl Watcher {
         }
     }
 
+    /// Before a GPU set-up call of `pid` lands in its record: is the record's process the one
+    /// that has the pid now? A process that was never seen to exit (it made no GPU call while
+    /// we watched, so no exit record came) may have handed its pid to a new one, whose calls
+    /// would otherwise count as the old one's (and get its class). The new one gets a record of
+    /// its own and is classified afresh.
+    fn same_owner(&mut self, pid: u32) {
+        let Some(known) = self
+            .state
+            .procs
+            .get(&pid)
+            .filter(|p| p.exited_ns.is_none())
+            .and_then(|p| p.info.as_ref())
+            .map(|i| i.start_time)
+        else {
+            return;
+        };
+        match procinfo::start_time(&self.paths.proc, pid) {
+            Ok(t) if t != known => {
+                log::warn!(
+                    "pid {pid}: a new process (started at tick {t}) has the pid of one started at \
+                     tick {known} whose exit was not seen: a new process, classified afresh"
+                );
+                self.proc_info(pid);
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads `pid`'s /proc facts again now: an act found the pid owned by another process than
+    /// the model's (a different start time), and the model replaces it with the new one.
+    pub fn recheck(&mut self, pid: u32) {
+        self.proc_info(pid);
+    }
+
     fn proc_info(&mut self, pid: u32) {
         match procinfo::read(&self.paths.proc, pid) {
             Ok(info) => self.state.apply(Update::ProcInfo { pid, info }),
@@ -461,6 +520,8 @@ impl Watcher {
         let mut batch = std::mem::take(&mut self.batch);
         // Processes this batch may introduce (a DBG_TRAP ENABLE brings in its target too).
         let mut pids = Vec::new();
+        // Processes whose owner was checked in this batch (see `setting_up`).
+        let mut checked = Vec::new();
         self.applied[0] += 1;
         for ev in batch.drain(..) {
             let kind = match &ev {
@@ -479,6 +540,12 @@ impl Watcher {
                     }
                 }
                 self.losses.forget(x.origin.pid);
+            }
+            if let Some(pid) = setting_up(&ev) {
+                if !checked.contains(&pid) {
+                    checked.push(pid);
+                    self.same_owner(pid);
+                }
             }
             if let Event::Nv(n) = &ev {
                 pids.push(n.origin.pid);
@@ -578,13 +645,14 @@ impl Watcher {
             }
         };
         for (pid, why) in rest {
-            let found = scan.as_ref().map(|scan| {
+            let id = procinfo::ProcId::now(&self.paths.proc, pid).ok();
+            let found = scan.as_ref().zip(id).map(|(scan, id)| {
                 let fds = adopt::nvidiactl_fds(&self.paths.proc, pid);
                 let mut host = adopt::RealHost {
                     proc_root: &self.paths.proc,
                 };
                 let t0 = std::time::Instant::now();
-                (adopt::discover(pid, &fds, &mut host, scan), t0.elapsed())
+                (adopt::discover(id, &fds, &mut host, scan), t0.elapsed())
             });
             match found {
                 Some((f, took)) if f.tsgs() > 0 => {
@@ -798,6 +866,28 @@ const APPLIED: [&str; 6] = [
     "launches",
     "exits",
 ];
+
+/// The caller of a GPU set-up call (a runtime opening KFD, a queue, an RM client): rare, and
+/// what a new process under a reused pid does first.
+fn setting_up(ev: &Event) -> Option<u32> {
+    match ev {
+        Event::Ioctl(i) => matches!(
+            i.call,
+            KfdCall::GetVersion(_)
+                | KfdCall::AcquireVm(_)
+                | KfdCall::RuntimeEnable(_)
+                | KfdCall::CreateQueue { .. }
+        )
+        .then_some(i.origin.pid),
+        Event::Nv(n) => matches!(
+            n.call,
+            crate::observe::events::NvCall::Alloc { h_class, .. }
+                if h_class == gpreempt_common::nv::class::NV01_ROOT_CLIENT
+        )
+        .then_some(n.origin.pid),
+        _ => None,
+    }
+}
 
 /// For a successful DBG_TRAP SUSPEND/RESUME_QUEUES: which queues it acted on. The kernel writes
 /// status bits into the caller's queue array; entries without ERROR/INVALID were acted on.

@@ -1,14 +1,20 @@
 //! Classification: which class a process is in, by the first of the policy's rules that
 //! matches its `/proc` facts (the policy's default when none does).
 
-use super::{Class, Policy, Rule};
+use super::{Class, PidBound, Policy, Rule};
 use crate::observe::procinfo::ProcInfo;
 
 impl Rule {
     /// Whether the process passes every matcher the rule has.
     pub fn matches(&self, info: &ProcInfo, pid: u32) -> bool {
-        self.pid.is_none_or(|p| p == pid)
-            && self.uid.is_none_or(|u| info.uid == Some(u))
+        self.pid.is_none_or(|p| {
+            p == pid
+                && match self.pid_bound {
+                    PidBound::NotYet => true,
+                    PidBound::Started(t) => info.start_time == t,
+                    PidBound::NoProcess => false,
+                }
+        }) && self.uid.is_none_or(|u| info.uid == Some(u))
             && self
                 .gid
                 .is_none_or(|g| info.gid == Some(g) || info.groups.contains(&g))
@@ -52,8 +58,9 @@ impl Policy {
 impl Rule {
     /// Whether the rule pins something the process cannot choose for itself: its uid or group
     /// (set by root at login), its cgroup, container or pod (set by root, the runtime or
-    /// kubelet), or a pid
-    /// (the operator's). `comm` and `cmdline` a process sets itself (prctl, argv).
+    /// kubelet), or a pid (the operator's, bound at load to the process that had it: a pid
+    /// alone anyone can get once it is freed). `comm` and `cmdline` a process sets itself
+    /// (prctl, argv).
     pub fn pins_identity(&self) -> bool {
         self.uid.is_some()
             || self.gid.is_some()
@@ -129,9 +136,10 @@ impl Policy {
                     line: r.line,
                     rule: Some(i + 1),
                     text: format!(
-                        "matches pid {pid}: a pid names one process until it exits, then the \
-                         kernel gives it to another one, which this rule classes {} (pids are \
-                         the host's, not a container's); pin uid, gid, cgroup or pod instead",
+                        "matches pid {pid}: the controller binds it, at each load, to the process \
+                         that has the pid then; after a restart or reload it names whoever has \
+                         the pid, classed {} (pids are the host's, not a container's); pin uid, \
+                         gid, cgroup or pod instead",
                         r.class.label()
                     ),
                 });
@@ -168,16 +176,20 @@ impl Policy {
     /// `comm`/`cmdline` alone lets any process claim that class; an offline one lets an offline
     /// job leave it for the default.
     pub fn trust_warnings(&self) -> Vec<String> {
-        self.lints()
-            .into_iter()
-            .filter_map(|l| match (l.kind, l.rule) {
-                (LintKind::NeverActs, _) => Some(format!("{}: {}", self.source, l.text)),
-                (LintKind::Spoofable, Some(n)) => Some(format!(
-                    "{}: rule {n} (line {}) {}",
-                    self.source, l.line, l.text
-                )),
-                _ => None,
-            })
+        let notes = self.pid_notes.iter().cloned();
+        notes
+            .chain(
+                self.lints()
+                    .into_iter()
+                    .filter_map(|l| match (l.kind, l.rule) {
+                        (LintKind::NeverActs, _) => Some(format!("{}: {}", self.source, l.text)),
+                        (LintKind::Spoofable, Some(n)) => Some(format!(
+                            "{}: rule {n} (line {}) {}",
+                            self.source, l.line, l.text
+                        )),
+                        _ => None,
+                    }),
+            )
             .collect()
     }
 }
@@ -205,6 +217,55 @@ mod tests {
             Class::Online
         );
         assert_eq!(p.classify(&info("svc", 5, 100, &[4]), 1).0, p.default_class);
+    }
+
+    /// A pid is not an identity: a `pid` rule is bound at load to the process that has the pid
+    /// then, and a process that gets the pid later (another start time) falls to the default;
+    /// a rule for a pid nobody has matches nothing. Each binding is said.
+    #[test]
+    fn pid_rules_are_bound_to_the_process_that_had_the_pid_at_load() {
+        let root = std::env::temp_dir().join(format!("gpreempt-pidrule-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("4242")).unwrap();
+        let stat = |start: u64| {
+            format!(
+                "4242 (job) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 4 0 {start} 1 1\n"
+            )
+        };
+        std::fs::write(root.join("4242/stat"), stat(1000)).unwrap();
+        let text =
+            "[policy]\ndefault = \"ignore\"\n\n[[rule]]\nclass = \"offline\"\npid = 4242\n\n\
+                    [[rule]]\nclass = \"online\"\npid = 4343\n";
+        let mut p = Policy::parse(text, "p.toml").unwrap();
+        p.bind_pids(&root);
+        let at = |start_time| ProcInfo {
+            start_time,
+            ..info("job", 1000, 1000, &[])
+        };
+        assert_eq!(p.classify(&at(1000), 4242), (Class::Offline, Some(0)));
+        assert_eq!(p.classify(&at(1001), 4242), (Class::Ignore, None));
+        assert_eq!(p.classify(&at(1000), 4343), (Class::Ignore, None));
+        let w = p.trust_warnings();
+        assert!(
+            w.iter().any(|l| l.starts_with(
+                "p.toml: rule 1 (line 4): pid 4242 is bound to the \
+                 process that has it now (started at tick 1000)"
+            )),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter().any(|l| l.starts_with(
+                "p.toml: rule 2 (line 8): no process has pid 4343: \
+                 the rule matches nothing"
+            )),
+            "{w:#?}"
+        );
+        // A reload binds again: the pid's owner now.
+        std::fs::write(root.join("4242/stat"), stat(1001)).unwrap();
+        p.bind_pids(&root);
+        assert_eq!(p.classify(&at(1001), 4242), (Class::Offline, Some(0)));
+        assert_eq!(p.classify(&at(1000), 4242), (Class::Ignore, None));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

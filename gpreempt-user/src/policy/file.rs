@@ -58,9 +58,44 @@ impl Policy {
 
     /// Reads and parses a policy file: a regular file of at most [`MAX_POLICY_BYTES`], opened
     /// without blocking (a FIFO or a device would hang the controller, even against SIGTERM).
+    /// Reads, parses and validates `path`, and binds its `pid` rules to the processes that
+    /// have those pids now ([`Self::bind_pids`]).
     pub fn load(path: &Path) -> anyhow::Result<Policy> {
         let text = read_policy_file(path)?;
-        Ok(Self::parse(&text, &path.display().to_string())?)
+        let mut p = Self::parse(&text, &path.display().to_string())?;
+        p.bind_pids(Path::new("/proc"));
+        Ok(p)
+    }
+
+    /// A pid is not an identity: whoever gets a freed pid first owns it next. So each `pid`
+    /// rule is bound to the process that has the pid now (its start time, under `proc_root`),
+    /// and a process that gets the pid later does not match it; a pid nobody has matches
+    /// nothing. Each binding is said in [`Self::pid_notes`]; a reload binds again.
+    pub fn bind_pids(&mut self, proc_root: &Path) {
+        let source = self.source.clone();
+        let mut notes = Vec::new();
+        for (i, r) in self.rules.iter_mut().enumerate() {
+            let Some(pid) = r.pid else { continue };
+            let at = format!("{source}: rule {} (line {})", i + 1, r.line);
+            match crate::observe::procinfo::start_time(proc_root, pid) {
+                Ok(t) => {
+                    r.pid_bound = super::PidBound::Started(t);
+                    notes.push(format!(
+                        "{at}: pid {pid} is bound to the process that has it now (started at \
+                         tick {t}); a process that gets pid {pid} later does not match (a \
+                         reload binds again)"
+                    ));
+                }
+                Err(_) => {
+                    r.pid_bound = super::PidBound::NoProcess;
+                    notes.push(format!(
+                        "{at}: no process has pid {pid}: the rule matches nothing (pid rules \
+                         name processes that run when the policy is loaded; reload once it runs)"
+                    ));
+                }
+            }
+        }
+        self.pid_notes = notes;
     }
 }
 
@@ -750,6 +785,7 @@ impl<'t> Parser<'t> {
                 k8s_namespace: None,
                 pod: None,
                 pid: None,
+                pid_bound: super::PidBound::NotYet,
             };
             let mut class = None;
             let mut matchers = 0;

@@ -258,6 +258,21 @@ pub struct Rule {
     pub k8s_namespace: Option<Glob>,
     pub pod: Option<Glob>,
     pub pid: Option<u32>,
+    /// The process `pid` named when the policy was loaded: only it matches (whoever gets a
+    /// freed pid first owns it next).
+    pub pid_bound: PidBound,
+}
+
+/// What a rule's `pid` was bound to when the policy was loaded ([`Policy::bind_pids`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PidBound {
+    /// Parsed, not loaded (unit tests of the file format): the pid alone.
+    #[default]
+    NotYet,
+    /// The process that had the pid then: its start time.
+    Started(u64),
+    /// No process had the pid: the rule matches nothing until a reload finds one.
+    NoProcess,
 }
 
 /// A parsed, validated policy file.
@@ -286,6 +301,8 @@ pub struct Policy {
     pub control_group: Option<String>,
     /// The line of `[control] group`, for messages about it.
     pub control_group_line: Option<usize>,
+    /// What `pid` rules were bound to at load, one line each (said with the trust warnings).
+    pub pid_notes: Vec<String>,
 }
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
@@ -315,6 +332,7 @@ impl Default for Policy {
             nvidia: NvPolicy::default(),
             control_group: None,
             control_group_line: None,
+            pid_notes: Vec::new(),
         }
     }
 }

@@ -35,6 +35,7 @@ use nix::sys::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+use crate::observe::procinfo::ProcId;
 use crate::outcome::Notice;
 use crate::outcome::OpReport;
 
@@ -96,6 +97,11 @@ pub struct SnapQueue {
 pub enum TargetError {
     /// The process is gone (ESRCH).
     Gone,
+    /// The pid names another process now (a different start time): the one asked for is gone,
+    /// and the new owner is not touched.
+    Reused {
+        pid: u32,
+    },
     /// Someone else already traces it (rocgdb, strace, gdb): it cannot be seized.
     Traced {
         tracer: u32,
@@ -120,6 +126,11 @@ impl fmt::Display for TargetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Gone => write!(f, "the process is gone"),
+            Self::Reused { pid } => write!(
+                f,
+                "pid {pid} was reused: the process it named is gone and another one has it now \
+                 (that one was not touched)"
+            ),
             Self::Traced { tracer, comm } => write!(
                 f,
                 "already traced by pid {tracer} ({comm}); a process under rocgdb, gdb or strace \
@@ -141,22 +152,24 @@ impl fmt::Display for TargetError {
 
 impl std::error::Error for TargetError {}
 
+/// Every request names a process by [`ProcId`]: the control thread checks it against the pid's
+/// owner before it seizes, and against the target it holds on every later act.
 enum Req {
-    Attach(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
-    Detach(u32, oneshot::Sender<Result<(), TargetError>>),
+    Attach(ProcId, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
+    Detach(ProcId, oneshot::Sender<Result<(), TargetError>>),
     Suspend {
-        pid: u32,
+        id: ProcId,
         /// None: every queue of the process, now and created later, until a Resume of all.
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
         reply: oneshot::Sender<Result<OpReport, TargetError>>,
     },
     Resume {
-        pid: u32,
+        id: ProcId,
         queues: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<OpReport, TargetError>>,
     },
-    Snapshot(u32, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
+    Snapshot(ProcId, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
     /// Resume + disable + detach everything, then the thread ends.
     Shutdown(oneshot::Sender<Vec<OpReport>>),
 }
@@ -166,7 +179,14 @@ pub struct Control {
     tx: Option<mpsc::Sender<Req>>,
     wake: std::sync::Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
+    turns: Turns,
 }
+
+/// When the control thread last went round its loop (or a step of a long operation: a detach
+/// waiting for its target to stop, one target of a shutdown), CLOCK_MONOTONIC ns. It turns at
+/// least every 100 ms while alive: this is what the KFD lease's heartbeat watches, since this
+/// thread's watchdog is what bounds every hold.
+pub type Turns = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
 /// A cheap clone of the request side, for a panic hook or signal handler task.
 #[derive(Clone)]
@@ -259,10 +279,12 @@ impl Control {
         let (tx, rx) = mpsc::channel();
         let (ntx, nrx) = tmpsc::unbounded_channel();
         let thread_wake = wake_fd.clone();
+        let turns: Turns = std::sync::Arc::new(crate::clock::monotonic_ns().into());
+        let thread_turns = turns.clone();
         let thread = std::thread::Builder::new()
             .name("gpreempt-ctl".into())
             .spawn(move || {
-                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits);
+                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits, thread_turns);
                 t.run();
                 // Drop of `t` resumes and disables whatever is left (also when unwinding).
             })
@@ -272,9 +294,15 @@ impl Control {
                 tx: Some(tx),
                 wake: wake_fd,
                 thread: Some(thread),
+                turns,
             },
             nrx,
         ))
+    }
+
+    /// The control thread's turns, for the lease's heartbeat.
+    pub fn turns(&self) -> Turns {
+        self.turns.clone()
     }
 
     pub fn handle(&self) -> Option<ControlHandle> {
@@ -302,26 +330,26 @@ impl Control {
         rx.await.unwrap_or_else(|_| closed())
     }
 
-    /// Seize `pid` and enable its debug trap; returns its queues.
-    pub async fn attach(&self, pid: u32) -> Result<Vec<SnapQueue>, TargetError> {
-        self.ask(|r| Req::Attach(pid, r)).await
+    /// Seize `id` and enable its debug trap; returns its queues.
+    pub async fn attach(&self, id: ProcId) -> Result<Vec<SnapQueue>, TargetError> {
+        self.ask(|r| Req::Attach(id, r)).await
     }
 
     /// Resume its queues, disable the trap and detach.
-    pub async fn detach(&self, pid: u32) -> Result<(), TargetError> {
-        self.ask(|r| Req::Detach(pid, r)).await
+    pub async fn detach(&self, id: ProcId) -> Result<(), TargetError> {
+        self.ask(|r| Req::Detach(id, r)).await
     }
 
     /// Suspend `queues` of `pid` (attaching first if needed); None: the whole process, including
     /// queues it creates while suspended.
     pub async fn suspend(
         &self,
-        pid: u32,
+        id: ProcId,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
     ) -> Result<OpReport, TargetError> {
         self.ask(|reply| Req::Suspend {
-            pid,
+            id,
             queues,
             grace,
             reply,
@@ -331,14 +359,14 @@ impl Control {
 
     pub async fn resume(
         &self,
-        pid: u32,
+        id: ProcId,
         queues: Option<Vec<u32>>,
     ) -> Result<OpReport, TargetError> {
-        self.ask(|reply| Req::Resume { pid, queues, reply }).await
+        self.ask(|reply| Req::Resume { id, queues, reply }).await
     }
 
-    pub async fn snapshot(&self, pid: u32) -> Result<Vec<SnapQueue>, TargetError> {
-        self.ask(|r| Req::Snapshot(pid, r)).await
+    pub async fn snapshot(&self, id: ProcId) -> Result<Vec<SnapQueue>, TargetError> {
+        self.ask(|r| Req::Snapshot(id, r)).await
     }
 
     /// Resume + disable + detach everything; the thread ends.

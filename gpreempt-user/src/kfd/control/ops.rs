@@ -27,8 +27,23 @@ use super::{
 };
 use crate::{
     clock::monotonic_ns,
+    observe::procinfo::{NotThatProcess, ProcId},
     outcome::{Notice, OpReport, QueueOutcome, QueueResult},
 };
+
+/// Whether `id` still names the process that has its pid (read from /proc now).
+fn still(id: ProcId) -> Result<(), TargetError> {
+    id.check(std::path::Path::new("/proc"))
+        .map_err(|e| match e {
+            NotThatProcess::Gone => TargetError::Gone,
+            NotThatProcess::Reused { start_time } => {
+                log::warn!(
+                "{id}: the pid now names a process started at tick {start_time}: not touching it"
+            );
+                TargetError::Reused { pid: id.pid }
+            }
+        })
+}
 
 pub(super) fn ioctl<T>(f: &File, cmd: u32, args: &mut T) -> std::io::Result<i32> {
     // SAFETY: `cmd` encodes `size_of::<T>()` bytes in/out and `args` is a live, exclusive T.
@@ -124,10 +139,27 @@ impl Thread {
         Ok((r, a.payload()))
     }
 
-    /// Seize + ENABLE, once per target.
-    pub(super) fn attach(&mut self, pid: u32) -> Result<(), TargetError> {
+    /// Whether `id` is the process this thread knows under its pid: a target's start time
+    /// (seized, so its pid cannot pass to another process until we reap it), else /proc's.
+    pub(super) fn verify(&self, id: ProcId) -> Result<(), TargetError> {
+        match self.targets.get(&id.pid) {
+            Some(t) if t.start_time == id.start_time => Ok(()),
+            Some(t) => {
+                log::warn!(
+                    "{id}: under control is the process started at tick {}: not touching it",
+                    t.start_time
+                );
+                Err(TargetError::Reused { pid: id.pid })
+            }
+            None => still(id),
+        }
+    }
+
+    /// Seize + ENABLE, once per target; only the process `id` names.
+    pub(super) fn attach(&mut self, id: ProcId) -> Result<(), TargetError> {
+        let pid = id.pid;
         if self.targets.contains_key(&pid) {
-            return Ok(());
+            return self.verify(id);
         }
         if pid == std::process::id() {
             return Err(TargetError::NotPermitted(
@@ -135,12 +167,20 @@ impl Thread {
             ));
         }
         let p = Pid::from_raw(pid as i32);
+        // Right before the seize: a process that merely got the pid is not seized.
+        still(id)?;
         if let Err(e) = ptrace::seize(p, ptrace::Options::empty()) {
             return Err(seize_error(
                 e,
                 || tracer_of(pid),
                 || seize_eperm_cause(std::path::Path::new("/"), pid),
             ));
+        }
+        // Seized, the pid cannot pass to another process before we reap it: this check is
+        // exact. A process that got the pid between the two checks is let go untouched.
+        if let Err(e) = still(id) {
+            self.detach_ptrace(pid);
+            return Err(e);
         }
         let (rd, wr) = match nix::unistd::pipe2(
             nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
@@ -171,6 +211,7 @@ impl Thread {
             pid,
             Target {
                 pid,
+                start_time: id.start_time,
                 events: File::from(rd),
                 book: Book::default(),
             },
@@ -267,13 +308,14 @@ impl Thread {
 
     pub(super) fn suspend(
         &mut self,
-        pid: u32,
+        id: ProcId,
         queues: Option<Vec<u32>>,
         grace: Option<u32>,
     ) -> Result<OpReport, TargetError> {
         holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
+        let pid = id.pid;
         let fresh = !self.targets.contains_key(&pid);
-        self.attach(pid)?;
+        self.attach(id)?;
         let ids = match &queues {
             Some(q) => {
                 // A target attached just now has its queues flagged NEW, and the kernel does
@@ -332,16 +374,18 @@ impl Thread {
         Ok(report)
     }
 
+    /// A caller's resume of `id`.
     pub(super) fn resume(
         &mut self,
-        pid: u32,
+        id: ProcId,
         queues: Option<Vec<u32>>,
     ) -> Result<OpReport, TargetError> {
         holds::no_status_bits(queues.as_deref().unwrap_or_default())?;
+        let pid = id.pid;
         if !self.targets.contains_key(&pid) {
             // Nothing of ours; a resume of a process another instance left behind goes through
             // a fresh attach (ENABLE, RESUME all, DISABLE).
-            self.attach(pid)?;
+            self.attach(id)?;
             let r = self.queue_op(pid, false, &[], None);
             let all = self.resume_all_raw(pid);
             self.release(pid);
@@ -349,6 +393,19 @@ impl Thread {
                 r.ret = all.ok();
                 r
             });
+        }
+        self.verify(id)?;
+        self.resume_target(pid, queues)
+    }
+
+    /// Resumes `queues` (None: all) of the target under control as `pid`.
+    pub(super) fn resume_target(
+        &mut self,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> Result<OpReport, TargetError> {
+        if !self.targets.contains_key(&pid) {
+            return Err(TargetError::Gone);
         }
         let ids = match queues {
             Some(q) => q,
@@ -481,7 +538,7 @@ impl Thread {
             if ids.is_empty() {
                 continue;
             }
-            match self.resume(pid, Some(ids)) {
+            match self.resume_target(pid, Some(ids)) {
                 Ok(report) => self.notice(Notice::Acted {
                     report,
                     suspend: false,
@@ -523,7 +580,12 @@ impl Thread {
 
     pub(super) fn release_all(&mut self) -> Vec<OpReport> {
         let pids: Vec<u32> = self.targets.keys().copied().collect();
-        pids.into_iter().filter_map(|p| self.release(p)).collect()
+        pids.into_iter()
+            .filter_map(|p| {
+                self.turn();
+                self.release(p)
+            })
+            .collect()
     }
 
     /// Ends the ptrace link: a seized tracee must be stopped to be detached, so interrupt it,
@@ -535,6 +597,7 @@ impl Thread {
         }
         let end = monotonic_ns() + 1_000_000_000;
         while monotonic_ns() < end {
+            self.turn();
             match waitpid(p, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                 Ok(WaitStatus::StillAlive) => std::thread::sleep(Duration::from_micros(200)),
                 Ok(WaitStatus::Stopped(_, sig)) => {

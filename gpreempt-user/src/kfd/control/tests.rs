@@ -24,6 +24,7 @@ use super::{
     thread::{Target, Thread},
     Limits, Notice, Req, TargetError,
 };
+use crate::observe::procinfo::ProcId;
 use crate::outcome::{OpReport, QueueOutcome, QueueResult};
 
 const S: u64 = 1_000_000_000;
@@ -32,6 +33,12 @@ const GPU_A: u32 = 0xa1;
 const GPU_B: u32 = 0xb2;
 /// Above the kernel's largest pid_max (2^22): no process has it, so any ptrace of it is ESRCH.
 const FAKE: u32 = 0x7fff_fff0;
+/// The start time [`FAKE`] was seized with.
+const FAKE_START: u64 = 4242;
+const FAKE_ID: ProcId = ProcId {
+    pid: FAKE,
+    start_time: FAKE_START,
+};
 
 fn report(pid: u32, at: u64, done: &[u32]) -> OpReport {
     OpReport {
@@ -337,7 +344,7 @@ fn rig(limits: Limits) -> Rig {
     let (tx, rx) = mpsc::channel();
     let (ntx, notices) = tmpsc::unbounded_channel();
     Rig {
-        t: Thread::new(kfd, sigfd, wake, rx, ntx, limits),
+        t: Thread::new(kfd, sigfd, wake, rx, ntx, limits, Arc::default()),
         tx,
         notices,
     }
@@ -350,6 +357,7 @@ impl Rig {
             FAKE,
             Target {
                 pid: FAKE,
+                start_time: FAKE_START,
                 events: File::open("/dev/null").expect("/dev/null"),
                 book: b,
             },
@@ -362,9 +370,9 @@ impl Rig {
         rx.try_recv().expect("a reply at once")
     }
 
-    fn suspend(&mut self, pid: u32, queues: Option<Vec<u32>>) -> Result<OpReport, TargetError> {
+    fn suspend(&mut self, id: ProcId, queues: Option<Vec<u32>>) -> Result<OpReport, TargetError> {
         self.ask(|reply| Req::Suspend {
-            pid,
+            id,
             queues,
             grace: None,
             reply,
@@ -379,14 +387,14 @@ impl Rig {
 #[test]
 fn requests_for_ourselves_are_refused_before_any_ptrace() {
     let mut r = rig(Limits::default());
-    let me = std::process::id();
+    let me = ProcId::now(std::path::Path::new("/proc"), std::process::id()).expect("own stat");
     let refused =
         |e: &TargetError| matches!(e, TargetError::NotPermitted(s) if s.contains("itself"));
     assert!(refused(&r.suspend(me, None).unwrap_err()));
     assert!(refused(&r.suspend(me, Some(vec![1])).unwrap_err()));
     assert!(refused(
         &r.ask(|reply| Req::Resume {
-            pid: me,
+            id: me,
             queues: None,
             reply
         })
@@ -396,7 +404,7 @@ fn requests_for_ourselves_are_refused_before_any_ptrace() {
     assert!(refused(&r.ask(|x| Req::Snapshot(me, x)).unwrap_err()));
     assert!(r.t.targets.is_empty());
     // Detaching what is not controlled is a no-op, not an error.
-    assert_eq!(r.ask(|x| Req::Detach(FAKE, x)), Ok(()));
+    assert_eq!(r.ask(|x| Req::Detach(FAKE_ID, x)), Ok(()));
     assert!(r.notices().is_empty());
 }
 
@@ -405,7 +413,7 @@ fn suspends_on_a_fenced_gpu_are_refused_per_queue_and_others_reach_the_kernel() 
     let mut r = rig(Limits::default());
     r.add(book(&[(1, GPU_A), (2, GPU_B)], &[]));
     assert!(r.t.fenced.fence(GPU_A, "a suspend returned ERROR"));
-    let rep = r.suspend(FAKE, Some(vec![1])).expect("no call needed");
+    let rep = r.suspend(FAKE_ID, Some(vec![1])).expect("no call needed");
     assert_eq!(rep.ret, None, "the kernel was not asked");
     assert_eq!(
         rep.queues,
@@ -418,7 +426,7 @@ fn suspends_on_a_fenced_gpu_are_refused_per_queue_and_others_reach_the_kernel() 
     assert_eq!(r.t.fenced.reason(GPU_A), Some("a suspend returned ERROR"));
     // Queue 2's GPU is not fenced: the call goes to the "kernel" (/dev/null), which refuses.
     assert!(matches!(
-        r.suspend(FAKE, Some(vec![2])),
+        r.suspend(FAKE_ID, Some(vec![2])),
         Err(TargetError::Other(s)) if s.starts_with("DBG_TRAP suspend_queues")
     ));
     assert!(r.t.targets[&FAKE].book.suspended.is_empty());
@@ -433,10 +441,10 @@ fn the_rate_limit_refuses_a_target_past_its_budget() {
     r.add(book(&[(1, GPU_A)], &[]));
     r.t.fenced.fence(GPU_A, "test");
     for _ in 0..3 {
-        assert!(r.suspend(FAKE, Some(vec![1])).is_ok());
+        assert!(r.suspend(FAKE_ID, Some(vec![1])).is_ok());
     }
     assert_eq!(
-        r.suspend(FAKE, Some(vec![1])),
+        r.suspend(FAKE_ID, Some(vec![1])),
         Err(TargetError::RateLimited)
     );
 }
@@ -516,7 +524,7 @@ fn the_loop_serves_requests_and_ends_on_shutdown() {
     let mut r = rig(Limits::default());
     let (dtx, mut drx) = oneshot::channel();
     let (stx, mut srx) = oneshot::channel();
-    r.tx.send(Req::Detach(FAKE, dtx)).expect("send");
+    r.tx.send(Req::Detach(FAKE_ID, dtx)).expect("send");
     r.tx.send(Req::Shutdown(stx)).expect("send");
     r.t.run();
     assert_eq!(drx.try_recv(), Ok(Ok(())));
@@ -559,4 +567,85 @@ fn a_refused_seize_names_the_cause_this_host_shows() {
     put("proc/self/status", "CapEff:\t0000000000000000\n");
     assert!(seize_eperm_cause(&root, 9).contains("lacks CAP_SYS_PTRACE"));
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A pid is not an identity: a request that names a target's pid with another start time is
+/// about a process that is gone, and nothing of it reaches the kernel or the target's holds.
+#[test]
+fn a_request_for_a_previous_owner_of_a_targets_pid_is_refused() {
+    let mut r = rig(Limits::default());
+    r.add(book(&[(1, GPU_A)], &[(1, S)]));
+    let old = ProcId {
+        start_time: FAKE_START - 7,
+        ..FAKE_ID
+    };
+    assert_eq!(
+        r.suspend(old, Some(vec![1])),
+        Err(TargetError::Reused { pid: FAKE })
+    );
+    assert_eq!(r.suspend(old, None), Err(TargetError::Reused { pid: FAKE }));
+    assert_eq!(
+        r.ask(|reply| Req::Resume {
+            id: old,
+            queues: None,
+            reply
+        }),
+        Err(TargetError::Reused { pid: FAKE })
+    );
+    assert_eq!(
+        r.ask(|x| Req::Snapshot(old, x)),
+        Err(TargetError::Reused { pid: FAKE })
+    );
+    // Detach of the previous owner does not let go of the current one.
+    assert_eq!(r.ask(|x| Req::Detach(old, x)), Ok(()));
+    let t = &r.t.targets[&FAKE];
+    assert_eq!(t.book.hold_all, None);
+    assert_eq!(
+        t.book.suspended.keys().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert!(r.notices().is_empty());
+    // The target itself is still served (here the /dev/null "kernel" refuses).
+    assert!(matches!(
+        r.suspend(FAKE_ID, Some(vec![1])),
+        Err(TargetError::Other(s)) if s.starts_with("DBG_TRAP suspend_queues")
+    ));
+}
+
+/// A live process whose start time is not the one asked for is never seized: its pid was
+/// reused, and the new owner is left alone (no tracer, nothing recorded).
+#[test]
+fn a_process_that_took_a_reused_pid_is_never_seized() {
+    let mut r = rig(Limits::default());
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("sleep");
+    let now = ProcId::now(std::path::Path::new("/proc"), child.id()).expect("child stat");
+    let before = ProcId {
+        start_time: now.start_time.saturating_sub(1),
+        ..now
+    };
+    for e in [
+        r.suspend(before, None),
+        r.suspend(before, Some(vec![0])),
+        r.ask(|reply| Req::Resume {
+            id: before,
+            queues: None,
+            reply,
+        }),
+    ] {
+        assert_eq!(e, Err(TargetError::Reused { pid: now.pid }));
+    }
+    assert_eq!(
+        r.ask(|x| Req::Attach(before, x)),
+        Err(TargetError::Reused { pid: now.pid })
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", now.pid)).expect("status");
+    assert!(status.contains("TracerPid:\t0\n"), "{status}");
+    assert!(r.t.targets.is_empty());
+    let _ = child.kill();
+    let _ = child.wait();
+    // Once it is gone (reaped), the pid is nobody's: gone, not reused.
+    assert_eq!(r.suspend(now, None), Err(TargetError::Gone));
 }

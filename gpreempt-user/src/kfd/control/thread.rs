@@ -33,6 +33,9 @@ use crate::outcome::Notice;
 
 pub(super) struct Target {
     pub(super) pid: u32,
+    /// Its start time when it was seized: requests naming the pid with another start time are
+    /// about a process that is gone.
+    pub(super) start_time: u64,
     /// Read end of the event pipe (the kernel holds the write end).
     pub(super) events: File,
     pub(super) book: Book,
@@ -50,6 +53,8 @@ pub(super) struct Thread {
     pub(super) limits: Limits,
     /// Last look for destroys of held queues (not on every wake-up: it reads procfs).
     pub(super) destroy_scan_ns: u64,
+    /// Stamped on every turn ([`super::Turns`]).
+    pub(super) turns: super::Turns,
 }
 
 impl Thread {
@@ -60,6 +65,7 @@ impl Thread {
         rx: mpsc::Receiver<Req>,
         notices: tmpsc::UnboundedSender<Notice>,
         limits: Limits,
+        turns: super::Turns,
     ) -> Self {
         Self {
             kfd,
@@ -71,7 +77,14 @@ impl Thread {
             fenced: Fences::default(),
             limits,
             destroy_scan_ns: 0,
+            turns,
         }
+    }
+
+    /// This thread is alive and going round (the lease's heartbeat watches it).
+    pub(super) fn turn(&self) {
+        self.turns
+            .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn notice(&self, n: Notice) {
@@ -111,11 +124,13 @@ impl Thread {
                     .map(|(p, _)| *p)
                     .collect::<Vec<u32>>()
             };
+            self.turn();
             let mut buf = [0u8; 8];
             // SAFETY: reading 8 bytes into a live buffer from our eventfd.
             unsafe { libc::read(self.wake.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
             // Requests first: a suspend is latency-critical, the housekeeping below is not.
             loop {
+                self.turn();
                 match self.rx.try_recv() {
                     Ok(Req::Shutdown(reply)) => {
                         let out = self.release_all();
@@ -147,37 +162,36 @@ impl Thread {
 
     pub(super) fn request(&mut self, r: Req) {
         match r {
-            Req::Attach(pid, reply) => {
-                let r = self
-                    .attach(pid)
-                    .map(|_| ())
-                    .and_then(|_| self.snapshot(pid));
+            Req::Attach(id, reply) => {
+                let r = self.attach(id).and_then(|_| self.snapshot(id.pid));
                 let _ = reply.send(r);
             }
-            Req::Detach(pid, reply) => {
-                let r = if self.targets.contains_key(&pid) {
-                    self.release(pid);
-                    Ok(())
-                } else {
-                    Ok(())
-                };
-                let _ = reply.send(r);
+            Req::Detach(id, reply) => {
+                // A target under another start time is another process: not ours to let go.
+                if self
+                    .targets
+                    .get(&id.pid)
+                    .is_some_and(|t| t.start_time == id.start_time)
+                {
+                    self.release(id.pid);
+                }
+                let _ = reply.send(Ok(()));
             }
             Req::Suspend {
-                pid,
+                id,
                 queues,
                 grace,
                 reply,
             } => {
-                let r = self.suspend(pid, queues, grace);
+                let r = self.suspend(id, queues, grace);
                 let _ = reply.send(r);
             }
-            Req::Resume { pid, queues, reply } => {
-                let r = self.resume(pid, queues);
+            Req::Resume { id, queues, reply } => {
+                let r = self.resume(id, queues);
                 let _ = reply.send(r);
             }
-            Req::Snapshot(pid, reply) => {
-                let r = self.attach(pid).and_then(|_| self.snapshot(pid));
+            Req::Snapshot(id, reply) => {
+                let r = self.attach(id).and_then(|_| self.snapshot(id.pid));
                 let _ = reply.send(r);
             }
             Req::Shutdown(_) => {}
@@ -263,7 +277,10 @@ impl Thread {
                 });
             }
             self.detach_ptrace(pid);
-            self.notice(Notice::TargetGone { pid });
+            self.notice(Notice::TargetGone {
+                pid,
+                start_time: t.start_time,
+            });
         }
     }
 
@@ -273,6 +290,7 @@ impl Thread {
         let pids: Vec<u32> = self.targets.keys().copied().collect();
         for pid in pids {
             let p = Pid::from_raw(pid as i32);
+            self.turn();
             for _ in 0..64 {
                 match waitpid(p, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
                     Ok(WaitStatus::StillAlive) => break,
@@ -302,8 +320,12 @@ impl Thread {
                     | Ok(WaitStatus::Signaled(..))
                     | Err(Errno::ECHILD) => {
                         // Its KFD process (and with it the trap and our suspensions) is gone.
-                        self.targets.remove(&pid);
-                        self.notice(Notice::TargetGone { pid });
+                        if let Some(t) = self.targets.remove(&pid) {
+                            self.notice(Notice::TargetGone {
+                                pid,
+                                start_time: t.start_time,
+                            });
+                        }
                         break;
                     }
                     Ok(_) => break,
@@ -325,7 +347,7 @@ impl Thread {
         log::warn!("GPU {gpu:#x}: {why}: no longer preempting it");
         let held = holds::held_on(self.books(), gpu);
         for (pid, ids) in held {
-            match self.resume(pid, Some(ids)) {
+            match self.resume_target(pid, Some(ids)) {
                 Ok(report) => self.notice(Notice::Acted {
                     report,
                     suspend: false,
@@ -352,7 +374,7 @@ impl Thread {
             if let Some(t) = self.targets.get_mut(&pid) {
                 t.book.hold_all = None;
             }
-            match self.resume(pid, Some(ids.clone())) {
+            match self.resume_target(pid, Some(ids.clone())) {
                 Ok(report) => self.notice(Notice::Acted {
                     report,
                     suspend: false,

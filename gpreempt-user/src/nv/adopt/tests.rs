@@ -223,7 +223,8 @@ impl Host for FakeHost {
     fn start_time(&self, pid: u32) -> Option<u64> {
         self.start.get(&pid).copied()
     }
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd> {
+        let pid = id.pid;
         self.dups.push((pid, fd));
         anyhow::ensure!(
             !self.no_fd,
@@ -285,7 +286,15 @@ fn scan() -> Scan {
 #[test]
 fn discovery_finds_a_running_process_objects_through_the_driver() {
     let mut host = scanned_host();
-    let f = discover(PID, &[8], &mut host, &scan());
+    let f = discover(
+        ProcId {
+            pid: PID,
+            start_time: 777,
+        },
+        &[8],
+        &mut host,
+        &scan(),
+    );
     assert_eq!(f.why_not, None);
     assert_eq!(f.tsgs(), 2);
     let order: Vec<u32> = f.recs.iter().map(|r| r.new).collect();
@@ -320,7 +329,15 @@ fn discovery_keeps_to_its_budget_and_says_so() {
     let mut host = scanned_host();
     let mut sc = scan();
     sc.max_calls = 50;
-    let f = discover(PID, &[8], &mut host, &sc);
+    let f = discover(
+        ProcId {
+            pid: PID,
+            start_time: 777,
+        },
+        &[8],
+        &mut host,
+        &sc,
+    );
     assert!(f.calls <= 52, "{}", f.calls);
     assert!(f.why_not.unwrap().contains("budget"));
 }
@@ -329,7 +346,15 @@ fn discovery_keeps_to_its_budget_and_says_so() {
 fn discovery_of_a_file_that_is_not_the_driver_finds_nothing() {
     let mut host = scanned_host();
     host.no_fd = true;
-    let f = discover(PID, &[8], &mut host, &scan());
+    let f = discover(
+        ProcId {
+            pid: PID,
+            start_time: 777,
+        },
+        &[8],
+        &mut host,
+        &scan(),
+    );
     assert!(f.recs.is_empty());
     assert!(f.why_not.unwrap().contains("no longer an NVIDIA device"));
 }

@@ -24,12 +24,14 @@ use crate::{
         guardian::{Beater, GuardianHandle, HoldEntry, TsgTimeslice},
         rm::{dup_fd, get_timeslice, set_disabled_mode, set_timeslice, Channels},
     },
+    observe::procinfo::ProcId,
     outcome::{OpReport, QueueOutcome, QueueResult, TimesliceChange},
 };
 
 /// What pausing needs from the system; the real one is [`Rm`], tests use a fake.
 pub trait NvOps {
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd>;
+    /// A duplicate of fd `fd` of the process `id` names, never of one that got its pid later.
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd>;
     /// `schedule_only`: a disable leaves running work to finish (bOnlyDisableScheduling).
     fn set(
         &mut self,
@@ -46,8 +48,8 @@ pub trait NvOps {
 pub struct Rm;
 
 impl NvOps for Rm {
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
-        dup_fd(pid, fd)
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd> {
+        dup_fd(id, fd)
     }
     fn set(
         &mut self,
@@ -105,6 +107,8 @@ pub struct NvControl<O: NvOps = Rm> {
     /// while this one may be waiting on the driver).
     beater: Arc<Mutex<Option<Beater>>>,
     targets: HashMap<u32, BTreeMap<ClientKey, ClientState>>,
+    /// Each target's start time: what is kept under a pid belongs to that process only.
+    starts: HashMap<u32, u64>,
     /// Pauses only take channels off the runlist (`[nvidia] pause = "schedule"`).
     schedule_only: bool,
 }
@@ -121,6 +125,7 @@ impl NvControl<Rm> {
             lease: None,
             beater: Arc::default(),
             targets: HashMap::new(),
+            starts: HashMap::new(),
             schedule_only: false,
         })
     }
@@ -139,6 +144,7 @@ impl<O: NvOps> NvControl<O> {
             lease: None,
             beater: Arc::default(),
             targets: HashMap::new(),
+            starts: HashMap::new(),
             schedule_only: false,
         }
     }
@@ -159,6 +165,16 @@ impl<O: NvOps> NvControl<O> {
         let Some(p) = state.procs.get(&pid) else {
             anyhow::bail!("pid {pid} is not known");
         };
+        let Some(start_time) = p.info.as_ref().map(|i| i.start_time) else {
+            anyhow::bail!("pid {pid}: its /proc facts are not read yet");
+        };
+        let id = ProcId { pid, start_time };
+        if self.starts.get(&pid).is_some_and(|&s| s != start_time) {
+            // What is kept under the pid is a previous owner's (its dups, the guardian's
+            // holds): that process is gone, and none of it may be used on this one.
+            log::info!("{id}: the pid had another owner before; forgetting that one");
+            self.forget(pid);
+        }
         let mut found: BTreeMap<ClientKey, BTreeMap<u32, Vec<u32>>> = BTreeMap::new();
         let mut gr: BTreeMap<ClientKey, BTreeSet<u32>> = BTreeMap::new();
         let mut gpus: BTreeMap<ClientKey, BTreeMap<u32, u32>> = BTreeMap::new();
@@ -194,7 +210,7 @@ impl<O: NvOps> NvControl<O> {
             };
             if let std::collections::btree_map::Entry::Vacant(v) = known.entry(key) {
                 v.insert(ClientState {
-                    dup: self.ops.dup(pid, key.fd)?,
+                    dup: self.ops.dup(id, key.fd)?,
                     tsgs: BTreeMap::new(),
                     gpus: BTreeMap::new(),
                     paused: BTreeMap::new(),
@@ -215,6 +231,7 @@ impl<O: NvOps> NvControl<O> {
                 };
                 g.hold(&HoldEntry {
                     pid,
+                    start_time,
                     fd: key.fd,
                     h_client: key.h_client,
                     h_subdevice: key.h_subdevice,
@@ -229,6 +246,7 @@ impl<O: NvOps> NvControl<O> {
                 c.gr = gr.remove(&key).unwrap_or_default();
             }
         }
+        self.starts.insert(pid, start_time);
         Ok(())
     }
 
@@ -335,6 +353,7 @@ impl<O: NvOps> NvControl<O> {
             targets,
             ..
         } = self;
+        let start_time = self.starts.get(&pid).copied().unwrap_or_default();
         let Some(clients) = targets.get_mut(&pid) else {
             return Ok(Vec::new());
         };
@@ -365,6 +384,7 @@ impl<O: NvOps> NvControl<O> {
                 };
                 g.hold(&HoldEntry {
                     pid,
+                    start_time,
                     fd: key.fd,
                     h_client: key.h_client,
                     h_subdevice: key.h_subdevice,
@@ -488,6 +508,7 @@ impl<O: NvOps> NvControl<O> {
 
     /// The target exited: drop its fd duplicates and the guardian's hold.
     pub fn forget(&mut self, pid: u32) {
+        self.starts.remove(&pid);
         if let Some(clients) = self.targets.remove(&pid) {
             if let Some(g) = self.guardian.as_mut() {
                 for key in clients.keys() {
@@ -499,13 +520,19 @@ impl<O: NvOps> NvControl<O> {
         }
     }
 
-    /// Forgets targets that exited (our duplicates would keep their RM clients alive).
+    /// Forgets targets that exited, or whose pid the model has seen pass to another process
+    /// (our duplicates would keep their RM clients alive).
     pub fn prune(&mut self, state: &State) {
         let gone: Vec<u32> = self
             .targets
             .keys()
             .copied()
-            .filter(|pid| state.procs.get(pid).is_none_or(|p| p.exited_ns.is_some()))
+            .filter(|pid| {
+                state.procs.get(pid).is_none_or(|p| {
+                    p.exited_ns.is_some()
+                        || p.info.as_ref().map(|i| i.start_time) != self.starts.get(pid).copied()
+                })
+            })
             .collect();
         for pid in gone {
             self.forget(pid);

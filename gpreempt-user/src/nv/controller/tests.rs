@@ -21,6 +21,8 @@ pub(crate) struct Fake {
     pub(crate) blocked: usize,
     /// The schedule-only flag of each FIFO_DISABLE_CHANNELS call.
     pub(crate) schedule_only: Vec<bool>,
+    /// Every fd duplicated: (process, fd).
+    pub(crate) dups: Vec<(ProcId, i32)>,
 }
 
 /// A [`Fake`] that a worker thread owns while the test looks on, and whose pause/resume calls
@@ -63,8 +65,8 @@ impl Shared {
 }
 
 impl NvOps for Shared {
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<OwnedFd> {
-        NvOps::dup(&mut &mut *lock(&self.0 .0), pid, fd)
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd> {
+        NvOps::dup(&mut &mut *lock(&self.0 .0), id, fd)
     }
     fn set(
         &mut self,
@@ -94,7 +96,8 @@ impl NvOps for Shared {
 }
 
 impl NvOps for &mut Fake {
-    fn dup(&mut self, _pid: u32, _fd: i32) -> Result<OwnedFd> {
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<OwnedFd> {
+        self.dups.push((id, fd));
         Ok(std::fs::File::open("/dev/null")?.into())
     }
     fn set(
@@ -335,6 +338,14 @@ fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engin
 
 /// pid 7: client 0xc1, subdevice 0x11, compute TSG 0x20 (channels 0x21, 0x22), copy TSG 0x30.
 pub(crate) fn host() -> State {
+    host_started(HOST_START)
+}
+
+/// The start time of pid 7 in [`host`].
+pub(crate) const HOST_START: u64 = 107;
+
+/// [`host`], with pid 7 started at `start_time` (the same pid, another process when it differs).
+pub(crate) fn host_started(start_time: u64) -> State {
     let mut s = State::new();
     alloc(&mut s, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
     alloc(&mut s, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
@@ -343,6 +354,14 @@ pub(crate) fn host() -> State {
     alloc(&mut s, 0x20, 0x21, class::HOPPER_CHANNEL_GPFIFO_A, 0);
     alloc(&mut s, 0x20, 0x22, class::HOPPER_CHANNEL_GPFIFO_A, 0);
     alloc(&mut s, 0x10, 0x30, class::KEPLER_CHANNEL_GROUP_A, 0xb);
+    s.apply(Update::ProcInfo {
+        pid: 7,
+        info: crate::observe::procinfo::ProcInfo {
+            comm: "python3".into(),
+            start_time,
+            ..Default::default()
+        },
+    });
     s
 }
 
@@ -815,4 +834,40 @@ fn shutdown_resumes_what_is_paused_and_errors_are_reported() {
     let e = c.act(&s, 7, &[0x20], true).unwrap_err();
     assert!(e.to_string().contains("NOT_SUPPORTED"), "{e}");
     assert!(c.paused().is_empty());
+}
+
+/// A pid is not an identity: fds are only duplicated of the process the model names (pid and
+/// start time), and what was kept for a previous owner of the pid (its duplicates, the guardian's
+/// holds, its paused TSGs) is dropped before anything is learnt of the new one.
+#[test]
+fn a_new_owner_of_a_pid_is_learnt_afresh_never_through_the_old_ones_state() {
+    let mut f = Fake::default();
+    let mut c = NvControl::unguarded(&mut f);
+    let old = host();
+    c.act(&old, 7, &[0x20], true).expect("pause");
+    assert_eq!(c.paused(), vec![(7, 0x20)]);
+    // A model whose /proc facts are not read yet names no process: nothing is duplicated.
+    let mut unread = State::new();
+    alloc(&mut unread, 0, 0xc1, class::NV01_ROOT_CLIENT, 0);
+    alloc(&mut unread, 0xc1, 0x10, class::NV01_DEVICE_0, 0);
+    alloc(&mut unread, 0x10, 0x11, class::NV20_SUBDEVICE_0, 0);
+    alloc(&mut unread, 0x10, 0x20, class::KEPLER_CHANNEL_GROUP_A, 1);
+    c.forget(8);
+    let e = c.act(&unread, 8, &[0x20], true);
+    assert!(e.is_err(), "{e:?}");
+    // Pid 7 now names another process (started later): the old one's state goes first.
+    let new = host_started(HOST_START + 1);
+    c.act(&new, 7, &[0x20], true)
+        .expect("pause of the new owner");
+    assert_eq!(c.paused(), vec![(7, 0x20)]);
+    // prune with the old model: the kept state is the new owner's, not the old one's.
+    c.prune(&old);
+    assert!(
+        c.paused().is_empty(),
+        "kept under a start time the model does not have"
+    );
+    drop(c);
+    let ids: Vec<u64> = f.dups.iter().map(|(id, _)| id.start_time).collect();
+    assert_eq!(ids, vec![HOST_START, HOST_START + 1]);
+    assert!(f.dups.iter().all(|(id, _)| id.pid == 7));
 }

@@ -71,7 +71,7 @@ impl<T: Targets> Guardian<T> {
         e.channels.retain(|c| seen.insert(*c));
         let mut seen = std::collections::BTreeSet::new();
         e.timeslices.retain(|t| seen.insert(t.h_tsg));
-        let dup = self.targets.dup(e.pid, e.fd)?;
+        let dup = self.targets.dup(e.id(), e.fd)?;
         let at = self.held.iter().position(|(h, _)| h.key() == e.key());
         let (old, old_ts) = at.map_or((&[][..], &[][..]), |i| {
             (&self.held[i].0.channels[..], &self.held[i].0.timeslices[..])

@@ -173,7 +173,7 @@ pub(super) enum Recovered {
 /// duplicate. A target that exited, closed the fd, or whose fd no longer holds the client (a
 /// reused pid or fd) has nothing left paused that we could reach: `Gone`.
 pub(super) fn recover_entry<T: Targets>(t: &mut T, e: &HoldEntry) -> Result<Recovered> {
-    let dup = match t.dup(e.pid, e.fd) {
+    let dup = match t.dup(e.id(), e.fd) {
         Ok(d) => d,
         Err(err) if control::is_gone(&err) => return Ok(Recovered::Gone),
         Err(err) => return Err(err),

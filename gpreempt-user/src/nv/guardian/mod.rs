@@ -95,6 +95,11 @@ pub struct Args {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HoldEntry {
     pub pid: u32,
+    /// The target's start time (`/proc/PID/stat` field 22): a duplicate is only ever taken of
+    /// the process that had it, never of one that got the pid later. Absent (0, journals of
+    /// older versions): no process matches, so nothing is restored into a reused pid.
+    #[serde(default)]
+    pub start_time: u64,
     pub fd: i32,
     pub h_client: u32,
     pub h_subdevice: u32,
@@ -113,6 +118,14 @@ pub struct TsgTimeslice {
 }
 
 impl HoldEntry {
+    /// The target process.
+    pub fn id(&self) -> crate::observe::procinfo::ProcId {
+        crate::observe::procinfo::ProcId {
+            pid: self.pid,
+            start_time: self.start_time,
+        }
+    }
+
     fn key(&self) -> (u32, u32, u32) {
         (self.pid, self.h_client, self.h_subdevice)
     }

@@ -9,13 +9,15 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::HoldEntry;
 use crate::nv::rm::{self as control, Channels};
+use crate::observe::procinfo::ProcId;
 
 /// What the guardian needs from the system, injectable for tests.
 pub trait Targets {
     /// The guardian's own hold on a target's fd.
     type Dup;
-    /// Duplicates the target's fd ([`control::dup_fd`]).
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<Self::Dup>;
+    /// Duplicates fd `fd` of the process `id` names ([`control::dup_fd`]); never of another
+    /// process that got its pid (an error that [`control::is_gone`] recognizes).
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<Self::Dup>;
     /// Resumes `e`'s channels through `dup`.
     fn enable(&mut self, dup: &Self::Dup, e: &HoldEntry) -> Result<()>;
     /// Sets the timeslice of TSG `h_tsg` (of client `h_client`) to `us` through `dup`
@@ -38,9 +40,9 @@ pub struct TargetFd {
 impl Targets for Rm {
     type Dup = TargetFd;
 
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<TargetFd> {
-        let pidfd = control::pidfd_open(pid)?;
-        let fd = control::getfd(pidfd.as_fd(), pid, fd)?;
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<TargetFd> {
+        let pidfd = control::pidfd_of(id)?;
+        let fd = control::getfd(pidfd.as_fd(), id.pid, fd)?;
         Ok(TargetFd { pidfd, fd })
     }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::nv::rm as control;
+use crate::observe::procinfo::ProcId;
 use nix::errno::Errno;
 use std::{cell::RefCell, os::unix::fs::PermissionsExt as _, rc::Rc};
 use std::{
@@ -21,9 +22,13 @@ pub(super) fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// Every target's start time in these tests (a fake process has it unless `reused` says not).
+pub(super) const START: u64 = 555;
+
 pub(super) fn entry(pid: u32, h_client: u32, channels: &[u32]) -> HoldEntry {
     HoldEntry {
         pid,
+        start_time: START,
         fd: 5,
         h_client,
         h_subdevice: 0x5c00_0003,
@@ -57,11 +62,18 @@ struct Fake {
     tsg_status: Rc<RefCell<Vec<(u32, u32)>>>,
     bad: Vec<u32>,
     exited: Rc<RefCell<Vec<u32>>>,
+    /// Pids another process has now (any start time but [`START`] is refused as reused; these
+    /// have another one).
+    reused: Vec<u32>,
 }
 
 impl Targets for Fake {
     type Dup = u32;
-    fn dup(&mut self, pid: u32, fd: i32) -> Result<u32> {
+    fn dup(&mut self, id: ProcId, fd: i32) -> Result<u32> {
+        let pid = id.pid;
+        if self.reused.contains(&pid) || id.start_time != START {
+            return Err(control::PidReused { pid }.into());
+        }
         if self.bad.contains(&pid) {
             return Err(control::DupError {
                 errno: Errno::EPERM,
@@ -101,7 +113,7 @@ fn request_wire_format() {
     let e = entry(7, 0xc1d0_0002, &[1, 2]);
     assert_eq!(
         hold_line(&e),
-        r#"{"op":"hold","pid":7,"fd":5,"h_client":3251634178,"h_subdevice":1543503875,"channels":[1,2]}"#
+        r#"{"op":"hold","pid":7,"start_time":555,"fd":5,"h_client":3251634178,"h_subdevice":1543503875,"channels":[1,2]}"#
     );
     let r = serde_json::to_string(&Request::Release {
         pid: 7,
@@ -113,7 +125,7 @@ fn request_wire_format() {
     let line = hold_line(&e);
     assert_eq!(
         line,
-        r#"{"op":"hold","pid":7,"fd":5,"h_client":3251634178,"h_subdevice":1543503875,"channels":[],"timeslices":[{"h_tsg":16,"original_us":2000}]}"#
+        r#"{"op":"hold","pid":7,"start_time":555,"fd":5,"h_client":3251634178,"h_subdevice":1543503875,"channels":[],"timeslices":[{"h_tsg":16,"original_us":2000}]}"#
     );
     assert!(matches!(serde_json::from_str(&line).unwrap(), Request::Hold(h) if h == e));
     // A request from before timeslices: none.
@@ -856,13 +868,16 @@ fn sigterm_restores_timeslices_and_resumes() {
 fn a_new_guardian_restores_leftover_timeslices() {
     let d = tmpdir("ts-leftover");
     let j = Journal::new(&d.join("nv-journal"));
-    // A line from before timeslices still reads, as none.
+    // A line from before timeslices and start times still reads, as none and 0.
     std::fs::write(
         j.path(),
         "{\"pid\":100,\"fd\":5,\"h_client\":10,\"h_subdevice\":1543503875,\"channels\":[1]}\n",
     )
     .unwrap();
-    let old = entry(100, 0xa, &[1]);
+    let old = HoldEntry {
+        start_time: 0,
+        ..entry(100, 0xa, &[1])
+    };
     assert_eq!(j.read().unwrap(), vec![old.clone()]);
     let a = entry_ts(200, 0xb, &[2], &[(0x20, 3000)]);
     let b = entry_ts(300, 0xc, &[], &[(0x30, 4000)]);
@@ -870,7 +885,9 @@ fn a_new_guardian_restores_leftover_timeslices() {
     j.append(&b).unwrap();
     let fake = Fake::default();
     let g = Guardian::new(fake.clone(), j.clone()).unwrap();
-    assert_eq!(*fake.enabled.borrow(), vec![old, a]);
+    // Without a start time the old line names no process for sure: nothing is restored into
+    // whoever has pid 100 now.
+    assert_eq!(*fake.enabled.borrow(), vec![a]);
     assert_eq!(
         *fake.sliced.borrow(),
         vec![(200, 0xb, 0x20, 3000), (300, 0xc, 0x30, 4000)]
@@ -967,4 +984,37 @@ fn the_kfd_lease_kills_a_silent_controller_and_only_then() {
     let mut lines = beats(3_000);
     lines.push((9_000, String::new()));
     assert!(killed_by("kill-silent", &lines));
+}
+
+/// A pid is not an identity: the guardian takes its duplicate only of the process a hold names
+/// by pid and start time. A hold for a previous owner of the pid is refused (nothing paused may
+/// follow), and a journal entry whose pid has another owner now is dropped as gone, never
+/// resumed or restored through the new owner's fds.
+#[test]
+fn holds_and_leftovers_of_a_reused_pid_never_reach_its_new_owner() {
+    let d = tmpdir("reused");
+    let j = Journal::new(&d.join("nv-journal"));
+    let fake = Fake {
+        reused: vec![300],
+        ..Fake::default()
+    };
+    let mut g = Guardian::new(fake.clone(), j.clone()).unwrap();
+    let stale = entry(300, 0xc, &[3]);
+    let r = g.handle(&hold_line(&stale));
+    assert!(
+        r.starts_with("err ") && r.contains("pid 300 was reused"),
+        "{r}"
+    );
+    assert_eq!(g.held().count(), 0);
+    assert!(j.read().unwrap().is_empty());
+    drop(g);
+    let left = entry_ts(300, 0xc, &[3], &[(0x30, 4000)]);
+    j.append(&left).unwrap();
+    let r = journal::recover_with(&j, &mut fake.clone());
+    assert_eq!(r.len(), 1);
+    assert!(r[0].1.is_ok(), "a reused pid is gone: {:?}", r[0].1);
+    assert!(fake.enabled.borrow().is_empty());
+    assert!(fake.sliced.borrow().is_empty());
+    assert!(j.read().unwrap().is_empty(), "dropped, not kept for later");
+    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -256,13 +256,22 @@ fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
         ("seen", ago(now, p.seen_ns)),
         ("exited", p.exited_ns.map_or("-".into(), |t| ago(now, t))),
     ];
-    let wide = match info {
+    let mut wide = match info {
         Some(i) => vec![("cgroup", i.cgroup.clone()), ("cmdline", i.cmdline.clone())],
         None => {
             pairs.push(("info", "/proc not read yet".into()));
             vec![]
         }
     };
+    if let Some(u) = &p.uncontrollable {
+        wide.insert(
+            0,
+            (
+                "control",
+                format!("UNCONTROLLABLE ({}): {}", u.kind, u.reason),
+            ),
+        );
+    }
     (pairs, wide)
 }
 

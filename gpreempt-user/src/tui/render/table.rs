@@ -182,7 +182,12 @@ fn process_cell(c: Col, p: &Process, now: u64) -> Cell<'static> {
     match c {
         Col::Id => Cell::from(p.pid.to_string()),
         Col::Comm => Cell::from(p.comm().to_string()),
-        Col::Class => Cell::from(p.class.clone().unwrap_or_else(|| "-".into())),
+        Col::Class => match &p.uncontrollable {
+            // `!`: the controller cannot act on it (the detail pane says why).
+            Some(_) => Cell::from(format!("{}!", p.class.as_deref().unwrap_or("-")))
+                .style(Style::new().fg(ratatui::style::Color::Red)),
+            None => Cell::from(p.class.clone().unwrap_or_else(|| "-".into())),
+        },
         Col::Nq => Cell::from(app::live_count(p).to_string()),
         Col::State => {
             let style = match (p.exited_ns, app::proc_queue_state(p)) {

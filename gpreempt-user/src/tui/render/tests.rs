@@ -646,3 +646,42 @@ fn an_nvidia_tsg_shows_its_channel_activity() {
         "{row:?}"
     );
 }
+
+/// A process the running controller cannot act on (it runs under its own tracer) shows `!`
+/// after its class, in red, and the detail pane says why.
+#[test]
+fn an_uncontrollable_process_is_marked_and_says_why() {
+    let mut st = known_state();
+    st.apply(Update::Uncontrollable {
+        pid: 100,
+        why: Some(crate::model::Uncontrollable {
+            kind: "traced".into(),
+            reason: "already traced by pid 4321 (strace); a process under rocgdb, gdb or strace \
+                     cannot be controlled: detach that tool first"
+                .into(),
+        }),
+    });
+    let mut app = App::default();
+    let b = render(&app, &st, 120, 40);
+    let row = row_starting(&b, "100", "python");
+    assert!(has(&words(&row), "online!"), "{row}");
+    let y = find(&b, "online!");
+    let x = line(&b, y).find("online!").unwrap() as u16;
+    assert_eq!(b[(x, y)].fg, ratatui::style::Color::Red);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 120, 40);
+    find(
+        &b,
+        &format!(
+            "{:<KEY_W$} UNCONTROLLABLE (traced): already traced by pid 4321 (strace)",
+            "control"
+        ),
+    );
+    // It can be controlled again: the mark goes.
+    st.apply(Update::Uncontrollable {
+        pid: 100,
+        why: None,
+    });
+    let b = render(&App::default(), &st, 120, 40);
+    assert_absent(&b, "online!");
+}
