@@ -867,16 +867,16 @@ const APPLIED: [&str; 6] = [
     "exits",
 ];
 
-/// The caller of a GPU set-up call (a runtime opening KFD, a queue, an RM client): rare, and
+/// The caller of a GPU set-up call (a runtime opening KFD or its VM, an RM client): rare, and
 /// what a new process under a reused pid does first.
 fn setting_up(ev: &Event) -> Option<u32> {
     match ev {
         Event::Ioctl(i) => matches!(
             i.call,
-            KfdCall::GetVersion(_)
-                | KfdCall::AcquireVm(_)
-                | KfdCall::RuntimeEnable(_)
-                | KfdCall::CreateQueue { .. }
+            // Not CREATE_QUEUE: a process must ACQUIRE_VM before it can make a queue
+            // (kfd_bind_process_to_device wants the VM), and a flood of queue creations would
+            // otherwise read /proc once a batch.
+            KfdCall::GetVersion(_) | KfdCall::AcquireVm(_) | KfdCall::RuntimeEnable(_)
         )
         .then_some(i.origin.pid),
         Event::Nv(n) => matches!(
