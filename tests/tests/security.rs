@@ -300,7 +300,7 @@ S=$GPREEMPT_RUN_DIR/status.json
 $GP sim workload --profile resnet18_b1 --rate 20 --priority 15 --duration 40 >/dev/null 2>&1 & A=$!
 $GP sim workload {OFFLINE} --duration 40 >/dev/null 2>&1 & B=$!
 echo $A $B > {d}/pids
-$GP run --policy {policy} 2>{d}/run.err & R=$!
+$GP run --policy {policy} --rate-limit 2000:8192 2>{d}/run.err & R=$!
 while [ ! -e $S ]; do sleep 0.1; done
 sleep 3
 cp $S {d}/s0.json
@@ -343,9 +343,10 @@ kill -INT $A $B; wait $A $B || true
     assert_eq!(ev(&s1, "kernel_lost"), 0, "{err}");
     // The /dev/kfd flood: throttled, named, nothing lost.
     let f = num(&t.path("f.pid"));
-    // 100,000 calls through FUSE take seconds: what exceeds 32,768 + 8,192/s is dropped (how
-    // much depends on the host's speed).
-    assert!(ev(&s2, "kernel_rate_limited") > 1_000, "{}", s2["events"]);
+    // 100,000 calls through FUSE take seconds (8-11 s on a loaded 2-core host, near the default
+    // 8,192/s): the test's limit of 2,000/s after a burst of 8,192 drops most of them whatever
+    // the host's speed.
+    assert!(ev(&s2, "kernel_rate_limited") > 20_000, "{}", s2["events"]);
     assert_eq!(ev(&s2, "kernel_lost"), 0, "{err}");
     assert!(
         err.contains(&format!("pid {f} (")) && err.contains("floods its GPU file"),

@@ -57,6 +57,10 @@ pub struct Args {
     /// How often to read debugfs `hqds` for HQD slots (ms; AMD).
     #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub hqd_interval: u64,
+    /// Drop a process's GPU driver records beyond PER_S a second (bursts of BURST) in the kernel,
+    /// counted per process (default 8192:32768): a flood of ioctls cannot blind the controller.
+    #[arg(long, value_name = "PER_S[:BURST]", value_parser = super::trace::parse_rate)]
+    pub rate_limit: Option<(u32, u32)>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; off by default).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -677,7 +681,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let ms = Duration::from_millis;
     let mut w = Watcher::start(
         Paths::default(),
-        g.probe_options(),
+        crate::observe::probe::ProbeOptions {
+            rate_limit: args.rate_limit.or(Some(crate::observe::probe::RATE_LIMIT)),
+            ..g.probe_options()
+        },
         Intervals::from_ms(
             args.reconcile_interval,
             args.hqd_interval,

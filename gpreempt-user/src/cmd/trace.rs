@@ -68,7 +68,7 @@ pub struct Args {
 }
 
 /// `PER_S[:BURST]`, both positive integers; BURST defaults to PER_S.
-fn parse_rate(s: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_rate(s: &str) -> Result<(u32, u32), String> {
     let num = |t: &str| match t.trim().parse::<u32>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(format!(
