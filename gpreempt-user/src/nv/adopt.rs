@@ -685,7 +685,7 @@ pub fn unexplained(proc_root: &Path, known: &BTreeSet<u32>, me: u32) -> Vec<(u32
         }
         // The controller, its guardian and its self-test run this binary: theirs are the
         // tool's own handles, not a workload's.
-        if holds_nvidiactl(&e.path().join("fd")) && !is_own_binary(&e.path().join("exe")) {
+        if !nvidiactl_fds(proc_root, pid).is_empty() && !is_own_binary(&e.path().join("exe")) {
             out.push((
                 pid,
                 "opened the NVIDIA driver before the observer attached and no journal of a \
@@ -723,8 +723,9 @@ fn is_own_binary(exe: &Path) -> bool {
     }
 }
 
-/// The fds of a process that name /dev/nvidiactl (by the links' text; each is proven by
-/// [`Host::dup`] before use).
+/// The fds of a process that name /dev/nvidiactl, by the links' text: a stat would follow the
+/// link, and a file on a FUSE mount of the process's own could hold root there. Listing one as
+/// unmanaged rests on this alone (display); every act proves the fd by [`Host::dup`] first.
 pub fn nvidiactl_fds(proc_root: &Path, pid: u32) -> Vec<i32> {
     let dir = proc_root.join(pid.to_string()).join("fd");
     let Ok(rd) = std::fs::read_dir(&dir) else {
@@ -738,18 +739,6 @@ pub fn nvidiactl_fds(proc_root: &Path, pid: u32) -> Vec<i32> {
         .collect();
     fds.sort_unstable();
     fds
-}
-
-/// Whether a /proc/PID/fd directory has an fd on the NVIDIA control node, by the links' text
-/// alone: a stat would follow the link, and a file on a FUSE mount of the process's own could
-/// hold root there. Only display rests on this (a row saying "unmanaged"), never an act.
-fn holds_nvidiactl(fd_dir: &Path) -> bool {
-    let Ok(dir) = std::fs::read_dir(fd_dir) else {
-        return false;
-    };
-    dir.flatten()
-        .take(65_536)
-        .any(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.as_os_str() == nv::NVIDIACTL))
 }
 
 #[cfg(test)]
