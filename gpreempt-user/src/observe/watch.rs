@@ -108,10 +108,6 @@ impl Watcher {
         Ok((w.state, w.warnings))
     }
 
-    fn without_events(paths: Paths) -> Result<Self> {
-        Self::without_events_kfd(paths, true)
-    }
-
     /// `require_kfd`: a missing KFD topology is an error (AMD hosts) or an empty one (NVIDIA).
     fn without_events_kfd(paths: Paths, require_kfd: bool) -> Result<Self> {
         let mut state = State::new();
