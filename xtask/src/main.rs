@@ -80,7 +80,8 @@ fn setup() -> Result<()> {
 /// end-to-end test drives it in a tmux pane and signals it with pkill), strace (a tracer that
 /// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
 /// generator), and for the service
-/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool.
+/// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
+/// rocminfo (Debian's ROCm 5.2.3 rocminfo, libhsakmt and ROCr: the real-runtime test, tests/rocm.rs).
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -94,6 +95,7 @@ fn test_packages() -> Result<()> {
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),
         ("prometheus", "/usr/bin/prometheus"),
+        ("rocminfo", "/usr/bin/rocminfo"),
     ])
 }
 
