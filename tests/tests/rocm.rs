@@ -1,6 +1,7 @@
 //! Real ROCm userspace against the emulator, as root: Debian 12's ROCm 5.2.3 (rocminfo, libhsakmt,
-//! ROCr) runs unmodified inside `gpreempt-ebpf sim`, and the real eBPF tracer sees its calls.
-//! `cargo xtask test` installs the packages (`test_packages` in xtask); a missing one fails.
+//! ROCr, HIP and hipcc) runs unmodified inside `gpreempt-ebpf sim`, and the tool sees its calls
+//! and queues. `cargo xtask test` installs the packages (`test_packages` in xtask); a missing one
+//! fails.
 
 use std::path::Path;
 use std::time::Duration;
@@ -86,6 +87,139 @@ fn rocminfo_lists_the_emulated_mi210_and_trace_sees_its_calls() {
         "map_memory_to_gpu",
     ] {
         assert!(ok(name) >= 1, "{name} missing: {events:?}");
+    }
+    assert_nothing_left();
+}
+
+/// Builds tests/hip/two_streams.hip with Debian's hipcc for gfx90a (no GPU needed to compile).
+fn build_hip(exe: &Path) {
+    assert!(
+        Path::new("/usr/bin/hipcc").exists(),
+        "hipcc is not installed: apt-get install hipcc (cargo xtask test installs it)"
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip/two_streams.hip");
+    let out = std::process::Command::new("hipcc")
+        .args(["--offload-arch=gfx90a", "-O2", "-o"])
+        .arg(exe)
+        .arg(&src)
+        .output()
+        .expect("running hipcc");
+    assert!(
+        out.status.success(),
+        "hipcc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn json_lines(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A HIP program (HIP 5.2.3, hipcc-built for gfx90a) launches kernels on two streams and
+/// synchronizes inside `sim`: its AQL dispatches are completed by the emulator's timing model
+/// (the GPU code is not executed) and its completion signals and events let every
+/// synchronization return. `trace` shows the runtime's real queue creations, `queues --json` its
+/// live queues with HQD slots and dispatch rates, and `trace --dispatches` names its kernels from
+/// ROCr's own code-object list.
+#[test]
+fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
+    let _one = serial();
+    require_rocminfo();
+    let tmp = TempDir::new("hip2");
+    let exe = tmp.path("two_streams");
+    build_hip(&exe);
+    let (ev, out, q, d) = (
+        tmp.path("trace.jsonl"),
+        tmp.path("hip.out"),
+        tmp.path("queues.json"),
+        tmp.path("dispatches.jsonl"),
+    );
+    let script = format!(
+        "\"$GP\" trace --json --comm two_streams --output {ev} --duration 90 2>{ev}.err & TP=$!; \
+         for i in $(seq 200); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
+         {exe} 4 > {out} 2>&1 & HP=$!; \
+         for i in $(seq 300); do grep -q ready {out} && break; sleep 0.1; done; \
+         \"$GP\" queues --json > {q}; \
+         \"$GP\" trace --dispatches --json --duration 1 --output {d} 2>{d}.err; \
+         wait $HP; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait",
+        ev = ev.display(),
+        exe = exe.display(),
+        out = out.display(),
+        q = q.display(),
+        d = d.display(),
+    );
+    sim(&script, Duration::from_secs(150));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("device AMD Instinct MI210 gfx90a"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nready\n") && text.contains("\ndone\nrc 0\n"),
+        "{text}"
+    );
+    let launches: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("launches "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no launch count: {text}"));
+    assert!(launches >= 40, "{text}");
+
+    // The runtime's own queue creations, as the kernel would see them.
+    let events = json_lines(&ev);
+    let creates: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "create_queue" && e["ret"] == 0)
+        .collect();
+    assert!(
+        creates.len() >= 3,
+        "ROCr's own queue and one per stream: {creates:?}"
+    );
+    for c in &creates {
+        assert_eq!(c["queue_type"], 2, "COMPUTE_AQL: {c}");
+        assert_eq!(c["queue_priority"], 7, "HSA normal priority: {c}");
+    }
+    let pid = creates[0]["pid"].as_u64().unwrap();
+
+    // queues --json while both streams run: the queues with HQD slots, the streams busy.
+    let qj: Value = serde_json::from_str(&std::fs::read_to_string(&q).unwrap()).unwrap();
+    let proc_ = qj["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in queues: {qj}"));
+    let queues = proc_["queues"].as_array().unwrap();
+    assert!(queues.len() >= 3, "{proc_}");
+    for qu in queues {
+        assert!(qu["hqd"].is_object(), "no HQD slot: {qu}");
+        assert_eq!(qu["state"], "active", "{qu}");
+        let c = creates
+            .iter()
+            .find(|c| c["queue_id"] == qu["queue_id"])
+            .unwrap_or_else(|| panic!("queue not created in trace: {qu}"));
+        for k in ["ring_base_address", "ring_size", "read_pointer_address"] {
+            assert_eq!(qu[k], c[k], "{k}: queues {qu} vs trace {c}");
+        }
+    }
+    let busy = queues
+        .iter()
+        .filter(|qu| qu["activity"]["dispatches_per_s"].as_f64().unwrap_or(0.0) > 0.0)
+        .count();
+    assert!(busy >= 2, "both streams dispatch: {proc_}");
+
+    // The dispatch mix names the program's kernels (ROCr's _amdgpu_r_debug list).
+    let names: std::collections::BTreeSet<String> = json_lines(&d)
+        .iter()
+        .filter(|e| e["type"] == "dispatch" && e["packet"] == "kernel_dispatch")
+        .filter_map(|e| e["kernel"].as_str().map(str::to_owned))
+        .collect();
+    for k in ["scale(float*, float, int)", "offset(float*, float, int)"] {
+        assert!(names.contains(k), "{k} not named: {names:?}");
     }
     assert_nothing_left();
 }

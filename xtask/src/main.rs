@@ -81,7 +81,8 @@ fn setup() -> Result<()> {
 /// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
 /// generator), and for the service
 /// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
-/// rocminfo (Debian's ROCm 5.2.3 rocminfo, libhsakmt and ROCr: the real-runtime test, tests/rocm.rs).
+/// rocminfo and hipcc (Debian's ROCm 5.2.3: rocminfo, libhsakmt, ROCr, HIP and its clang-15
+/// compiler; the real-runtime test, tests/rocm.rs, builds a HIP program for gfx90a).
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -96,6 +97,7 @@ fn test_packages() -> Result<()> {
         ("systemd", "/usr/bin/systemd-analyze"),
         ("prometheus", "/usr/bin/prometheus"),
         ("rocminfo", "/usr/bin/rocminfo"),
+        ("hipcc", "/usr/bin/hipcc"),
     ])
 }
 
