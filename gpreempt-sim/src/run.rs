@@ -389,7 +389,7 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     }
     // The kernel's kfd device lives at /sys/devices/virtual/kfd/kfd (the thunk reads its topology
     // there) and /sys/class/kfd/kfd is a link to it.
-    let device = ov.add("/sys/devices/virtual", "kfd", true, &[])?;
+    let device = ov.add("/sys/devices/virtual", "kfd", true, &["net"])?;
     bind(&fuse_dir.join(SYSFS_DIR), &device)?;
     if !Path::new("/sys/class/kfd/kfd").exists() {
         let class = ov.add("/sys/class", "kfd", true, &["net"])?;
