@@ -44,9 +44,9 @@ fn a_queue_lifecycle_with_another_type_byte_is_seen() {
     build_client(&exe, &["-DTYPE_BYTE='X'"]);
     let (ev, out) = (tmp.path("trace.jsonl"), tmp.path("client.out"));
     let script = format!(
-        "\"$GP\" trace --json --comm kfdx --output {ev} --duration 20 2>{ev}.err & \
+        "\"$GP\" trace --json --comm kfdx --output {ev} --duration 20 2>{ev}.err & TP=$!; \
          for i in $(seq 100); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
-         {exe} > {out}; kill -INT %1; wait",
+         {exe} > {out}; sleep 0.3; kill -INT $TP; wait",
         ev = ev.display(),
         exe = exe.display(),
         out = out.display()
@@ -142,10 +142,10 @@ fn trace_inside_sim_sees_the_workload_queue_lifecycle() {
     let tmp = TempDir::new("simtrace");
     let (events, rep) = (tmp.path("trace.json"), tmp.path("report.json"));
     let script = format!(
-        "\"$GP\" trace --json --output {ev} --duration 12 2>{ev}.err & \
+        "\"$GP\" trace --json --output {ev} --duration 12 2>{ev}.err & TP=$!; \
          for i in $(seq 100); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
          \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 1 --priority 11 --report {rep}; \
-         kill -INT %1; wait",
+         sleep 0.3; kill -INT $TP; wait",
         ev = events.display(),
         rep = rep.display()
     );
