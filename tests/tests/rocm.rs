@@ -138,6 +138,7 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
         tmp.path("queues.json"),
         tmp.path("dispatches.jsonl"),
     );
+    let s = tmp.path("suspend.out");
     let script = format!(
         "\"$GP\" trace --json --comm two_streams --output {ev} --duration 90 2>{ev}.err & TP=$!; \
          for i in $(seq 200); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
@@ -145,12 +146,15 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
          for i in $(seq 300); do grep -q ready {out} && break; sleep 0.1; done; \
          \"$GP\" queues --json > {q}; \
          \"$GP\" trace --dispatches --json --duration 1 --output {d} 2>{d}.err; \
+         \"$GP\" suspend --pid $HP > {s} 2>&1; echo rc $? >> {s}; \
+         \"$GP\" queues --json > {q}.after; \
          wait $HP; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait",
         ev = ev.display(),
         exe = exe.display(),
         out = out.display(),
         q = q.display(),
         d = d.display(),
+        s = s.display(),
     );
     sim(&script, Duration::from_secs(150));
     let text = std::fs::read_to_string(&out).unwrap();
@@ -220,6 +224,28 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
         .collect();
     for k in ["scale(float*, float, int)", "offset(float*, float, int)"] {
         assert!(names.contains(k), "{k} not named: {names:?}");
+    }
+
+    // ROCm 5.2's runtime never enabled the debug API: `suspend` is refused, saying why, and
+    // leaves the program running with its queues mapped (it still finished, rc 0, above).
+    let st = std::fs::read_to_string(&s).unwrap();
+    assert!(!st.ends_with("rc 0\n"), "suspend succeeded: {st}");
+    assert!(
+        st.contains("GPU runtime never enabled the KFD debug API") && st.contains("ROCm 5.7"),
+        "{st}"
+    );
+    let after: Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path("queues.json.after")).unwrap())
+            .unwrap();
+    let p = after["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} gone after suspend: {after}"));
+    for qu in p["queues"].as_array().unwrap() {
+        assert_eq!(qu["state"], "active", "left suspended: {qu}");
+        assert!(qu["hqd"].is_object(), "{qu}");
     }
     assert_nothing_left();
 }

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 use crate::{
-    model::{Gpu, Queue, State},
+    model::{DebugApi, Gpu, Queue, State},
     observe::procinfo::ProcInfo,
 };
 
@@ -22,6 +22,10 @@ struct ProcOut<'a> {
     /// Why the tool cannot manage this GPU process (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
     unmanaged: Option<&'a str>,
+    /// Whether its queues can be suspended (its runtime enabled the debug API), when its ioctls
+    /// said so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    debug_api: Option<&'a DebugApi>,
     queues: Vec<&'a Queue>,
 }
 
@@ -44,6 +48,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             class: p.class.as_deref(),
             debugger: p.debugger,
             unmanaged: p.unmanaged.as_deref(),
+            debug_api: p.debug_api.as_ref(),
             queues: p.live_queues().collect(),
         })
         .collect();
@@ -120,6 +125,9 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
                 opt(q.activity.dispatches_per_s.map(|d| format!("{d:.1}"))),
                 opt(q.activity.backlog),
             );
+        }
+        if let Some(d) = p.debug_api.as_ref().filter(|d| !d.enabled) {
+            let _ = writeln!(s, "{head} (not suspendable: {})", d.why);
         }
         if !any {
             rows += 1;

@@ -347,6 +347,7 @@ mod tests {
             launches: 0,
             kernel_names: Default::default(),
             unmanaged: None,
+            debug_api: None,
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

@@ -617,6 +617,7 @@ impl World {
             launches: 0,
             kernel_names: Default::default(),
             unmanaged: None,
+            debug_api: None,
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));
