@@ -387,6 +387,11 @@ impl Shared {
         *blocked = still;
     }
 
+    /// Whether the kernel granted FUSE passthrough (known once the mount answered a request).
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
     /// /proc/modules as `sim` shows it.
     pub fn set_modules(&self, text: String) {
         *self.modules.lock().unwrap_or_else(|e| e.into_inner()) = text;

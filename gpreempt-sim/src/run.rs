@@ -373,6 +373,15 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     let session = fuser::spawn_mount(SimFs(Arc::clone(&shared)), &fuse_dir, &config)
         .context("mounting the emulated KFD (FUSE)")?;
 
+    // The first request waits for FUSE_INIT, where passthrough is negotiated.
+    let _ = fs::metadata(fuse_dir.join(DEVICE));
+    if !shared.passthrough() {
+        eprintln!(
+            "gpreempt-sim: this kernel refused FUSE passthrough (Linux 6.9+ has it): mmap of /dev/kfd \
+             and the render nodes fails, so real ROCm runtimes cannot run here (the emulator's \
+             own workloads can)"
+        );
+    }
     let mut ov = Overlays {
         work: &work,
         made: Vec::new(),
