@@ -400,6 +400,9 @@ impl Shared {
     /// Writes an ioctl or the GPU made to processes' memory, and freed buffer-object ranges given
     /// back: done with the model unlocked.
     fn flush(&self, writes: Vec<(u32, u64, Vec<u8>)>, freed: Vec<(u32, u64, u64)>) {
+        if writes.is_empty() && freed.is_empty() {
+            return;
+        }
         let mut host = RealHost;
         for (pid, addr, data) in writes {
             let _ = host.write_mem(pid, addr, &data);
@@ -430,14 +433,20 @@ impl Shared {
     }
 
     /// The engine: run the GPU, finish blocked calls, notice processes that are gone. One tick
-    /// reads ahead without the lock, runs the model with the lock, then writes without it.
+    /// reads ahead without the lock, runs the model with the lock, then writes without it; the
+    /// events its completions raised are signaled at the start of the next tick, which follows at
+    /// once (two lock holds a tick).
     pub fn run_engine(&self) {
         let mut host = RealHost;
         let mut last_reap = 0;
+        let mut events: Vec<(u32, u32)> = Vec::new();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();
             let plan = {
                 let mut kfd = self.lock();
+                for (pid, id) in events.drain(..) {
+                    kfd.signal_event(pid, id);
+                }
                 if now - last_reap > 10_000_000 {
                     last_reap = now;
                     let gone: Vec<u32> = kfd
@@ -450,31 +459,27 @@ impl Shared {
                         kfd.process_exit(pid, now);
                     }
                 }
+                self.settle(&mut kfd, now);
                 crate::gpu::plan_reads(&kfd)
             };
             let mut pre = crate::gpu::prefetch(&plan, &mut host);
-            let (completions, freed) = {
+            let (completions, freed, sleep) = {
                 let mut kfd = self.lock();
                 crate::gpu::advance(&mut kfd, &mut pre, now);
-                (
-                    std::mem::take(&mut kfd.completions),
-                    std::mem::take(&mut kfd.freed_bos),
-                )
-            };
-            self.flush(std::mem::take(&mut pre.writes), freed);
-            let events = crate::gpu::finish_completions(&completions, &mut host);
-            let sleep = {
-                let mut kfd = self.lock();
-                for (pid, id) in events {
-                    kfd.signal_event(pid, id);
-                }
-                self.settle(&mut kfd, now);
                 let busy = kfd.gpus.iter().any(|g| g.slots.iter().any(Option::is_some));
                 let poll: u64 = if busy { 200_000 } else { 2_000_000 };
                 let next = crate::gpu::next_deadline(&kfd).unwrap_or(u64::MAX);
-                next.saturating_sub(now).clamp(20_000, poll)
+                (
+                    std::mem::take(&mut kfd.completions),
+                    std::mem::take(&mut kfd.freed_bos),
+                    next.saturating_sub(now).clamp(20_000, poll),
+                )
             };
-            std::thread::sleep(Duration::from_nanos(sleep));
+            self.flush(std::mem::take(&mut pre.writes), freed);
+            events = crate::gpu::finish_completions(&completions, &mut host);
+            if events.is_empty() {
+                std::thread::sleep(Duration::from_nanos(sleep));
+            }
         }
     }
 }
@@ -797,8 +802,10 @@ impl Filesystem for SimFs {
             }),
         }
         // A state change may let sleeping calls proceed (resume wakes destroyers, ...).
-        let mut kfd = self.0.lock();
-        self.0.settle(&mut kfd, now);
+        if !self.0.blocked().is_empty() {
+            let mut kfd = self.0.lock();
+            self.0.settle(&mut kfd, now);
+        }
     }
 }
 

@@ -18,8 +18,9 @@ use crate::model::{Errno, Gpu, Host, Kfd, QKey};
 /// real runtime writes: the field is reserved and zero) runs this long alone on the GPU. GPU code
 /// is never executed; only the packet's timing is modelled.
 pub const DEFAULT_KERNEL_NS: u64 = 10_000;
-/// Packets of one queue read ahead per engine tick.
-const READ_AHEAD: u64 = 64;
+/// Packets of one queue read ahead per engine tick (a tick starts one dispatch per queue, and a
+/// few more where packets complete at once), in at most two reads (the ring wraps).
+const READ_AHEAD: u64 = 8;
 
 /// Per-queue execution state.
 #[derive(Debug, Default, Clone)]
@@ -552,14 +553,29 @@ pub fn prefetch(plan: &[QueueRead], host: &mut dyn Host) -> Prefetch {
             continue;
         }
         let n = w.saturating_sub(q.read_id).min(READ_AHEAD).min(q.slots);
-        for id in q.read_id..q.read_id + n {
-            let at = q.ring_base + (id % q.slots) * PACKET_BYTES as u64;
-            let Some(p) = pre.read(host, q.pid, at, PACKET_BYTES) else {
+        let first = q.read_id % q.slots;
+        let mut packets: Vec<(u64, [u8; PACKET_BYTES])> = Vec::new();
+        // One read per contiguous run of slots: up to the ring's end, then from its start.
+        for (slot, count) in [
+            (first, n.min(q.slots - first)),
+            (0, n - n.min(q.slots - first)),
+        ] {
+            if count == 0 {
+                continue;
+            }
+            let at = q.ring_base + slot * PACKET_BYTES as u64;
+            let mut b = vec![0u8; count as usize * PACKET_BYTES];
+            if host.read_mem(q.pid, at, &mut b).is_err() {
                 break;
-            };
-            let Ok(p): Result<[u8; PACKET_BYTES], _> = p.try_into() else {
-                break;
-            };
+            }
+            for (i, c) in b.chunks_exact(PACKET_BYTES).enumerate() {
+                let mut p = [0u8; PACKET_BYTES];
+                p.copy_from_slice(c);
+                packets.push((at + (i * PACKET_BYTES) as u64, p));
+            }
+        }
+        for (at, p) in packets {
+            pre.reads.insert((q.pid, at), p.to_vec());
             let t = Dispatch::decode(&p).packet_type();
             if matches!(
                 t,
