@@ -9,9 +9,15 @@ pub use gpreempt_common::aql::{amd_queue, PACKET_BYTES};
 pub const PACKET_TYPE_INVALID: u16 = packet::TYPE_INVALID as u16;
 pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = packet::TYPE_KERNEL_DISPATCH as u16;
 pub const PACKET_TYPE_BARRIER_AND: u16 = packet::TYPE_BARRIER_AND as u16;
+pub const PACKET_TYPE_BARRIER_OR: u16 = packet::TYPE_BARRIER_OR as u16;
 /// Header bit: wait for the previous packet to finish (PyTorch streams run in order).
 pub const PACKET_BARRIER_BIT: u16 = packet::BARRIER_BIT;
 pub const WAVE_SIZE: u32 = 64;
+/// `amd_signal_t` (amd_hsa_signal.h in ROCR-Runtime): `kind` at 0, `value` at 8,
+/// `event_mailbox_ptr` at 16, `event_id` (u32) at 24; an `hsa_signal_t` handle is its address.
+pub const SIGNAL_VALUE: u64 = 8;
+pub const SIGNAL_EVENT_MAILBOX: u64 = 16;
+pub const SIGNAL_EVENT_ID: u64 = 24;
 /// `reserved2` of the dispatch packet: the emulator's duration field.
 const RESERVED2: usize = 48;
 

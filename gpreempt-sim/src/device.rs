@@ -1,29 +1,42 @@
-//! The FUSE filesystem: the device file (`dev/kfd`) and the sysfs / debugfs trees, all backed by
-//! one [`Kfd`] model, plus the engine thread that runs the GPU and finishes blocked ioctls.
+//! The FUSE filesystem: the device file (`dev/kfd`), the render nodes, and the sysfs / debugfs
+//! trees, all backed by one [`Kfd`] model, plus the engine thread that runs the GPU and finishes
+//! blocked ioctls.
 //!
-//! Layout of the mount (bind-mounted to the real paths by `sim`):
-//! `kfd` -> /dev/kfd, `sys-class-kfd/` -> /sys/class/kfd, `debug-kfd/` -> /sys/kernel/debug/kfd.
+//! Layout of the mount (bind-mounted to the real paths by `sim`): `kfd` -> /dev/kfd,
+//! `dri/renderD<minor>` -> /dev/dri/renderD<minor>, `sysfs-kfd/kfd/` ->
+//! /sys/devices/virtual/kfd/kfd (/sys/class/kfd/kfd links there, as on a real host),
+//! `debug-kfd/` -> /sys/kernel/debug/kfd, `modules` -> /proc/modules (where the kernel has one).
+//!
+//! mmap: the device file and the render nodes are opened with FUSE passthrough (Linux 6.9+) to a
+//! sparse memfd each, so a process's doorbell and buffer-object mappings are plain shared memory
+//! that the emulator reaches with process_vm_readv/writev and no FUSE request (docs/sim.md).
+//!
+//! Locking: the model's lock is never held across process_vm_readv/writev of a client's memory
+//! outside the ioctl being served (the engine reads ahead, then writes after unlocking).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
-    LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
-    ReplyOpen, ReplyWrite, Request, WriteFlags,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
 
 use crate::host::{self, RealHost};
-use crate::model::{Caller, Kfd, Outcome, Wait};
-use crate::views;
+use crate::model::{Caller, Host, Kfd, Outcome, Wait};
+use crate::{topology, views};
 
 /// Names inside the mount.
 pub const DEVICE: &str = "kfd";
-pub const SYSFS_DIR: &str = "sys-class-kfd";
+pub const DRI_DIR: &str = "dri";
+pub const SYSFS_DIR: &str = "sysfs-kfd";
 pub const DEBUGFS_DIR: &str = "debug-kfd";
+pub const MODULES: &str = "modules";
 
 /// A call sleeping in the emulated kernel.
 struct Blocked {
@@ -33,9 +46,38 @@ struct Blocked {
     reply: ReplyIoctl,
 }
 
+/// The memfds behind the passthrough mappings: one for /dev/kfd, one per render node.
+struct Backing {
+    kfd: OwnedFd,
+    render: Vec<OwnedFd>,
+}
+
+fn memfd(name: &str) -> Option<OwnedFd> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: memfd_create with a NUL-terminated name returns a new fd or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just created and is owned here.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Sparse: pages exist only where a process touched them.
+    // SAFETY: ftruncate on an fd we own.
+    (unsafe { libc::ftruncate(fd.as_raw_fd(), crate::mmap::BACKING_SIZE as libc::off_t) } == 0)
+        .then_some(fd)
+}
+
 /// State shared by the FUSE session and the engine.
 pub struct Shared {
     pub kfd: Mutex<Kfd>,
+    backing: Option<Backing>,
+    /// Backing ids by inode: one per inode for as long as the session lives (the kernel wants the
+    /// same backing file for every open of an inode).
+    backing_ids: Mutex<HashMap<u64, BackingId>>,
+    /// The kernel granted FUSE_PASSTHROUGH at init.
+    passthrough: AtomicBool,
+    /// /proc/modules as the host had it, plus the emulated amdgpu.
+    modules: Mutex<String>,
     blocked: Mutex<Vec<Blocked>>,
     inodes: Mutex<Inodes>,
     /// fh -> the tgid that opened the device, or the snapshot of an opened text file.
@@ -50,6 +92,7 @@ pub struct Shared {
 
 enum Open {
     Device { owner: u32 },
+    Render { gi: usize },
     Text(Vec<u8>),
     Write(String),
 }
@@ -86,8 +129,41 @@ enum Node {
     Dir(Vec<(String, bool)>),
     Text(String),
     Device,
+    /// The render node of GPU index `.0`.
+    Render(usize),
     /// debugfs `hang_hws` (write-only).
     HangHws,
+}
+
+fn render_name(minor: u32) -> String {
+    format!("renderD{minor}")
+}
+
+/// A node's `mem_banks/`, `caches/` or `io_links/` subtree.
+fn node_sub(kfd: &Kfd, n: u32, kind: &str, rest: &[&str]) -> Option<Node> {
+    let count = match kind {
+        "mem_banks" => topology::mem_banks(kfd, n),
+        "caches" => topology::cache_count(kfd, n),
+        "io_links" => topology::io_links(kfd, n),
+        "p2p_links" => 0,
+        _ => return None,
+    };
+    match rest {
+        [] => Some(dir((0..count).map(|i| (i.to_string(), true)))),
+        [i] => {
+            let i: u32 = i.parse().ok()?;
+            (i < count).then(|| dir([("properties".to_string(), false)]))
+        }
+        [i, "properties"] => {
+            let i: u32 = i.parse().ok()?;
+            Some(Node::Text(match kind {
+                "mem_banks" => topology::mem_bank(kfd, n, i)?,
+                "caches" => topology::cache(kfd, n, i)?,
+                _ => topology::io_link(kfd, n, i)?,
+            }))
+        }
+        _ => None,
+    }
 }
 
 fn dir(entries: impl IntoIterator<Item = (String, bool)>) -> Node {
@@ -95,13 +171,28 @@ fn dir(entries: impl IntoIterator<Item = (String, bool)>) -> Node {
 }
 
 /// Resolve a path against the model (None: no such file).
-fn resolve(kfd: &Kfd, path: &str) -> Option<Node> {
+fn resolve(kfd: &Kfd, modules: &str, path: &str) -> Option<Node> {
     let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let d = |n: &str| (n.to_string(), true);
     let f = |n: &str| (n.to_string(), false);
     Some(match parts.as_slice() {
-        [] => dir([f(DEVICE), d(SYSFS_DIR), d(DEBUGFS_DIR)]),
+        [] => dir([
+            f(DEVICE),
+            d(DRI_DIR),
+            d(SYSFS_DIR),
+            d(DEBUGFS_DIR),
+            f(MODULES),
+        ]),
         [DEVICE] => Node::Device,
+        [MODULES] => Node::Text(modules.to_string()),
+        [DRI_DIR] => dir(kfd.gpus.iter().map(|g| f(&render_name(g.render_minor)))),
+        [DRI_DIR, name] => {
+            let gi = kfd
+                .gpus
+                .iter()
+                .position(|g| render_name(g.render_minor) == *name)?;
+            Node::Render(gi)
+        }
         [SYSFS_DIR] => dir([d("kfd")]),
         [SYSFS_DIR, "kfd"] => dir([d("topology"), d("proc")]),
         [SYSFS_DIR, "kfd", "topology"] => {
@@ -117,7 +208,22 @@ fn resolve(kfd: &Kfd, path: &str) -> Option<Node> {
         [SYSFS_DIR, "kfd", "topology", "nodes", n] => {
             let n: u32 = n.parse().ok()?;
             views::node_gpu_id(kfd, n)?;
-            dir([f("gpu_id"), f("name"), f("properties")])
+            dir([
+                f("gpu_id"),
+                f("name"),
+                f("properties"),
+                d("mem_banks"),
+                d("caches"),
+                d("io_links"),
+                d("p2p_links"),
+            ])
+        }
+        [SYSFS_DIR, "kfd", "topology", "nodes", n, kind, rest @ ..]
+            if matches!(*kind, "mem_banks" | "caches" | "io_links" | "p2p_links") =>
+        {
+            let n: u32 = n.parse().ok()?;
+            views::node_gpu_id(kfd, n)?;
+            node_sub(kfd, n, kind, rest)?
         }
         [SYSFS_DIR, "kfd", "topology", "nodes", n, file] => {
             let n: u32 = n.parse().ok()?;
@@ -197,7 +303,7 @@ fn attr(ino: u64, node: &Node) -> FileAttr {
     let (kind, perm, size, nlink) = match node {
         Node::Dir(_) => (FileType::Directory, 0o555, 0, 2),
         Node::Text(_) => (FileType::RegularFile, 0o444, 4096, 1),
-        Node::Device => (FileType::RegularFile, 0o666, 0, 1),
+        Node::Device | Node::Render(_) => (FileType::RegularFile, 0o666, 0, 1),
         Node::HangHws => (FileType::RegularFile, 0o200, 0, 1),
     };
     let t = SystemTime::UNIX_EPOCH;
@@ -222,8 +328,21 @@ fn attr(ino: u64, node: &Node) -> FileAttr {
 
 impl Shared {
     pub fn new(kfd: Kfd) -> Arc<Self> {
+        let backing = memfd("gpreempt-sim-kfd").and_then(|kfd_fd| {
+            let render = (0..kfd.gpus.len())
+                .map(|i| memfd(&format!("gpreempt-sim-render{i}")))
+                .collect::<Option<Vec<_>>>()?;
+            Some(Backing {
+                kfd: kfd_fd,
+                render,
+            })
+        });
         Arc::new(Shared {
             kfd: Mutex::new(kfd),
+            backing,
+            backing_ids: Mutex::new(HashMap::new()),
+            passthrough: AtomicBool::new(false),
+            modules: Mutex::new(String::new()),
             blocked: Mutex::new(Vec::new()),
             inodes: Mutex::new(Inodes::default()),
             files: Mutex::new(HashMap::new()),
@@ -286,15 +405,66 @@ impl Shared {
         *blocked = still;
     }
 
-    /// The engine: run the GPU, finish blocked calls, notice processes that are gone.
+    /// Whether the kernel granted FUSE passthrough (known once the mount answered a request).
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// /proc/modules as `sim` shows it.
+    pub fn set_modules(&self, text: String) {
+        *self.modules.lock().unwrap_or_else(|e| e.into_inner()) = text;
+    }
+
+    /// Writes an ioctl or the GPU made to processes' memory, and freed buffer-object ranges given
+    /// back: done with the model unlocked.
+    fn flush(&self, writes: Vec<(u32, u64, Vec<u8>)>, freed: Vec<(u32, u64, u64)>) {
+        if writes.is_empty() && freed.is_empty() {
+            return;
+        }
+        let mut host = RealHost;
+        for (pid, addr, data) in writes {
+            let _ = host.write_mem(pid, addr, &data);
+        }
+        let Some(b) = &self.backing else { return };
+        let kfd = self.lock();
+        let ranges: Vec<(usize, u64, u64)> = freed
+            .into_iter()
+            .filter_map(|(gpu_id, off, len)| {
+                let gi = kfd.gpus.iter().position(|g| g.gpu_id == gpu_id)?;
+                Some((gi, off, len))
+            })
+            .collect();
+        drop(kfd);
+        for (gi, off, len) in ranges {
+            if let Some(fd) = b.render.get(gi) {
+                // SAFETY: fallocate on an fd we own; punching a hole frees the range's pages.
+                unsafe {
+                    libc::fallocate(
+                        fd.as_raw_fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        off as libc::off_t,
+                        len as libc::off_t,
+                    )
+                };
+            }
+        }
+    }
+
+    /// The engine: run the GPU, finish blocked calls, notice processes that are gone. One tick
+    /// reads ahead without the lock, runs the model with the lock, then writes without it; the
+    /// events its completions raised are signaled at the start of the next tick, which follows at
+    /// once (two lock holds a tick).
     pub fn run_engine(&self) {
         let mut host = RealHost;
         let mut last_reap = 0;
+        let mut events: Vec<(u32, u32)> = Vec::new();
         while !self.stop.load(Ordering::Relaxed) {
             let now = self.now();
-            let sleep = {
+            let plan = {
                 let mut kfd = self.lock();
-                crate::gpu::advance(&mut kfd, &mut host, now);
+                for (pid, id) in events.drain(..) {
+                    kfd.signal_event(pid, id);
+                }
                 if now - last_reap > 10_000_000 {
                     last_reap = now;
                     let gone: Vec<u32> = kfd
@@ -309,12 +479,26 @@ impl Shared {
                     }
                 }
                 self.settle(&mut kfd, now);
+                crate::gpu::plan_reads(&kfd)
+            };
+            let mut pre = crate::gpu::prefetch(&plan, &mut host);
+            let (completions, freed, sleep) = {
+                let mut kfd = self.lock();
+                crate::gpu::advance(&mut kfd, &mut pre, now);
                 let busy = kfd.gpus.iter().any(|g| g.slots.iter().any(Option::is_some));
                 let poll: u64 = if busy { 200_000 } else { 2_000_000 };
                 let next = crate::gpu::next_deadline(&kfd).unwrap_or(u64::MAX);
-                next.saturating_sub(now).clamp(20_000, poll)
+                (
+                    std::mem::take(&mut kfd.completions),
+                    std::mem::take(&mut kfd.freed_bos),
+                    next.saturating_sub(now).clamp(20_000, poll),
+                )
             };
-            std::thread::sleep(Duration::from_nanos(sleep));
+            self.flush(std::mem::take(&mut pre.writes), freed);
+            events = crate::gpu::finish_completions(&completions, &mut host);
+            if events.is_empty() {
+                std::thread::sleep(Duration::from_nanos(sleep));
+            }
         }
     }
 }
@@ -324,7 +508,35 @@ pub struct SimFs(pub Arc<Shared>);
 
 impl SimFs {
     fn lookup_node(&self, path: &str) -> Option<Node> {
-        resolve(&self.0.lock(), path)
+        let modules = self
+            .0
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        resolve(&self.0.lock(), &modules, path)
+    }
+
+    /// The passthrough backing of a device inode (`None`: plain FUSE, no mmap).
+    fn backing(&self, reply: &ReplyOpen, ino: u64, fd: &OwnedFd) -> Option<()> {
+        if !self.0.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut ids = self.0.backing_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if let std::collections::hash_map::Entry::Vacant(e) = ids.entry(ino) {
+            match reply.open_backing(fd) {
+                Ok(id) => {
+                    e.insert(id);
+                }
+                Err(e) => {
+                    log::warn!(
+                        "FUSE passthrough refused ({e}): mmap of the emulated devices will fail"
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(())
     }
     fn path(&self, ino: INodeNo) -> Option<String> {
         self.0
@@ -351,6 +563,18 @@ fn join(parent: &str, name: &str) -> String {
 }
 
 impl Filesystem for SimFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Passthrough maps the devices' mmaps straight to memfds (Linux 6.9+); without it the
+        // emulator still serves ioctls, and mmap fails as on any FUSE file opened direct-io.
+        if self.0.backing.is_some()
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.0.passthrough.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (Some(pp), Some(name)) = (self.path(parent), name.to_str()) else {
             return reply.error(Errno::ENOENT);
@@ -398,6 +622,7 @@ impl Filesystem for SimFs {
         let Some(node) = self.path(ino).and_then(|p| self.lookup_node(&p)) else {
             return reply.error(Errno::ENOENT);
         };
+        let mut backing_fd = None;
         let open = match node {
             Node::Device => {
                 let tid = req.pid();
@@ -417,7 +642,12 @@ impl Filesystem for SimFs {
                     }
                 }
                 kfd.open(Caller { tgid, tid });
+                backing_fd = self.0.backing.as_ref().map(|b| &b.kfd);
                 Open::Device { owner: tgid }
+            }
+            Node::Render(gi) => {
+                backing_fd = self.0.backing.as_ref().and_then(|b| b.render.get(gi));
+                Open::Render { gi }
             }
             Node::Text(t) => Open::Text(t.into_bytes()),
             Node::HangHws => Open::Write(String::new()),
@@ -425,6 +655,14 @@ impl Filesystem for SimFs {
         };
         let fh = self.0.next_fh.fetch_add(1, Ordering::Relaxed);
         self.0.files().insert(fh, open);
+        if let Some(fd) = backing_fd {
+            if self.backing(&reply, ino.0, fd).is_some() {
+                let ids = self.0.backing_ids.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(id) = ids.get(&ino.0) {
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), id);
+                }
+            }
+        }
         reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
     }
 
@@ -446,7 +684,7 @@ impl Filesystem for SimFs {
                 let end = (start + size as usize).min(t.len());
                 reply.data(&t[start..end]);
             }
-            Some(Open::Device { .. }) => reply.error(Errno::EINVAL),
+            Some(Open::Device { .. } | Open::Render { .. }) => reply.error(Errno::EINVAL),
             _ => reply.error(Errno::EBADF),
         }
     }
@@ -556,6 +794,10 @@ impl Filesystem for SimFs {
     ) {
         let owner = match self.0.files().get(&fh.0) {
             Some(Open::Device { owner }) => *owner,
+            Some(Open::Render { gi }) => {
+                let gi = *gi;
+                return self.render_ioctl(req, gi, cmd, in_data, out_size, reply);
+            }
             _ => return reply.error(Errno::ENOTTY),
         };
         if flags.contains(IoctlFlags::FUSE_IOCTL_COMPAT) {
@@ -567,9 +809,18 @@ impl Filesystem for SimFs {
             return reply.error(Errno::ESRCH);
         };
         let now = self.0.now();
-        let mut kfd = self.0.lock();
         let mut host = RealHost;
-        let outcome = kfd.ioctl(Caller { tgid, tid }, owner, cmd, in_data, &mut host, now);
+        let (outcome, writes, freed) = {
+            let mut kfd = self.0.lock();
+            let o = kfd.ioctl(Caller { tgid, tid }, owner, cmd, in_data, &mut host, now);
+            (
+                o,
+                std::mem::take(&mut kfd.pending_writes),
+                std::mem::take(&mut kfd.freed_bos),
+            )
+        };
+        // Output the call wrote to the caller's memory lands before the call returns.
+        self.0.flush(writes, freed);
         match outcome {
             Outcome::Done { ret, out } => {
                 reply.ioctl(ret, &out[..out.len().min(out_size as usize)]);
@@ -582,6 +833,35 @@ impl Filesystem for SimFs {
             }),
         }
         // A state change may let sleeping calls proceed (resume wakes destroyers, ...).
-        self.0.settle(&mut kfd, now);
+        if !self.0.blocked().is_empty() {
+            let mut kfd = self.0.lock();
+            self.0.settle(&mut kfd, now);
+        }
+    }
+}
+
+impl SimFs {
+    /// A render-node ioctl: the model's lock is taken only to copy the device's fixed facts.
+    fn render_ioctl(
+        &self,
+        req: &Request,
+        gi: usize,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let Some(tgid) = host::tgid_of(req.pid()) else {
+            return reply.error(Errno::ESRCH);
+        };
+        let Some(spec) = self.0.lock().gpus.get(gi).map(|g| g.spec.clone()) else {
+            return reply.error(Errno::ENODEV);
+        };
+        match crate::drm::ioctl(&spec, tgid, cmd, in_data, &mut RealHost) {
+            Outcome::Done { ret, out } => {
+                reply.ioctl(ret, &out[..out.len().min(out_size as usize)]);
+            }
+            Outcome::Blocked(_) => reply.error(Errno::EIO),
+        }
     }
 }

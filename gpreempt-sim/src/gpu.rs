@@ -9,8 +9,18 @@
 //! the whole device; a queue taken off the hardware saves its running dispatch (CWSR) and pays a
 //! restore cost when it runs again.
 
+use std::collections::HashMap;
+
 use crate::aql::{self, Dispatch, PACKET_BYTES};
-use crate::model::{Gpu, Host, Kfd, QKey};
+use crate::model::{Errno, Gpu, Host, Kfd, QKey};
+
+/// *Emulator convention:* a kernel dispatch whose `reserved2` carries no duration (every packet a
+/// real runtime writes: the field is reserved and zero) runs this long alone on the GPU. GPU code
+/// is never executed; only the packet's timing is modelled.
+pub const DEFAULT_KERNEL_NS: u64 = 10_000;
+/// Packets of one queue read ahead per engine tick (a tick starts one dispatch per queue, and a
+/// few more where packets complete at once), in at most two reads (the ring wraps).
+const READ_AHEAD: u64 = 8;
 
 /// Per-queue execution state.
 #[derive(Debug, Default, Clone)]
@@ -39,6 +49,16 @@ pub struct Kernel {
     pub resume_at: u64,
     /// Saved by CWSR while its queue was off the hardware.
     pub saved: bool,
+    /// The packet's completion signal (an `amd_signal_t` address in the process; 0: none).
+    pub completion_signal: u64,
+}
+
+/// A packet that completed with a completion signal: the signal's value is decremented and its
+/// event mailbox written (`finish_completions`), outside the model's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub pid: u32,
+    pub signal: u64,
 }
 
 /// Per-GPU execution state.
@@ -223,7 +243,19 @@ fn start_heads(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, t: u64, now: u64) 
         let d = Dispatch::decode(&p);
         let (demand, work) = match d.packet_type() {
             aql::PACKET_TYPE_INVALID => continue, // reserved, not yet written
-            aql::PACKET_TYPE_KERNEL_DISPATCH => (d.cu_demand(cus, waves), d.duration_ns as f64),
+            aql::PACKET_TYPE_KERNEL_DISPATCH => {
+                let ns = match d.duration_ns {
+                    0 => DEFAULT_KERNEL_NS,
+                    ns => ns,
+                };
+                (d.cu_demand(cus, waves), ns as f64)
+            }
+            t @ (aql::PACKET_TYPE_BARRIER_AND | aql::PACKET_TYPE_BARRIER_OR) => {
+                if !barrier_satisfied(&p, t == aql::PACKET_TYPE_BARRIER_AND, k.0, host) {
+                    continue;
+                }
+                (1, 0.0)
+            }
             _ => (1, 0.0),
         };
         seq += 1;
@@ -234,6 +266,7 @@ fn start_heads(kfd: &mut Kfd, gi: usize, host: &mut dyn Host, t: u64, now: u64) 
             remaining: work,
             resume_at: t,
             saved: false,
+            completion_signal: d.completion_signal,
         });
         kfd.gpus[gi].exec.seq = seq;
     }
@@ -257,7 +290,7 @@ fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
         {
             continue;
         }
-        q.exec.kernel = None;
+        let signal = q.exec.kernel.take().map_or(0, |k| k.completion_signal);
         // The packet processor hands the slot back as INVALID before moving the read id: a
         // producer reserves a slot (bumps the write id) before it writes the packet, so the
         // previous lap's header must not look like a new packet.
@@ -268,9 +301,38 @@ fn complete(kfd: &mut Kfd, gi: usize, host: &mut dyn Host) -> bool {
         }
         q.exec.read_id += 1;
         let _ = host.write_mem(k.0, q.rptr_addr, &q.exec.read_id.to_le_bytes());
+        if signal != 0 {
+            kfd.completions.push(Completion { pid: k.0, signal });
+        }
         any = true;
     }
     any
+}
+
+/// Dependency signal `i` (0..5) of a barrier-AND/OR packet (`hsa_barrier_and_packet_t`).
+fn dep_signal(p: &[u8; PACKET_BYTES], i: usize) -> u64 {
+    let at = 8 + 8 * i;
+    u64::from_le_bytes(p[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// A barrier-AND completes once every dependency signal is 0, a barrier-OR once any is (no
+/// dependency: at once); a signal that cannot be read counts as not done.
+fn barrier_satisfied(p: &[u8; PACKET_BYTES], and: bool, pid: u32, host: &mut dyn Host) -> bool {
+    let deps: Vec<u64> = (0..5)
+        .map(|i| dep_signal(p, i))
+        .filter(|&s| s != 0)
+        .collect();
+    if deps.is_empty() {
+        return true;
+    }
+    let mut done = deps
+        .iter()
+        .map(|&s| read_u64(host, pid, s + aql::SIGNAL_VALUE).is_some_and(|v| v as i64 == 0));
+    if and {
+        done.all(|d| d)
+    } else {
+        done.any(|d| d)
+    }
 }
 
 /// The next time something changes on the device: a dispatch ends, a restore or stall ends.
@@ -422,4 +484,175 @@ pub fn sync(kfd: &mut Kfd, now: u64) {
     for gi in 0..kfd.gpus.len() {
         progress(kfd, gi, now);
     }
+}
+
+/// What one engine tick reads from a queue's memory: planned under the model's lock, read
+/// without it (`prefetch`), so the lock is never held across another process's memory.
+#[derive(Clone, Debug)]
+pub struct QueueRead {
+    pub pid: u32,
+    pub wptr_addr: u64,
+    pub ring_base: u64,
+    pub slots: u64,
+    pub read_id: u64,
+}
+
+/// The AQL queues on any runlist, with what the engine needs to read them.
+pub fn plan_reads(kfd: &Kfd) -> Vec<QueueRead> {
+    let mut v = Vec::new();
+    for g in &kfd.gpus {
+        for k in &g.runlist {
+            let Some(q) = kfd.queue(*k) else { continue };
+            if !q.is_aql() {
+                continue;
+            }
+            v.push(QueueRead {
+                pid: k.0,
+                wptr_addr: q.wptr_addr,
+                ring_base: q.ring_base,
+                slots: u64::from(q.ring_size) / PACKET_BYTES as u64,
+                read_id: q.exec.read_id,
+            });
+        }
+    }
+    v
+}
+
+/// Process memory read ahead of a tick, served to `advance` as its host; the writes it makes are
+/// kept, in order, for after the lock is dropped.
+#[derive(Default)]
+pub struct Prefetch {
+    reads: HashMap<(u32, u64), Vec<u8>>,
+    pub writes: Vec<(u32, u64, Vec<u8>)>,
+}
+
+impl Prefetch {
+    fn read(&mut self, host: &mut dyn Host, pid: u32, addr: u64, len: usize) -> Option<&[u8]> {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.reads.entry((pid, addr)) {
+            let mut b = vec![0u8; len];
+            host.read_mem(pid, addr, &mut b).ok()?;
+            e.insert(b);
+        }
+        self.reads.get(&(pid, addr)).map(Vec::as_slice)
+    }
+}
+
+/// Reads what `plan` names: each queue's write index, the packets from its read index up to
+/// `READ_AHEAD` of them, and the dependency signals' values of barrier packets among them.
+pub fn prefetch(plan: &[QueueRead], host: &mut dyn Host) -> Prefetch {
+    let mut pre = Prefetch::default();
+    for q in plan {
+        let Some(w) = pre
+            .read(host, q.pid, q.wptr_addr, 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+        else {
+            continue;
+        };
+        if q.slots == 0 {
+            continue;
+        }
+        let n = w.saturating_sub(q.read_id).min(READ_AHEAD).min(q.slots);
+        let first = q.read_id % q.slots;
+        let mut packets: Vec<(u64, [u8; PACKET_BYTES])> = Vec::new();
+        // One read per contiguous run of slots: up to the ring's end, then from its start.
+        for (slot, count) in [
+            (first, n.min(q.slots - first)),
+            (0, n - n.min(q.slots - first)),
+        ] {
+            if count == 0 {
+                continue;
+            }
+            let at = q.ring_base + slot * PACKET_BYTES as u64;
+            let mut b = vec![0u8; count as usize * PACKET_BYTES];
+            if host.read_mem(q.pid, at, &mut b).is_err() {
+                break;
+            }
+            for (i, c) in b.chunks_exact(PACKET_BYTES).enumerate() {
+                let mut p = [0u8; PACKET_BYTES];
+                p.copy_from_slice(c);
+                packets.push((at + (i * PACKET_BYTES) as u64, p));
+            }
+        }
+        for (at, p) in packets {
+            pre.reads.insert((q.pid, at), p.to_vec());
+            let t = Dispatch::decode(&p).packet_type();
+            if matches!(
+                t,
+                aql::PACKET_TYPE_BARRIER_AND | aql::PACKET_TYPE_BARRIER_OR
+            ) {
+                for i in 0..5 {
+                    let s = dep_signal(&p, i);
+                    if s != 0 {
+                        let _ = pre.read(host, q.pid, s + aql::SIGNAL_VALUE, 8);
+                    }
+                }
+            }
+        }
+    }
+    pre
+}
+
+impl Host for Prefetch {
+    fn read_mem(&mut self, pid: u32, addr: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        match self.reads.get(&(pid, addr)) {
+            Some(b) if b.len() >= buf.len() => {
+                buf.copy_from_slice(&b[..buf.len()]);
+                Ok(())
+            }
+            // Not read ahead: the engine sees it on a later tick.
+            _ => Err(libc::EAGAIN),
+        }
+    }
+    fn write_mem(&mut self, pid: u32, addr: u64, data: &[u8]) -> Result<(), Errno> {
+        self.writes.push((pid, addr, data.to_vec()));
+        Ok(())
+    }
+    fn tracer(&mut self, _pid: u32) -> Option<u32> {
+        None
+    }
+    fn take_fd(&mut self, _pid: u32, _fd: u32) -> Result<std::os::fd::OwnedFd, Errno> {
+        Err(libc::EBADF)
+    }
+    fn fd_exists(&mut self, _pid: u32, _fd: u32) -> bool {
+        false
+    }
+    fn process_exists(&mut self, _pid: u32) -> bool {
+        false
+    }
+}
+
+/// The end of a packet with a completion signal, as the CP does it: the signal's value drops by
+/// one, and a signal with an event mailbox gets its event id written there, which raises the
+/// interrupt whose handler signals that KFD event (returned: (pid, event id); the slot is
+/// acknowledged back to UNSIGNALED as `kfd_signal_event_interrupt` does). *Emulated:* the CP
+/// decrements atomically; here it is a read and a write of the process's memory, so a process
+/// that stores to the same signal meanwhile can lose its store.
+pub fn finish_completions(done: &[Completion], host: &mut dyn Host) -> Vec<(u32, u32)> {
+    let mut events = Vec::new();
+    for c in done {
+        let mut sig = [0u8; 32];
+        if host.read_mem(c.pid, c.signal, &mut sig).is_err() {
+            continue;
+        }
+        let word = |at: usize| u64::from_le_bytes(sig[at..at + 8].try_into().unwrap_or([0; 8]));
+        let value = word(aql::SIGNAL_VALUE as usize) as i64;
+        let mailbox = word(aql::SIGNAL_EVENT_MAILBOX as usize);
+        let event_id = u32::from_le_bytes(
+            sig[aql::SIGNAL_EVENT_ID as usize..aql::SIGNAL_EVENT_ID as usize + 4]
+                .try_into()
+                .unwrap_or([0; 4]),
+        );
+        let _ = host.write_mem(
+            c.pid,
+            c.signal + aql::SIGNAL_VALUE,
+            &(value - 1).to_le_bytes(),
+        );
+        if mailbox != 0 {
+            let _ = host.write_mem(c.pid, mailbox, &u64::from(event_id).to_le_bytes());
+            let _ = host.write_mem(c.pid, mailbox, &crate::model::UNSIGNALED_SLOT.to_le_bytes());
+            events.push((c.pid, event_id));
+        }
+    }
+    events
 }

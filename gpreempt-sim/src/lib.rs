@@ -10,11 +10,14 @@
 pub mod aql;
 pub mod codeobj;
 pub mod device;
+pub mod drm;
 pub mod gpu;
 pub mod host;
 pub mod launchbench;
+pub mod mmap;
 pub mod model;
 pub mod run;
 pub mod spec;
+pub mod topology;
 pub mod views;
 pub mod workload;

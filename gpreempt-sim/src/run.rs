@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
-use crate::device::{Shared, SimFs, DEBUGFS_DIR, DEVICE, SYSFS_DIR};
+use crate::device::{Shared, SimFs, DEBUGFS_DIR, DEVICE, DRI_DIR, MODULES, SYSFS_DIR};
 use crate::model::Kfd;
 use crate::spec::{Costs, Model, Spec};
 
@@ -168,6 +168,94 @@ fn overlay_with(
     Ok(target)
 }
 
+/// Render minors for the emulated GPUs: from 128 (the first render minor), past the host's own
+/// render nodes so that none is hidden.
+fn free_render_minors(n: usize) -> Vec<u32> {
+    let highest = fs::read_dir("/dev/dri")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("renderD")?
+                .parse::<u32>()
+                .ok()
+        })
+        .max();
+    let first = highest.map_or(128, |h| (h + 1).max(128));
+    (first..).take(n).collect()
+}
+
+/// Size /proc/modules shows for the emulated amdgpu (that of a 6.12 amdgpu.ko, emulated).
+const AMDGPU_MODULE_SIZE: u64 = 19_398_656;
+
+/// /proc/modules as the host has it, plus the emulated amdgpu; None when the kernel has no module
+/// support (no /proc/modules).
+fn modules_text() -> Option<String> {
+    let host = fs::read_to_string("/proc/modules").ok()?;
+    let mut s: String = host
+        .lines()
+        .filter(|l| !l.starts_with("amdgpu "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    s.push_str(&format!(
+        "amdgpu {AMDGPU_MODULE_SIZE} 0 - Live 0x0000000000000000\n"
+    ));
+    Some(s)
+}
+
+/// Where the kernel has no /proc/modules (built without module support), `lsmod` (kmod) cannot
+/// list anything; `sim` puts an `lsmod` first on its commands' PATH that prints what kmod's would
+/// for the emulated amdgpu (ROCm 5.2's rocminfo runs `lsmod | grep amdgpu` before anything else).
+fn lsmod_shim(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin)?;
+    let lsmod = bin.join("lsmod");
+    fs::write(
+        &lsmod,
+        format!(
+            "#!/bin/sh\n# gpreempt-ebpf sim: this kernel has no /proc/modules; the emulated amdgpu is loaded.\n\
+             printf '%-19s %s\\n' Module 'Size  Used by'\nprintf '%-19s %8u  %d\\n' amdgpu {AMDGPU_MODULE_SIZE} 0\n"
+        ),
+    )?;
+    fs::set_permissions(&lsmod, fs::Permissions::from_mode(0o755))?;
+    Ok(bin)
+}
+
+/// Overlays stacked by `sim`, so a directory is overlaid once and further entries are made in
+/// its (private, writable) upper layer.
+struct Overlays<'a> {
+    work: &'a Path,
+    made: Vec<String>,
+}
+
+impl Overlays<'_> {
+    fn add(&mut self, dir: &str, entry: &str, is_dir: bool, keep: &[&str]) -> Result<PathBuf> {
+        let target = Path::new(dir).join(entry);
+        // Inside an overlay of ours (the directory or an ancestor), entries go to its upper layer.
+        let ours = self
+            .made
+            .iter()
+            .any(|d| Path::new(dir).starts_with(Path::new(d)));
+        if ours && !target.exists() {
+            if is_dir {
+                fs::create_dir_all(&target)?;
+            } else {
+                fs::File::create(&target)?;
+            }
+            return Ok(target);
+        }
+        let existed = target.exists();
+        let t = overlay_with(dir, entry, is_dir, self.work, keep)?;
+        if !existed {
+            self.made.push(dir.to_string());
+        }
+        Ok(t)
+    }
+}
+
 /// The cgroup v2 hierarchy's mount point.
 fn cgroup2_root() -> Result<PathBuf> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
@@ -261,7 +349,21 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     fs::create_dir_all(&work)?;
 
     let spec = Spec::new(opts.model);
-    let shared = Shared::new(Kfd::new(&spec, opts.gpus, opts.seed, Costs::default()));
+    let mut kfd = Kfd::new(&spec, opts.gpus, opts.seed, Costs::default());
+    kfd.host_cpu = crate::topology::HostCpu::probe();
+    for (g, minor) in kfd
+        .gpus
+        .iter_mut()
+        .zip(free_render_minors(opts.gpus as usize))
+    {
+        g.render_minor = minor;
+    }
+    let minors: Vec<u32> = kfd.gpus.iter().map(|g| g.render_minor).collect();
+    let shared = Shared::new(kfd);
+    let modules = modules_text();
+    if let Some(m) = &modules {
+        shared.set_modules(m.clone());
+    }
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("gpreempt-sim".into()),
@@ -271,10 +373,45 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     let session = fuser::spawn_mount(SimFs(Arc::clone(&shared)), &fuse_dir, &config)
         .context("mounting the emulated KFD (FUSE)")?;
 
-    let dev = overlay_with("/dev", "kfd", false, &work, &[])?;
+    // The first request waits for FUSE_INIT, where passthrough is negotiated.
+    let _ = fs::metadata(fuse_dir.join(DEVICE));
+    if !shared.passthrough() {
+        eprintln!(
+            "gpreempt-sim: this kernel refused FUSE passthrough (Linux 6.9+ has it): mmap of /dev/kfd \
+             and the render nodes fails, so real ROCm runtimes cannot run here (the emulator's \
+             own workloads can)"
+        );
+    }
+    let mut ov = Overlays {
+        work: &work,
+        made: Vec::new(),
+    };
+    let dev = ov.add("/dev", "kfd", false, &[])?;
     bind(&fuse_dir.join(DEVICE), &dev)?;
-    let class = overlay_with("/sys/class", "kfd", true, &work, &["net"])?;
-    bind(&fuse_dir.join(SYSFS_DIR), &class)?;
+    if !Path::new("/dev/dri").exists() {
+        ov.add("/dev", "dri", true, &[])?;
+    }
+    for minor in &minors {
+        let name = format!("renderD{minor}");
+        let node = ov.add("/dev/dri", &name, false, &[])?;
+        bind(&fuse_dir.join(DRI_DIR).join(&name), &node)?;
+    }
+    // The kernel's kfd device lives at /sys/devices/virtual/kfd/kfd (the thunk reads its topology
+    // there) and /sys/class/kfd/kfd is a link to it.
+    let device = ov.add("/sys/devices/virtual", "kfd", true, &["net"])?;
+    bind(&fuse_dir.join(SYSFS_DIR), &device)?;
+    if !Path::new("/sys/class/kfd/kfd").exists() {
+        let class = ov.add("/sys/class", "kfd", true, &["net"])?;
+        std::os::unix::fs::symlink("../../devices/virtual/kfd/kfd", class.join("kfd"))
+            .context("linking /sys/class/kfd/kfd")?;
+    }
+    let shim = match modules {
+        Some(_) => {
+            bind(&fuse_dir.join(MODULES), Path::new("/proc/modules"))?;
+            None
+        }
+        None => Some(lsmod_shim(&dir)?),
+    };
     let debug = if fstype_at("/sys/kernel/debug").is_some() {
         overlay_with("/sys/kernel/debug", "kfd", true, &work, &[])?
     } else {
@@ -306,12 +443,12 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
     }
     eprintln!(
-        "gpreempt-sim: emulated {} x{} (seed {}) at /dev/kfd, /sys/class/kfd, /sys/kernel/debug/kfd; all figures are emulated",
+        "gpreempt-sim: emulated {} x{} (seed {}) at /dev/kfd, /dev/dri, /sys/class/kfd, /sys/kernel/debug/kfd; all figures are emulated",
         spec.name(),
         opts.gpus,
         opts.seed
     );
-    let status = run_children(&cg, children);
+    let status = run_children(&cg, children, shim.as_deref());
     kill_cgroup(&cg);
     shared.stop.store(true, Ordering::Relaxed);
     let _ = engine.join();
@@ -319,10 +456,14 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     status
 }
 
-fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
+fn spawn(cg: &Path, argv: &[String], path_first: Option<&Path>) -> Result<Child> {
     let procs = CString::new(cg.join("cgroup.procs").to_string_lossy().as_bytes())?;
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]);
+    if let Some(p) = path_first {
+        let old = std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into());
+        cmd.env("PATH", format!("{}:{old}", p.display()));
+    }
     // Tools that show figures (gpreempt-ebpf top's title) say they come from an emulated GPU.
     cmd.env("GPREEMPT_LABEL", "emulated GPU");
     // SAFETY: between fork and exec only async-signal-safe calls (open, write, close, prctl).
@@ -344,14 +485,14 @@ fn spawn(cg: &Path, argv: &[String]) -> Result<Child> {
         .with_context(|| format!("starting {}", argv.join(" ")))
 }
 
-fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
+fn run_children(cg: &Path, children: Vec<ChildSpec>, path_first: Option<&Path>) -> Result<i32> {
     let start = Instant::now();
     let mut fg: Option<Child> = None;
     let mut bg = Vec::new();
     let mut pending: Vec<ChildSpec> = Vec::new();
     for c in children {
         if c.foreground {
-            fg = Some(spawn(cg, &c.argv)?);
+            fg = Some(spawn(cg, &c.argv, path_first)?);
         } else {
             pending.push(c);
         }
@@ -364,7 +505,7 @@ fn run_children(cg: &Path, children: Vec<ChildSpec>) -> Result<i32> {
         let mut i = 0;
         while i < pending.len() {
             if start.elapsed() >= pending[i].delay {
-                bg.push(spawn(cg, &pending.remove(i).argv)?);
+                bg.push(spawn(cg, &pending.remove(i).argv, path_first)?);
             } else {
                 i += 1;
             }

@@ -7,6 +7,7 @@ use gpreempt_common::kfd::hsa_cap;
 
 use crate::model::{Gpu, Kfd, Process, Queue};
 use crate::spec::Model;
+use crate::topology;
 
 /// `nodes/<n>/gpu_id`: decimal; 0 for the CPU node.
 pub fn node_gpu_id(kfd: &Kfd, node: u32) -> Option<String> {
@@ -31,10 +32,19 @@ pub fn node_name(kfd: &Kfd, node: u32) -> Option<String> {
     })
 }
 
-/// A GPU node's `capability`: 4 watch points, RAS (EDC, event notify), SVM, debugger-capable
-/// firmware, and the trap-debug bits `kfd_topology_set_capabilities` (Linux 6.4+) sets on the
-/// emulated GPUs (GC 9.4.2 and 9.4.3: precise memory operations too).
-pub(crate) const CAPABILITY: u32 = 0x2838_0280 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
+/// A GPU node's `capability`: 4 watch points, doorbell type 2.0 (every SOC15 GPU:
+/// `kfd_topology_add_device` sets `HSA_CAP_DOORBELL_TYPE_2_0` in the doorbell-type field, bits
+/// 12-13; ROCr takes the 64-bit write-pointer doorbell path only with it), RAS (EDC, event
+/// notify), SVM, debugger-capable firmware, and the trap-debug bits
+/// `kfd_topology_set_capabilities` (Linux 6.4+) sets on the emulated GPUs (GC 9.4.2 and 9.4.3:
+/// precise memory operations too).
+pub(crate) const CAPABILITY: u32 =
+    0x2838_0280 | hsa_cap::DOORBELL_TYPE_2_0 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
+
+/// `simd_id_base` of a GPU node (the kernel numbers GPU SIMDs from 0x80001000).
+pub fn simd_id_base(node: u32) -> u32 {
+    0x8000_1000 + (node - 1) * 0x100
+}
 
 /// `nodes/<n>/properties`, in `node_show`'s order.
 pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
@@ -43,14 +53,15 @@ pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
         let _ = writeln!(s, "{k} {v}");
     };
     if node == 0 {
+        let cpu = &kfd.host_cpu;
         for (k, v) in [
-            ("cpu_cores_count", 2),
+            ("cpu_cores_count", u64::from(cpu.cores)),
             ("simd_count", 0),
-            ("mem_banks_count", 1),
+            ("mem_banks_count", u64::from(topology::mem_banks(kfd, 0))),
             ("caches_count", 0),
-            ("io_links_count", kfd.gpus.len() as u64),
+            ("io_links_count", u64::from(topology::io_links(kfd, 0))),
             ("p2p_links_count", 0),
-            ("cpu_core_id_base", 0),
+            ("cpu_core_id_base", u64::from(cpu.apic_base)),
             ("simd_id_base", 0),
             ("max_waves_per_simd", 0),
             ("lds_size_in_kb", 0),
@@ -85,12 +96,12 @@ pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
     for (k, v) in [
         ("cpu_cores_count", 0),
         ("simd_count", u64::from(sp.simd_count())),
-        ("mem_banks_count", 1),
-        ("caches_count", 0),
-        ("io_links_count", 1),
+        ("mem_banks_count", u64::from(topology::mem_banks(kfd, node))),
+        ("caches_count", u64::from(topology::cache_count(kfd, node))),
+        ("io_links_count", u64::from(topology::io_links(kfd, node))),
         ("p2p_links_count", 0),
         ("cpu_core_id_base", 0),
-        ("simd_id_base", 0x8000_1000 + u64::from(node - 1) * 0x100),
+        ("simd_id_base", u64::from(simd_id_base(node))),
         ("max_waves_per_simd", u64::from(sp.max_waves_per_simd)),
         ("lds_size_in_kb", u64::from(sp.lds_size_kb)),
         ("gds_size_in_kb", 0),
@@ -109,7 +120,7 @@ pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
         ("device_id", u64::from(sp.device_id)),
         ("location_id", u64::from(g.node_id) << 8),
         ("domain", 0),
-        ("drm_render_minor", 127 + u64::from(g.node_id)),
+        ("drm_render_minor", u64::from(g.render_minor)),
         ("hive_id", 0),
         ("num_sdma_engines", u64::from(sp.num_sdma_engines)),
         ("num_sdma_xgmi_engines", u64::from(sp.num_sdma_xgmi_engines)),

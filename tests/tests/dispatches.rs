@@ -33,11 +33,11 @@ fn trace_dispatches_shows_the_kernels_of_the_workloads_timelines() {
     let out = tmp.path("dispatches.jsonl");
     let (on, off) = (tmp.path("online.json"), tmp.path("offline.json"));
     let script = format!(
-        "\"$GP\" trace --dispatches --json --output {out} --duration 6 2>{out}.err & \
+        "\"$GP\" trace --dispatches --json --output {out} --duration 6 2>{out}.err & TP=$!; \
          for i in $(seq 100); do grep -q 'tracing AQL' {out}.err 2>/dev/null && break; sleep 0.1; done; \
-         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 3 --report {on} & \
+         \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 3 --report {on} & WP=$!; \
          \"$GP\" sim workload --profile transformer_b8_s128 --offline --duration 3 --report {off}; \
-         wait %2; kill -INT %1; wait",
+         wait $WP; sleep 0.3; kill -INT $TP; wait",
         out = out.display(),
         on = on.display(),
         off = off.display(),

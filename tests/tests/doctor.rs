@@ -288,9 +288,9 @@ fn doctor_inside_sim_sees_the_emulated_kfd() {
     assert_eq!(verdict(&c, "gpu:1"), "ok", "{}", c["gpu:1"]);
     let gpu = finding(&c, "gpu:1");
     assert!(gpu.starts_with("gfx90a"), "{gpu}");
-    // The emulator advertises the trap-debug bits upstream sets on gfx90a.
+    // The emulator advertises the bits upstream sets on gfx90a (trap debug, doorbell type 2.0).
     assert!(
-        gpu.contains("capability 0x283f8280: trap debug yes, debug firmware yes"),
+        gpu.contains("capability 0x283fa280: trap debug yes, debug firmware yes"),
         "{gpu}"
     );
     assert_eq!(verdict(&c, "debugfs"), "ok", "{}", c["debugfs"]);

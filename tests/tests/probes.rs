@@ -113,10 +113,10 @@ fn launch_uprobes_fire_on_the_workloads_launch_symbols() {
     let tmp = TempDir::new("launch");
     let (events, rep, err) = (tmp.path("ev.json"), tmp.path("rep.json"), tmp.path("err"));
     let script = format!(
-        "\"$GP\" trace --launches --json --output {ev} --duration 20 2>{err} & \
+        "\"$GP\" trace --launches --json --output {ev} --duration 20 2>{err} & TP=$!; \
          for i in $(seq 100); do grep -q tracing {err} 2>/dev/null && break; sleep 0.1; done; \
          \"$GP\" sim workload --profile resnet18_b1 --rate 20 --duration 4 --report {rep}; \
-         kill -INT %1; wait",
+         sleep 0.3; kill -INT $TP; wait",
         ev = events.display(),
         rep = rep.display(),
         err = err.display()

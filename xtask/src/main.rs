@@ -99,7 +99,9 @@ fn setup() -> Result<()> {
 /// generator), and for the service
 /// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
 /// for the packaging test: buildah (builds the image, no daemon), mmdebstrap (its Debian base)
-/// and python3-pip (installs the manifest validator).
+/// and python3-pip (installs the manifest validator); rocminfo and hipcc (Debian's ROCm 5.2.3:
+/// rocminfo, libhsakmt, ROCr, HIP and its clang-15 compiler; the real-runtime test,
+/// tests/rocm.rs, builds a HIP program for gfx90a).
 fn test_packages() -> Result<()> {
     ensure_packages(&[
         ("gcc", "/usr/bin/gcc"),
@@ -116,6 +118,8 @@ fn test_packages() -> Result<()> {
         ("buildah", "/usr/bin/buildah"),
         ("mmdebstrap", "/usr/bin/mmdebstrap"),
         ("python3-pip", "/usr/bin/pip3"),
+        ("rocminfo", "/usr/bin/rocminfo"),
+        ("hipcc", "/usr/bin/hipcc"),
     ])
 }
 

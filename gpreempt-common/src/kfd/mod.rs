@@ -582,6 +582,9 @@ pub const fn queue_type_name(t: u32) -> Option<&'static str> {
 /// Debug bits of a topology node's `capability` (`HSA_CAP_*`, include/uapi/linux/kfd_sysfs.h,
 /// Linux 6.4+).
 pub mod hsa_cap {
+    /// `HSA_CAP_DOORBELL_TYPE_2_0 << HSA_CAP_DOORBELL_TYPE_TOTALBITS_SHIFT` (12): the doorbell
+    /// type every SOC15 GPU reports (`kfd_topology_set_capabilities`, kfd_topology.c).
+    pub const DOORBELL_TYPE_2_0: u32 = 0x2 << 12;
     pub const TRAP_DEBUG_SUPPORT: u32 = 0x0000_8000;
     pub const TRAP_DEBUG_WAVE_LAUNCH_TRAP_OVERRIDE_SUPPORTED: u32 = 0x0001_0000;
     pub const TRAP_DEBUG_WAVE_LAUNCH_MODE_SUPPORTED: u32 = 0x0002_0000;

@@ -21,8 +21,11 @@ use gpreempt_common::kfd::{
 use crate::spec::{Costs, Spec};
 
 mod debug;
+mod events;
 mod memory;
 mod queues;
+
+pub use events::{Event, SIGNAL_EVENT_LIMIT, UNSIGNALED_SLOT};
 
 /// A positive errno value.
 pub type Errno = i32;
@@ -71,6 +74,14 @@ pub enum Wait {
     Runtime { pid: u32, args: Vec<u8> },
     /// DESTROY_QUEUE waiting for a debugger to resume the queue (`wait_on_destroy_queue`).
     Destroy { pid: u32, qid: u32, args: Vec<u8> },
+    /// WAIT_EVENTS until any (or all) of `ids` are signaled or the deadline (ns) passes.
+    Events {
+        pid: u32,
+        ids: Vec<u32>,
+        all: bool,
+        deadline: u64,
+        args: Vec<u8>,
+    },
 }
 
 pub type QKey = (u32, u32);
@@ -158,6 +169,9 @@ pub struct Alloc {
     pub flags: u32,
     /// MAP_MEMORY_TO_GPU done: a GPUVM mapping exists.
     pub mapped: bool,
+    /// Where the CPU maps it: a render-node offset (VRAM, GTT) or a `/dev/kfd` one (doorbell,
+    /// MMIO remap); the user address for userptr memory.
+    pub mmap_offset: u64,
 }
 
 #[derive(Debug)]
@@ -196,6 +210,12 @@ pub struct Process {
     pub doorbell_slice: u32,
     /// Creation order.
     pub serial: u64,
+    /// Events by id (`kfd_events.c`).
+    pub events: BTreeMap<u32, Event>,
+    /// Where the runtime's signal page (event mailboxes) is mapped, once CREATE_EVENT set it.
+    pub event_page: Option<u64>,
+    /// `SET_XNACK_MODE`'s per-process setting.
+    pub xnack: bool,
 }
 
 impl Process {
@@ -220,6 +240,10 @@ pub struct Gpu {
     pub hws_hung: bool,
     pub next_rotation: u64,
     pub exec: crate::gpu::GpuExec,
+    /// The next buffer-object offset of the render node (DRM's mmap offset manager).
+    pub next_bo_offset: u64,
+    /// The DRM render node minor (`/dev/dri/renderD<minor>`, topology `drm_render_minor`).
+    pub render_minor: u32,
 }
 
 impl Gpu {
@@ -237,11 +261,21 @@ impl Gpu {
 #[derive(Debug)]
 pub struct Kfd {
     pub gpus: Vec<Gpu>,
+    /// What the CPU node of the topology reports.
+    pub host_cpu: crate::topology::HostCpu,
     pub procs: BTreeMap<u32, Process>,
     pub costs: Costs,
     serial: u64,
     next_doorbell_slice: u32,
     next_pasid: u32,
+    /// Writes to a process's memory an ioctl made, done by the caller of `ioctl` once the model
+    /// is unlocked and before the call returns (the emulator never holds its lock across another
+    /// process's memory).
+    pub pending_writes: Vec<(u32, u64, Vec<u8>)>,
+    /// Render-node ranges (gpu_id, offset, size) freed: their backing pages can go.
+    pub freed_bos: Vec<(u32, u64, u64)>,
+    /// Packets completed with a completion signal, for `gpu::finish_completions`.
+    pub completions: Vec<crate::gpu::Completion>,
 }
 
 fn done(ret: i32, out: &[u8]) -> Outcome {
@@ -284,15 +318,23 @@ impl Kfd {
                 hws_hung: false,
                 next_rotation: 0,
                 exec: Default::default(),
+                // The first render minor is 128 (DRM_MINOR_RENDER's base); `sim` moves them past
+                // the host's own render nodes.
+                render_minor: 127 + node,
+                next_bo_offset: crate::mmap::BO_BASE,
             })
             .collect();
         Kfd {
             gpus,
+            host_cpu: Default::default(),
             procs: BTreeMap::new(),
             costs,
             serial: 0,
             next_doorbell_slice: 1,
             next_pasid: 0x8001,
+            pending_writes: Vec::new(),
+            freed_bos: Vec::new(),
+            completions: Vec::new(),
         }
     }
 
@@ -345,6 +387,9 @@ impl Kfd {
                     debugger_process: None,
                     doorbell_slice: slice,
                     serial,
+                    events: BTreeMap::new(),
+                    event_page: None,
+                    xnack: false,
                 },
             );
         }
@@ -408,7 +453,20 @@ impl Kfd {
             nr::SET_CU_MASK => self.set_cu_mask(pid, SetCuMaskArgs::from_bytes(input), host),
             nr::RUNTIME_ENABLE => self.runtime_enable(pid, input, now),
             nr::DBG_TRAP => self.dbg_trap(caller, DbgTrapArgs::from_bytes(input), host, now),
-            nr::GET_PROCESS_APERTURES_NEW | nr::GET_CLOCK_COUNTERS => done(0, input),
+            nr::GET_PROCESS_APERTURES_NEW => self.apertures(pid, input, host),
+            nr::GET_CLOCK_COUNTERS => self.clock_counters(pid, input, now),
+            nr::SET_MEMORY_POLICY => self.memory_policy(pid, input),
+            nr::SET_SCRATCH_BACKING_VA | nr::SET_TRAP_HANDLER => {
+                self.per_device_noop(pid, n, input)
+            }
+            nr::GET_TILE_CONFIG => self.tile_config(pid, input),
+            nr::SET_XNACK_MODE => self.xnack_mode(pid, input),
+            nr::AVAILABLE_MEMORY => self.available_memory(pid, input),
+            nr::CREATE_EVENT => self.create_event(pid, kfd::CreateEventArgs::from_bytes(input)),
+            nr::DESTROY_EVENT => self.destroy_event(pid, kfd::DestroyEventArgs::from_bytes(input)),
+            nr::SET_EVENT => self.set_event_ioctl(pid, kfd::SetEventArgs::from_bytes(input)),
+            nr::RESET_EVENT => self.reset_event(pid, kfd::ResetEventArgs::from_bytes(input)),
+            nr::WAIT_EVENTS => self.wait_events(pid, input, host, now),
             // Known to the kernel but outside what the emulator models: the kernel's reply for a
             // caller that passes nothing valid.
             _ => err(libc::EINVAL, input),
@@ -496,6 +554,13 @@ impl Kfd {
                     Some(_) => Some(self.destroy_queue(*pid, args, now)),
                 }
             }
+            Wait::Events {
+                pid,
+                ids,
+                all,
+                deadline,
+                args,
+            } => self.retry_events(*pid, ids, *all, *deadline, args, now),
         }
     }
 
@@ -509,7 +574,7 @@ impl Kfd {
                 }
                 err(libc::EINTR, args)
             }
-            Wait::Destroy { args, .. } => err(libc::EINTR, args),
+            Wait::Destroy { args, .. } | Wait::Events { args, .. } => err(libc::EINTR, args),
         }
     }
 
@@ -558,7 +623,15 @@ impl Kfd {
         for t in debugged {
             self.dbg_disable(t, now);
         }
-        self.procs.remove(&pid);
+        if let Some(p) = self.procs.remove(&pid) {
+            // mm teardown frees the process's buffer objects.
+            for m in p.allocs.values() {
+                if m.flags & kfd::alloc_mem_flags::MMIO_REMAP == 0 {
+                    self.freed_bos
+                        .push((m.gpu_id, m.mmap_offset, m.size.next_multiple_of(4096)));
+                }
+            }
+        }
         for gi in 0..self.gpus.len() {
             if self.gpus[gi].runlist.iter().any(|k| k.0 == pid) {
                 self.execute_queues(gi, now);

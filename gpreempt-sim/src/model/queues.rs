@@ -105,7 +105,13 @@ impl Kfd {
         let slice_dw = p.doorbell_slice * (kfd::DOORBELL_PROCESS_SLICE_BYTES as u32 / 4);
         let doorbell_off = slice_dw + doorbell_id * 2;
         a.queue_id = qid;
-        a.doorbell_offset = kfd::doorbell_mmap_offset(a.gpu_id, u64::from(doorbell_id) * 8);
+        // The emulator's mmap offset (mmap.rs): upstream's type and gpu_id do not fit a FUSE file.
+        a.doorbell_offset = crate::mmap::kfd_offset(
+            crate::mmap::TYPE_DOORBELL,
+            a.gpu_id,
+            p.doorbell_slice,
+            doorbell_id * 8,
+        );
         let q = Queue {
             id: qid,
             gpu_id: a.gpu_id,

@@ -624,3 +624,324 @@ fn failed_preemption_sets_error_bits() {
         vec![KFD_DBG_QUEUE_ERROR_MASK, 1 | KFD_DBG_QUEUE_ERROR_MASK]
     );
 }
+
+/// What ROCr and the thunk ask of the emulated driver at start: buffer objects get render-node
+/// offsets, the doorbell and MMIO pages the kernel's size rules, apertures as on GFX9.
+#[test]
+fn memory_offsets_and_apertures_as_the_thunk_uses_them() {
+    use kfd::alloc_mem_flags as f;
+    let mut w = World::new();
+    w.process(TARGET, false, 0);
+    let alloc = |w: &mut World, size: u64, flags: u32| {
+        let a = AllocMemoryOfGpuArgs {
+            va_addr: 0x7000_0000,
+            size,
+            gpu_id: w.gpu,
+            flags,
+            ..Default::default()
+        };
+        let (r, out) = w.call(TARGET, nr::ALLOC_MEMORY_OF_GPU, &a);
+        (r, AllocMemoryOfGpuArgs::from_bytes(&out))
+    };
+    let (r, a) = alloc(&mut w, 0x8000, f::GTT);
+    assert_eq!((r, a.mmap_offset), (0, crate::mmap::BO_BASE));
+    let (_, b) = alloc(&mut w, 100, f::VRAM);
+    assert_eq!(
+        b.mmap_offset,
+        crate::mmap::BO_BASE + 0x8000,
+        "page-aligned, after the first"
+    );
+    assert_eq!(
+        alloc(&mut w, 4096, f::DOORBELL).0,
+        -libc::EINVAL,
+        "a doorbell BO is 8 KiB"
+    );
+    assert_eq!(
+        alloc(&mut w, 8192, f::MMIO_REMAP).0,
+        -libc::EINVAL,
+        "an MMIO BO is a page"
+    );
+    let (r, m) = alloc(&mut w, 4096, f::MMIO_REMAP);
+    assert_eq!(r, 0);
+    assert_eq!(m.mmap_offset >> 60, crate::mmap::TYPE_MMIO);
+    assert_eq!((m.mmap_offset >> 44) & 0xffff, u64::from(w.gpu));
+    // Freeing gives the render range back.
+    let free = FreeMemoryOfGpuArgs { handle: a.handle };
+    assert_eq!(w.call(TARGET, nr::FREE_MEMORY_OF_GPU, &free).0, 0);
+    assert_eq!(w.kfd.freed_bos, vec![(w.gpu, crate::mmap::BO_BASE, 0x8000)]);
+    // Apertures: a count with 0 nodes, then the GFX9 layout written to the caller's array.
+    let q = kfd::GetProcessAperturesNewArgs::default();
+    let (r, out) = w.call(TARGET, nr::GET_PROCESS_APERTURES_NEW, &q);
+    assert_eq!(
+        (
+            r,
+            kfd::GetProcessAperturesNewArgs::from_bytes(&out).num_of_nodes
+        ),
+        (0, 1)
+    );
+    let q = kfd::GetProcessAperturesNewArgs {
+        kfd_process_device_apertures_ptr: 0x5000,
+        num_of_nodes: 7,
+        pad: 0,
+    };
+    let (_, out) = w.call(TARGET, nr::GET_PROCESS_APERTURES_NEW, &q);
+    assert_eq!(
+        kfd::GetProcessAperturesNewArgs::from_bytes(&out).num_of_nodes,
+        1
+    );
+    let (pid, at, bytes) = w.kfd.pending_writes.pop().unwrap();
+    assert_eq!((pid, at), (TARGET, 0x5000));
+    let ap = kfd::ProcessDeviceApertures::from_bytes(&bytes);
+    assert_eq!(
+        (ap.lds_base, ap.scratch_base, ap.gpuvm_limit, ap.gpu_id),
+        (1 << 48, 2 << 48, (1 << 47) - 1, w.gpu)
+    );
+    // XNACK: a query returns the mode; a change with queues is EBUSY.
+    let (_, out) = w.call(
+        TARGET,
+        nr::SET_XNACK_MODE,
+        &kfd::SetXnackModeArgs { xnack_enabled: -1 },
+    );
+    assert_eq!(kfd::SetXnackModeArgs::from_bytes(&out).xnack_enabled, 0);
+    w.queue(TARGET, 0x10_0000, 7);
+    let set = kfd::SetXnackModeArgs { xnack_enabled: 1 };
+    assert_eq!(w.call(TARGET, nr::SET_XNACK_MODE, &set).0, -libc::EBUSY);
+}
+
+#[cfg(test)]
+fn create_event(
+    w: &mut World,
+    kind: u32,
+    page: u64,
+    auto_reset: bool,
+) -> (i32, kfd::CreateEventArgs) {
+    let a = kfd::CreateEventArgs {
+        event_page_offset: page,
+        event_type: kind,
+        auto_reset: u32::from(auto_reset),
+        ..Default::default()
+    };
+    let (r, out) = w.call(TARGET, nr::CREATE_EVENT, &a);
+    (r, kfd::CreateEventArgs::from_bytes(&out))
+}
+
+#[cfg(test)]
+fn wait(w: &mut World, ids: &[u32], timeout: u32, now: u64) -> Outcome {
+    let evs: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| {
+            kfd::EventData {
+                event_id: id,
+                ..Default::default()
+            }
+            .as_bytes()
+            .to_vec()
+        })
+        .collect();
+    w.host.write_mem(TARGET, 0xa000, &evs).unwrap();
+    let a = kfd::WaitEventsArgs {
+        events_ptr: 0xa000,
+        num_events: ids.len() as u32,
+        wait_for_all: 0,
+        timeout,
+        wait_result: 0,
+    };
+    w.kfd.ioctl(
+        me(TARGET),
+        TARGET,
+        iowr(nr::WAIT_EVENTS, 24),
+        a.as_bytes(),
+        &mut w.host,
+        now,
+    )
+}
+
+#[cfg(test)]
+fn wait_result(o: &Outcome) -> (i32, u32) {
+    match o {
+        Outcome::Done { ret, out } => (*ret, kfd::WaitEventsArgs::from_bytes(out).wait_result),
+        Outcome::Blocked(w) => panic!("blocked: {w:?}"),
+    }
+}
+
+/// kfd_events.c: the signal page is set once from the first CREATE_EVENT and filled with
+/// UNSIGNALED; signal events take slot ids from 0, others from 2^30; WAIT_EVENTS returns at once,
+/// times out, or sleeps until SET_EVENT; auto-reset events reset when they end a wait.
+#[test]
+fn events_signal_page_ids_and_waits() {
+    let mut w = World::new();
+    w.process(TARGET, false, 0);
+    let page = AllocMemoryOfGpuArgs {
+        va_addr: 0x20_0000,
+        size: 0x8000,
+        gpu_id: w.gpu,
+        flags: kfd::alloc_mem_flags::GTT,
+        ..Default::default()
+    };
+    let (_, out) = w.call(TARGET, nr::ALLOC_MEMORY_OF_GPU, &page);
+    let handle = AllocMemoryOfGpuArgs::from_bytes(&out).handle;
+    let (r, e0) = create_event(&mut w, 0, handle, true);
+    assert_eq!(
+        (r, e0.event_id, e0.event_slot_index, e0.event_trigger_data),
+        (0, 0, 0, 0)
+    );
+    let fill = w.kfd.pending_writes.remove(0);
+    assert_eq!(
+        (fill.0, fill.1, fill.2.len()),
+        (TARGET, 0x20_0000, 4096 * 8)
+    );
+    assert!(
+        fill.2.iter().all(|&b| b == 0xff),
+        "UNSIGNALED_EVENT_SLOT everywhere"
+    );
+    assert_eq!(
+        create_event(&mut w, 0, handle, false).0,
+        -libc::EINVAL,
+        "page set twice"
+    );
+    let (_, e1) = create_event(&mut w, 0, 0, false);
+    assert_eq!(e1.event_id, 1);
+    let (_, mem) = create_event(&mut w, 8, 0, false);
+    assert_eq!(mem.event_id, 1 << 30, "KFD_FIRST_NONSIGNAL_EVENT_ID");
+    // Nothing signaled: timeout 0 returns TIMEOUT at once; a finite wait sleeps.
+    assert_eq!(wait_result(&wait(&mut w, &[0, 1], 0, 0)), (0, 1));
+    let Outcome::Blocked(wt) = wait(&mut w, &[0, 1], 5, 0) else {
+        panic!("should sleep")
+    };
+    assert!(w.kfd.retry(&wt, 1_000_000).is_none());
+    assert_eq!(
+        wait_result(&w.kfd.retry(&wt, 5_000_000).unwrap()),
+        (0, 1),
+        "timed out"
+    );
+    // SET_EVENT of the auto-reset event ends a wait once.
+    let set = kfd::SetEventArgs {
+        event_id: 0,
+        pad: 0,
+    };
+    assert_eq!(w.call(TARGET, nr::SET_EVENT, &set).0, 0);
+    assert_eq!(wait_result(&wait(&mut w, &[0], u32::MAX, 0)), (0, 0));
+    assert!(
+        matches!(wait(&mut w, &[0], u32::MAX, 0), Outcome::Blocked(_)),
+        "auto-reset"
+    );
+    // SET of a non-signal event, or of an unknown id: EINVAL.
+    let set = kfd::SetEventArgs {
+        event_id: 1 << 30,
+        pad: 0,
+    };
+    assert_eq!(w.call(TARGET, nr::SET_EVENT, &set).0, -libc::EINVAL);
+    assert_eq!(wait_result(&wait(&mut w, &[77], 0, 0)).0, -libc::EINVAL);
+    // A completion interrupt (signal_event) ends a sleeping wait on the manual-reset event, which
+    // stays signaled.
+    let Outcome::Blocked(wt) = wait(&mut w, &[1], u32::MAX, 0) else {
+        panic!("should sleep")
+    };
+    w.kfd.signal_event(TARGET, 1);
+    assert_eq!(wait_result(&w.kfd.retry(&wt, 1).unwrap()), (0, 0));
+    assert_eq!(
+        wait_result(&wait(&mut w, &[1], 0, 0)),
+        (0, 0),
+        "manual reset: still set"
+    );
+    let d = kfd::DestroyEventArgs {
+        event_id: 1,
+        pad: 0,
+    };
+    assert_eq!(w.call(TARGET, nr::DESTROY_EVENT, &d).0, 0);
+    assert_eq!(w.call(TARGET, nr::DESTROY_EVENT, &d).0, -libc::EINVAL);
+}
+
+/// A dispatch with a completion signal: the engine plans its reads under the lock, reads ahead
+/// without it, runs the model on what it read and writes afterwards; the CP's end of packet
+/// decrements the signal, writes the event id to the mailbox (acknowledged back to UNSIGNALED)
+/// and raises the event. A barrier-AND behind it waits for its dependency signal.
+#[test]
+fn completion_signals_and_barriers_through_the_engine_phases() {
+    use crate::aql::{
+        Dispatch, PACKET_TYPE_BARRIER_AND, PACKET_TYPE_KERNEL_DISPATCH, SIGNAL_EVENT_ID,
+        SIGNAL_EVENT_MAILBOX, SIGNAL_VALUE,
+    };
+    let mut w = World::new();
+    let base = 0x10_0000u64;
+    w.process(TARGET, false, 0);
+    w.queue(TARGET, base, 7);
+    let (ring, wptr, rptr) = (base + 0x1_0000, base + 0x38, base + 0x80);
+    let (sig, dep, mailbox) = (0x30_0000u64, 0x30_0040u64, 0x31_0000u64);
+    w.host
+        .write_mem(TARGET, sig + SIGNAL_VALUE, &1i64.to_le_bytes())
+        .unwrap();
+    w.host
+        .write_mem(TARGET, sig + SIGNAL_EVENT_MAILBOX, &mailbox.to_le_bytes())
+        .unwrap();
+    w.host
+        .write_mem(TARGET, sig + SIGNAL_EVENT_ID, &5u32.to_le_bytes())
+        .unwrap();
+    w.host
+        .write_mem(TARGET, dep + SIGNAL_VALUE, &1i64.to_le_bytes())
+        .unwrap();
+    let d = Dispatch {
+        header: PACKET_TYPE_KERNEL_DISPATCH,
+        workgroup: [64, 1, 1],
+        grid: [64, 1, 1],
+        kernel_object: 1,
+        duration_ns: 0,
+        completion_signal: sig,
+    };
+    w.host.write_mem(TARGET, ring, &d.encode()).unwrap();
+    let mut barrier = [0u8; 64];
+    barrier[..2].copy_from_slice(&PACKET_TYPE_BARRIER_AND.to_le_bytes());
+    barrier[8..16].copy_from_slice(&dep.to_le_bytes());
+    w.host.write_mem(TARGET, ring + 64, &barrier).unwrap();
+    w.host.write_mem(TARGET, wptr, &2u64.to_le_bytes()).unwrap();
+    let read = |h: &mut FakeHost, at: u64| {
+        let mut b = [0u8; 8];
+        h.read_mem(TARGET, at, &mut b).unwrap();
+        u64::from_le_bytes(b)
+    };
+    let mut raised = Vec::new();
+    let tick = |w: &mut World, raised: &mut Vec<(u32, u32)>, now: u64| {
+        let plan = crate::gpu::plan_reads(&w.kfd);
+        let mut pre = crate::gpu::prefetch(&plan, &mut w.host);
+        crate::gpu::advance(&mut w.kfd, &mut pre, now);
+        for (pid, at, data) in std::mem::take(&mut pre.writes) {
+            w.host.write_mem(pid, at, &data).unwrap();
+        }
+        let done = std::mem::take(&mut w.kfd.completions);
+        raised.extend(crate::gpu::finish_completions(&done, &mut w.host));
+    };
+    let mut now = 0;
+    while read(&mut w.host, rptr) < 1 && now < 1_000_000_000 {
+        now += 100_000;
+        tick(&mut w, &mut raised, now);
+    }
+    assert_eq!(read(&mut w.host, rptr), 1, "the dispatch completes");
+    assert!(
+        now >= crate::gpu::DEFAULT_KERNEL_NS,
+        "a packet without a duration takes the default"
+    );
+    assert_eq!(
+        read(&mut w.host, sig + SIGNAL_VALUE),
+        0,
+        "signal decremented"
+    );
+    assert_eq!(read(&mut w.host, mailbox), crate::model::UNSIGNALED_SLOT);
+    for _ in 0..20 {
+        now += 100_000;
+        tick(&mut w, &mut raised, now);
+    }
+    assert_eq!(raised, vec![(TARGET, 5)]);
+    assert_eq!(
+        read(&mut w.host, rptr),
+        1,
+        "the barrier waits for its dependency"
+    );
+    w.host
+        .write_mem(TARGET, dep + SIGNAL_VALUE, &0i64.to_le_bytes())
+        .unwrap();
+    for _ in 0..20 {
+        now += 100_000;
+        tick(&mut w, &mut raised, now);
+    }
+    assert_eq!(read(&mut w.host, rptr), 2, "then completes");
+}

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 use crate::{
-    model::{Gpu, Queue, State, Uncontrollable},
+    model::{DebugApi, Gpu, Queue, State, Uncontrollable},
     observe::procinfo::ProcInfo,
 };
 
@@ -25,6 +25,10 @@ struct ProcOut<'a> {
     /// Why the tool cannot manage this GPU process (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
     unmanaged: Option<&'a str>,
+    /// Whether its queues can be suspended (its runtime enabled the debug API), when its ioctls
+    /// said so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    debug_api: Option<&'a DebugApi>,
     queues: Vec<&'a Queue>,
 }
 
@@ -48,6 +52,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             uncontrollable: p.uncontrollable.as_ref(),
             debugger: p.debugger,
             unmanaged: p.unmanaged.as_deref(),
+            debug_api: p.debug_api.as_ref(),
             queues: p.live_queues().collect(),
         })
         .collect();
@@ -124,6 +129,9 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
                 opt(q.activity.dispatches_per_s.map(|d| format!("{d:.1}"))),
                 opt(q.activity.backlog),
             );
+        }
+        if let Some(d) = p.debug_api.as_ref().filter(|d| !d.enabled) {
+            let _ = writeln!(s, "{head} (not suspendable: {})", d.why);
         }
         if !any {
             rows += 1;

@@ -165,7 +165,7 @@ fn doctor_gpu_debug_modes() {
         gfx_target_version: v,
         ..Default::default()
     };
-    let fw = Some(0x283f_8280); // what the emulator advertises for gfx90a
+    let fw = Some(0x283f_a280); // what the emulator advertises for gfx90a
     assert_eq!(gpu_check(&g(90010), fw).verdict, Verdict::Ok); // gfx90a
     assert!(gpu_check(&g(90010), fw)
         .finding

@@ -348,6 +348,7 @@ mod tests {
             kernel_names: Default::default(),
             unmanaged: None,
             uncontrollable: None,
+            debug_api: None,
         };
         for q in qs {
             p.queues.insert(q.queue_id, q);

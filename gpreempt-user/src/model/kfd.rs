@@ -14,6 +14,15 @@ impl State {
         let end = ts.saturating_add(ev.duration_ns);
         let pid = ev.origin.pid;
         self.touch(ts);
+        // ROCm before 5.7 asks for the debug API through the DKMS driver's number; an upstream
+        // kernel has none, and that runtime never enables it.
+        if ev.nr() == kfd::nr::DBG_TRAP_DEPRECATED && ev.ret == -i64::from(libc::ENOTTY) {
+            let p = self.proc_mut(pid, Source::Event, ts);
+            if p.debug_api.as_ref().is_none_or(|d| !d.enabled) {
+                p.debug_api = Some(super::DebugApi::legacy());
+            }
+            return;
+        }
         if ev.ret < 0 {
             return;
         }
@@ -76,8 +85,15 @@ impl State {
                 self.proc_mut(pid, Source::Event, ts).last_event_ns = end;
             }
             KfdCall::RuntimeEnable(a) => {
-                self.proc_mut(pid, Source::Event, ts).last_event_ns = end;
-                if a.mode_mask & kfd::KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK == 0 {
+                let p = self.proc_mut(pid, Source::Event, ts);
+                p.last_event_ns = end;
+                let enable = a.mode_mask & kfd::KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK != 0;
+                p.debug_api = Some(if enable {
+                    super::DebugApi::enabled()
+                } else {
+                    super::DebugApi::disabled()
+                });
+                if !enable {
                     // runtime_disable deactivates a debugged runtime: every queue resumes (the
                     // debug trap itself stays enabled).
                     self.resume_suspended(ts, pid, "runtime disabled");

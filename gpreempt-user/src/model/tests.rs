@@ -359,6 +359,7 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         kernel_names: Default::default(),
         unmanaged: None,
         uncontrollable: None,
+        debug_api: None,
     };
     assert_eq!(s.procs, BTreeMap::from([(100, process)]));
     assert_eq!(
@@ -782,6 +783,32 @@ fn dbg_disable_by_anyone_resumes_every_suspended_queue() {
         DbgTrapArgs::bare(A, dbg_op::DISABLE),
     ));
     assert_eq!(q(&s, A, 0).state, QueueState::Suspended);
+}
+
+/// Whether a process can be suspended, from its ioctls: ROCm before 5.7 asks the DKMS-only debug
+/// ioctl (0x82) and gets ENOTTY: never suspendable; RUNTIME_ENABLE turns it on and a disable off.
+#[test]
+fn the_debug_api_state_follows_the_runtime_ioctls() {
+    let mut s = State::default();
+    assert_eq!(s.procs.get(&A).and_then(|p| p.debug_api.clone()), None);
+    let legacy = kfd::iowr(kfd::nr::DBG_TRAP_DEPRECATED, 40);
+    s.apply(up(ioctl(A, SEC, legacy, -25, KfdCall::Other)));
+    let d = proc_(&s, A).debug_api.clone().unwrap();
+    assert!(!d.enabled && d.why.contains("ROCm before 5.7"), "{d:?}");
+    // Another error of that number says nothing.
+    s.apply(up(ioctl(B, SEC, legacy, -22, KfdCall::Other)));
+    assert_eq!(s.procs.get(&B).and_then(|p| p.debug_api.clone()), None);
+    s.apply(runtime(
+        A,
+        2 * SEC,
+        kfd::KFD_RUNTIME_ENABLE_MODE_ENABLE_MASK,
+    ));
+    assert!(proc_(&s, A).debug_api.as_ref().unwrap().enabled);
+    // A later legacy probe does not undo an enabled runtime.
+    s.apply(up(ioctl(A, 3 * SEC, legacy, -25, KfdCall::Other)));
+    assert!(proc_(&s, A).debug_api.as_ref().unwrap().enabled);
+    s.apply(runtime(A, 4 * SEC, 0));
+    assert!(!proc_(&s, A).debug_api.as_ref().unwrap().enabled);
 }
 
 #[test]

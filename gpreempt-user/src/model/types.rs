@@ -303,6 +303,45 @@ pub struct Process {
     /// debugger, ...): set by the controller.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uncontrollable: Option<Uncontrollable>,
+    /// Whether the process's GPU runtime enabled the KFD debug API, which suspending its queues
+    /// needs (docs/kfd.md), as its ioctls showed; absent when none of them said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debug_api: Option<DebugApi>,
+}
+
+/// What a process's ioctls said about its debug API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DebugApi {
+    /// Its queues can be suspended through DBG_TRAP.
+    pub enabled: bool,
+    pub why: String,
+}
+
+impl DebugApi {
+    pub(super) fn enabled() -> Self {
+        DebugApi {
+            enabled: true,
+            why: "its runtime enabled the KFD debug API (RUNTIME_ENABLE)".into(),
+        }
+    }
+    pub(super) fn disabled() -> Self {
+        DebugApi {
+            enabled: false,
+            why: "its runtime disabled the KFD debug API (RUNTIME_ENABLE without ENABLE): its \
+                  queues cannot be suspended until it enables it again"
+                .into(),
+        }
+    }
+    /// The thunk asked the DKMS-only debug ioctl and the kernel does not have it.
+    pub(super) fn legacy() -> Self {
+        DebugApi {
+            enabled: false,
+            why: "its thunk asked the DKMS-only debug ioctl (0x82), which this kernel answers \
+                  ENOTTY: ROCm before 5.7 never enables the KFD debug API, so its queues cannot \
+                  be suspended"
+                .into(),
+        }
+    }
 }
 
 /// Why the controller cannot act on a process.
@@ -334,6 +373,7 @@ impl Process {
             kernel_names: Default::default(),
             unmanaged: None,
             uncontrollable: None,
+            debug_api: None,
         }
     }
     pub fn comm(&self) -> &str {

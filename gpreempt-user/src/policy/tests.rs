@@ -618,6 +618,7 @@ impl World {
             kernel_names: Default::default(),
             unmanaged: None,
             uncontrollable: None,
+            debug_api: None,
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));

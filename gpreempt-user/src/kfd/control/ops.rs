@@ -132,6 +132,32 @@ pub(super) fn op_error(op: &str, e: &std::io::Error) -> TargetError {
     }
 }
 
+/// A queue operation refused with EPERM on a target whose GPU runtime never enabled the debug API:
+/// `kfd_ioctl_set_debug_trap` refuses every queue operation on such a process (docs/kfd.md). The
+/// usual cause is a ROCm older than 5.7, whose thunk asks the DKMS-only debug ioctl instead.
+pub(super) fn runtime_refusal(pid: u32, op: &str) -> TargetError {
+    TargetError::NotPermitted(format!(
+        "DBG_TRAP {op}: pid {pid}'s GPU runtime never enabled the KFD debug API (no \
+         RUNTIME_ENABLE), and the kernel refuses to suspend or resume the queues of such a \
+         process. ROCm's runtime enables it at start from ROCm 5.7 on; earlier releases (Debian \
+         12's ROCm 5.2.3 among them) never do: this process cannot be suspended (run it with \
+         ROCm 5.7 or later)"
+    ))
+}
+
+/// `op_error` for a queue operation, knowing whether the target's runtime was enabled.
+pub(super) fn queue_op_error(
+    pid: u32,
+    op: &str,
+    e: &std::io::Error,
+    runtime_enabled: Option<bool>,
+) -> TargetError {
+    match (errno_of(e), runtime_enabled) {
+        (Errno::EPERM, Some(false)) => runtime_refusal(pid, op),
+        _ => op_error(op, e),
+    }
+}
+
 impl Thread {
     pub(super) fn dbg<P: DbgTrapPayload>(&self, pid: u32, p: P) -> std::io::Result<(i32, P)> {
         let mut a = DbgTrapArgs::new(pid, p);
@@ -214,6 +240,7 @@ impl Thread {
                 start_time: id.start_time,
                 events: File::from(rd),
                 book: Book::default(),
+                runtime_enabled: Some(rinfo.runtime_state == kfd::runtime_state::ENABLED),
             },
         );
         if rinfo.runtime_state == kfd::runtime_state::ENABLED {
@@ -488,14 +515,17 @@ impl Thread {
             .map(|(r, _)| r)
         };
         let returned_ns = monotonic_ns();
+        let runtime = self.targets.get(&pid).and_then(|t| t.runtime_enabled);
         let ret = r.map_err(|e| {
-            op_error(
+            queue_op_error(
+                pid,
                 if suspend {
                     "suspend_queues"
                 } else {
                     "resume_queues"
                 },
                 &e,
+                runtime,
             )
         })?;
         let queues = holds::decode_statuses(&arr, |q| self.gpu_of(pid, q));

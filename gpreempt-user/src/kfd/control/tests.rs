@@ -20,7 +20,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use super::{
     holds::{self, Book, Fences, RateWindow},
-    ops::{op_error, seize_error},
+    ops::{op_error, queue_op_error, seize_error},
     thread::{Target, Thread},
     Limits, Notice, Req, TargetError,
 };
@@ -310,6 +310,23 @@ fn kernel_errors_map_to_target_errors() {
         op_error("suspend_queues", &io(Errno::EACCES)),
         TargetError::NotPermitted(s) if s.starts_with("DBG_TRAP suspend_queues")
     ));
+    // EPERM on a target whose runtime never enabled the debug API names that cause; otherwise
+    // (runtime enabled, or changed since) the generic text.
+    assert!(matches!(
+        queue_op_error(7, "suspend_queues", &io(Errno::EPERM), Some(false)),
+        TargetError::NotPermitted(s) if s.contains("pid 7's GPU runtime never enabled the KFD debug API")
+            && s.contains("ROCm 5.7")
+    ));
+    for rt in [Some(true), None] {
+        assert_eq!(
+            queue_op_error(7, "suspend_queues", &io(Errno::EPERM), rt),
+            op_error("suspend_queues", &io(Errno::EPERM))
+        );
+    }
+    assert_eq!(
+        queue_op_error(7, "suspend_queues", &io(Errno::ESRCH), Some(false)),
+        TargetError::Gone
+    );
     for e in [Errno::EBUSY, Errno::ENODEV, Errno::EINVAL] {
         assert!(matches!(
             op_error("enable", &io(e)),
@@ -360,6 +377,7 @@ impl Rig {
                 start_time: FAKE_START,
                 events: File::open("/dev/null").expect("/dev/null"),
                 book: b,
+                runtime_enabled: Some(true),
             },
         );
     }

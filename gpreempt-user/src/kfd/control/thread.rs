@@ -39,6 +39,9 @@ pub(super) struct Target {
     /// Read end of the event pipe (the kernel holds the write end).
     pub(super) events: File,
     pub(super) book: Book,
+    /// Whether the target's GPU runtime had enabled the debug API (RUNTIME_ENABLE) when ENABLE
+    /// returned; None once a runtime event says it changed since.
+    pub(super) runtime_enabled: Option<bool>,
 }
 
 pub(super) struct Thread {
@@ -242,6 +245,9 @@ impl Thread {
                 deleted = true;
             }
             if s & ec_mask(ec::PROCESS_RUNTIME) != 0 {
+                if let Some(t) = self.targets.get_mut(&pid) {
+                    t.runtime_enabled = None;
+                }
                 // The target's runtime enable/disable waits for this.
                 let ack = DbgTrapSendRuntimeEventArgs {
                     exception_mask: ec_mask(ec::PROCESS_RUNTIME),

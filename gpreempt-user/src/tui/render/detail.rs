@@ -232,6 +232,13 @@ fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
                 .as_ref()
                 .map_or_else(|| "yes".into(), |why| format!("no: {why}")),
         ),
+        (
+            "suspendable",
+            p.debug_api.as_ref().map_or_else(
+                || "-".into(),
+                |d| format!("{}: {}", if d.enabled { "yes" } else { "no" }, d.why),
+            ),
+        ),
         ("ns pid", opt(info.and_then(|i| i.ns_pid))),
         ("uid", opt(info.and_then(|i| i.uid))),
         (

@@ -1,0 +1,251 @@
+//! Real ROCm userspace against the emulator, as root: Debian 12's ROCm 5.2.3 (rocminfo, libhsakmt,
+//! ROCr, HIP and hipcc) runs unmodified inside `gpreempt-ebpf sim`, and the tool sees its calls
+//! and queues. `cargo xtask test` installs the packages (`test_packages` in xtask); a missing one
+//! fails.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{assert_nothing_left, serial, sim, TempDir};
+
+fn require_rocminfo() {
+    assert!(
+        Path::new("/usr/bin/rocminfo").exists(),
+        "rocminfo is not installed: apt-get install rocminfo (cargo xtask test installs it)"
+    );
+}
+
+/// The value printed after `key:` in rocminfo's section for the first GPU agent.
+fn gpu_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let gpu = text
+        .split("*******")
+        .find(|s| s.contains("Device Type:             GPU"))?;
+    gpu.lines()
+        .find_map(|l| l.trim_start().strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// rocminfo (libhsakmt + ROCr 5.2.3) lists the emulated MI210 as an HSA agent with its real
+/// properties, read from the emulated topology, the render node stand-in and the KFD ioctls; and
+/// `trace`, watching from inside the same `sim`, reports rocminfo's KFD calls with their results.
+#[test]
+fn rocminfo_lists_the_emulated_mi210_and_trace_sees_its_calls() {
+    let _one = serial();
+    require_rocminfo();
+    let tmp = TempDir::new("rocminfo");
+    let (ev, out) = (tmp.path("trace.jsonl"), tmp.path("rocminfo.out"));
+    let script = format!(
+        "\"$GP\" trace --json --comm rocminfo --output {ev} --duration 60 2>{ev}.err & TP=$!; \
+         for i in $(seq 200); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
+         rocminfo > {out} 2>&1; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait",
+        ev = ev.display(),
+        out = out.display()
+    );
+    sim(&script, Duration::from_secs(120));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("ROCk module is loaded"), "{text}");
+    assert!(text.ends_with("rc 0\n"), "rocminfo failed:\n{text}");
+    for (key, want) in [
+        ("Name", "gfx90a"),
+        ("Marketing Name", "AMD Instinct MI210"),
+        ("Vendor Name", "AMD"),
+        ("Chip ID", "29711(0x740f)"),
+        ("Compute Unit", "104"),
+        ("SIMDs per CU", "4"),
+        ("Shader Engines", "8"),
+        ("Max Clock Freq. (MHz)", "1700"),
+        ("Wavefront Size", "64(0x40)"),
+        ("Max Waves Per CU", "32(0x20)"),
+        ("Max Queue Number", "128(0x80)"),
+        ("Node", "1"),
+    ] {
+        assert_eq!(gpu_field(&text, key), Some(want), "{key}\n{text}");
+    }
+    // Its memory: the VRAM bank (64 GiB, coarse grained) and the caches ROCr keeps.
+    assert!(text.contains("67108864(0x4000000) KB"), "{text}");
+    assert!(
+        text.contains("L2:                      8192(0x2000) KB"),
+        "{text}"
+    );
+    assert!(text.contains("amdgcn-amd-amdhsa--gfx90a"), "{text}");
+    let events: Vec<Value> = std::fs::read_to_string(&ev)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ok = |name: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == name && e["ret"] == 0)
+            .count()
+    };
+    for name in [
+        "get_version",
+        "acquire_vm",
+        "alloc_memory_of_gpu",
+        "map_memory_to_gpu",
+    ] {
+        assert!(ok(name) >= 1, "{name} missing: {events:?}");
+    }
+    assert_nothing_left();
+}
+
+/// Builds tests/hip/two_streams.hip with Debian's hipcc for gfx90a (no GPU needed to compile).
+fn build_hip(exe: &Path) {
+    assert!(
+        Path::new("/usr/bin/hipcc").exists(),
+        "hipcc is not installed: apt-get install hipcc (cargo xtask test installs it)"
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip/two_streams.hip");
+    let out = std::process::Command::new("hipcc")
+        .args(["--offload-arch=gfx90a", "-O2", "-o"])
+        .arg(exe)
+        .arg(&src)
+        .output()
+        .expect("running hipcc");
+    assert!(
+        out.status.success(),
+        "hipcc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn json_lines(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A HIP program (HIP 5.2.3, hipcc-built for gfx90a) launches kernels on two streams and
+/// synchronizes inside `sim`: its AQL dispatches are completed by the emulator's timing model
+/// (the GPU code is not executed) and its completion signals and events let every
+/// synchronization return. `trace` shows the runtime's real queue creations, `queues --json` its
+/// live queues with HQD slots and dispatch rates, and `trace --dispatches` names its kernels from
+/// ROCr's own code-object list.
+#[test]
+fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
+    let _one = serial();
+    require_rocminfo();
+    let tmp = TempDir::new("hip2");
+    let exe = tmp.path("two_streams");
+    build_hip(&exe);
+    let (ev, out, q, d) = (
+        tmp.path("trace.jsonl"),
+        tmp.path("hip.out"),
+        tmp.path("queues.json"),
+        tmp.path("dispatches.jsonl"),
+    );
+    let s = tmp.path("suspend.out");
+    let script = format!(
+        "\"$GP\" trace --json --comm two_streams --output {ev} --duration 90 2>{ev}.err & TP=$!; \
+         for i in $(seq 200); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
+         {exe} 4 > {out} 2>&1 & HP=$!; \
+         for i in $(seq 300); do grep -q ready {out} && break; sleep 0.1; done; \
+         \"$GP\" queues --json > {q}; \
+         \"$GP\" trace --dispatches --json --duration 1 --output {d} 2>{d}.err; \
+         \"$GP\" suspend --pid $HP > {s} 2>&1; echo rc $? >> {s}; \
+         \"$GP\" queues --json > {q}.after; \
+         wait $HP; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait",
+        ev = ev.display(),
+        exe = exe.display(),
+        out = out.display(),
+        q = q.display(),
+        d = d.display(),
+        s = s.display(),
+    );
+    sim(&script, Duration::from_secs(150));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("device AMD Instinct MI210 gfx90a"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nready\n") && text.contains("\ndone\nrc 0\n"),
+        "{text}"
+    );
+    let launches: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("launches "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no launch count: {text}"));
+    assert!(launches >= 40, "{text}");
+
+    // The runtime's own queue creations, as the kernel would see them.
+    let events = json_lines(&ev);
+    let creates: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "create_queue" && e["ret"] == 0)
+        .collect();
+    assert!(
+        creates.len() >= 3,
+        "ROCr's own queue and one per stream: {creates:?}"
+    );
+    for c in &creates {
+        assert_eq!(c["queue_type"], 2, "COMPUTE_AQL: {c}");
+        assert_eq!(c["queue_priority"], 7, "HSA normal priority: {c}");
+    }
+    let pid = creates[0]["pid"].as_u64().unwrap();
+
+    // queues --json while both streams run: the queues with HQD slots, the streams busy.
+    let qj: Value = serde_json::from_str(&std::fs::read_to_string(&q).unwrap()).unwrap();
+    let proc_ = qj["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in queues: {qj}"));
+    let queues = proc_["queues"].as_array().unwrap();
+    assert!(queues.len() >= 3, "{proc_}");
+    for qu in queues {
+        assert!(qu["hqd"].is_object(), "no HQD slot: {qu}");
+        assert_eq!(qu["state"], "active", "{qu}");
+        let c = creates
+            .iter()
+            .find(|c| c["queue_id"] == qu["queue_id"])
+            .unwrap_or_else(|| panic!("queue not created in trace: {qu}"));
+        for k in ["ring_base_address", "ring_size", "read_pointer_address"] {
+            assert_eq!(qu[k], c[k], "{k}: queues {qu} vs trace {c}");
+        }
+    }
+    let busy = queues
+        .iter()
+        .filter(|qu| qu["activity"]["dispatches_per_s"].as_f64().unwrap_or(0.0) > 0.0)
+        .count();
+    assert!(busy >= 2, "both streams dispatch: {proc_}");
+
+    // The dispatch mix names the program's kernels (ROCr's _amdgpu_r_debug list).
+    let names: std::collections::BTreeSet<String> = json_lines(&d)
+        .iter()
+        .filter(|e| e["type"] == "dispatch" && e["packet"] == "kernel_dispatch")
+        .filter_map(|e| e["kernel"].as_str().map(str::to_owned))
+        .collect();
+    for k in ["scale(float*, float, int)", "offset(float*, float, int)"] {
+        assert!(names.contains(k), "{k} not named: {names:?}");
+    }
+
+    // ROCm 5.2's runtime never enabled the debug API: `suspend` is refused, saying why, and
+    // leaves the program running with its queues mapped (it still finished, rc 0, above).
+    let st = std::fs::read_to_string(&s).unwrap();
+    assert!(!st.ends_with("rc 0\n"), "suspend succeeded: {st}");
+    assert!(
+        st.contains("GPU runtime never enabled the KFD debug API") && st.contains("ROCm 5.7"),
+        "{st}"
+    );
+    let after: Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path("queues.json.after")).unwrap())
+            .unwrap();
+    let p = after["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} gone after suspend: {after}"));
+    for qu in p["queues"].as_array().unwrap() {
+        assert_eq!(qu["state"], "active", "left suspended: {qu}");
+        assert!(qu["hqd"].is_object(), "{qu}");
+    }
+    assert_nothing_left();
+}
