@@ -47,6 +47,7 @@ impl ActError {
                 TargetError::Traced { .. } => "traced",
                 TargetError::AlreadyDebugged => "debugged",
                 TargetError::NotPermitted(_) => "not_permitted",
+                TargetError::NoDebugApi(_) => "no_debug_api",
                 TargetError::Unsupported(_) => "unsupported",
                 TargetError::Fenced(_) => "fenced",
                 TargetError::RateLimited => "rate_limited",

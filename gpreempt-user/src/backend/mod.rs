@@ -36,6 +36,7 @@ use crate::{
 };
 
 mod error;
+pub mod freezer;
 pub mod kfd_lease;
 mod nv;
 pub use error::ActError;

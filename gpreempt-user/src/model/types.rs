@@ -349,7 +349,7 @@ impl DebugApi {
 pub struct Uncontrollable {
     /// A short kind, for counting and alerting: `traced` (it runs under a tracer of its own:
     /// strace, gdb; the controller cannot seize it), `debugged` (another debugger holds its GPU
-    /// debug trap), `not_permitted`, `unsupported`, `fenced`, `rate_limited`, `gone`,
+    /// debug trap), `not_permitted`, `no_debug_api` (its runtime never enabled the KFD debug API), `unsupported`, `fenced`, `rate_limited`, `gone`,
     /// `no_driver`, `backing_off`, `driver`, `other`.
     pub kind: String,
     /// The sentence the controller logged.

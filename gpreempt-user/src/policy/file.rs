@@ -10,8 +10,8 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use super::{
-    fmt_ns, off_ns, Budget, Class, Glob, LeverSet, NvLever, NvPolicy, Policy, Rule, Strategy,
-    DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
+    fmt_ns, off_ns, Budget, Class, Glob, LeverSet, NoDebugApi, NvLever, NvPolicy, Policy, Rule,
+    Strategy, DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
 };
 
 /// Everything wrong with a policy file, one problem per line, each `source:LINE: ...`.
@@ -336,6 +336,18 @@ impl<'t> Parser<'t> {
                         ),
                     },
                     "gpus" => policy.gpus = self.gpus(v),
+                    "no_debug_api" => match self.string(v, key) {
+                        Some("refuse") => policy.no_debug_api = NoDebugApi::Refuse,
+                        Some("freeze") => policy.no_debug_api = NoDebugApi::Freeze,
+                        Some(other) => self.err(
+                            span,
+                            format!(
+                                "no_debug_api: unknown value {other:?} (use \"refuse\" or \
+                                 \"freeze\")"
+                            ),
+                        ),
+                        None => {}
+                    },
                     "default" => {
                         if let Some(c) = self.class(v, key) {
                             policy.default_class = c;
@@ -346,7 +358,7 @@ impl<'t> Parser<'t> {
                         format!(
                             "[policy]: unknown key {other:?} (expected strategy, window, \
                              resume_after, max_suspend, min_run, min_interval, grace, gpus, \
-                             default or launch_hints)"
+                             default, launch_hints or no_debug_api)"
                         ),
                     ),
                 }

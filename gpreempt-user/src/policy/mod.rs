@@ -297,12 +297,26 @@ pub struct Policy {
     pub launch_hints: bool,
     /// How NVIDIA offline processes yield.
     pub nvidia: NvPolicy,
+    /// What to do with an offline AMD process whose runtime never enabled the KFD debug API.
+    pub no_debug_api: NoDebugApi,
     /// `[control] group`: members of this group may send requests too (root always may).
     pub control_group: Option<String>,
     /// The line of `[control] group`, for messages about it.
     pub control_group_line: Option<usize>,
     /// What `pid` rules were bound to at load, one line each (said with the trust warnings).
     pub pid_notes: Vec<String>,
+}
+
+/// `[policy] no_debug_api`: an offline process whose GPU runtime never enabled the KFD debug API
+/// (ROCm before 5.7) cannot have its queues suspended (docs/controller.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NoDebugApi {
+    /// Say so once and leave it running.
+    #[default]
+    Refuse,
+    /// Freeze its cgroup (cgroup v2 `cgroup.freeze`) while it would be suspended: it submits no
+    /// new work, but what it queued already runs to completion.
+    Freeze,
 }
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
@@ -330,6 +344,7 @@ impl Default for Policy {
             rules: Vec::new(),
             launch_hints: true,
             nvidia: NvPolicy::default(),
+            no_debug_api: NoDebugApi::Refuse,
             control_group: None,
             control_group_line: None,
             pid_notes: Vec::new(),

@@ -112,6 +112,9 @@ pub enum TargetError {
     /// The kernel refused (EPERM: no permission, Yama ptrace_scope, or its runtime is not
     /// enabled yet for a suspend).
     NotPermitted(String),
+    /// The kernel refused a queue operation because the target's GPU runtime never enabled the
+    /// KFD debug API (EPERM with its runtime disabled: ROCm before 5.7).
+    NoDebugApi(String),
     /// The GPU or kernel cannot do it (EBUSY, ENODEV, EINVAL: e.g. GWS in use, a pre-GFX9 GPU,
     /// no HWS).
     Unsupported(String),
@@ -142,6 +145,7 @@ impl fmt::Display for TargetError {
                  end that debugger first"
             ),
             Self::NotPermitted(s) => write!(f, "not permitted: {s}"),
+            Self::NoDebugApi(s) => write!(f, "not permitted: {s}"),
             Self::Unsupported(s) => write!(f, "not supported here: {s}"),
             Self::Fenced(s) => write!(f, "GPU fenced: {s}"),
             Self::RateLimited => write!(f, "rate limited: too many suspends of this process"),

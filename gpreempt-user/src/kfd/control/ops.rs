@@ -136,7 +136,7 @@ pub(super) fn op_error(op: &str, e: &std::io::Error) -> TargetError {
 /// `kfd_ioctl_set_debug_trap` refuses every queue operation on such a process (docs/kfd.md). The
 /// usual cause is a ROCm older than 5.7, whose thunk asks the DKMS-only debug ioctl instead.
 pub(super) fn runtime_refusal(pid: u32, op: &str) -> TargetError {
-    TargetError::NotPermitted(format!(
+    TargetError::NoDebugApi(format!(
         "DBG_TRAP {op}: pid {pid}'s GPU runtime never enabled the KFD debug API (no \
          RUNTIME_ENABLE), and the kernel refuses to suspend or resume the queues of such a \
          process. ROCm's runtime enables it at start from ROCm 5.7 on; earlier releases (Debian \

@@ -1,0 +1,318 @@
+//! The fallback for processes whose queues cannot be suspended: freezing their cgroup.
+//!
+//! amdkfd refuses SUSPEND_QUEUES on a process whose GPU runtime never enabled the debug API
+//! (ROCm before 5.7: docs/kfd.md). With `[policy] no_debug_api = "freeze"` the KFD backend
+//! freezes such a process's cgroup v2 (`cgroup.freeze`, kernel/cgroup/freezer.c) while the
+//! policy would hold it: it then submits no new GPU work. What it cannot stop: packets already
+//! in its queues run to completion, its GPU memory stays allocated, and a frozen process does
+//! nothing else either (no I/O, no heartbeats). Nothing in the kernel thaws a cgroup when the
+//! controller dies, so the guardian journals every freeze before it happens and thaws on the
+//! controller's exit, death or silence (`guardian::frozen`).
+//!
+//! A cgroup is frozen only when freezing it stops nobody else: not the root cgroup, and every
+//! process in it and below it runs as the target's user, is not online, and is not this
+//! controller or its guardian. A process the user moves out of the frozen cgroup (possible in a
+//! delegated subtree) runs again: the freeze is an honest brake, not a security boundary.
+
+use std::{
+    collections::BTreeSet,
+    io,
+    path::{Component, Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// Processes looked at below one cgroup before giving up (a larger subtree is refused).
+const MAX_MEMBERS: usize = 4096;
+
+/// Where cgroup v2 is mounted and where /proc is (fakes in tests).
+#[derive(Clone, Debug)]
+pub struct Freezer {
+    cgroup_root: PathBuf,
+    proc_root: PathBuf,
+}
+
+/// Who else must not be frozen.
+#[derive(Debug, Default)]
+pub struct Spare {
+    /// Online processes.
+    pub online: BTreeSet<u32>,
+    /// The controller and its helpers.
+    pub own: BTreeSet<u32>,
+}
+
+impl Freezer {
+    /// The host's cgroup v2 mount, from /proc/self/mountinfo.
+    pub fn host() -> Result<Self> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo")
+            .context("reading /proc/self/mountinfo")?;
+        let root = cgroup2_mount(&info).context(
+            "no cgroup v2 file system is mounted: the freeze fallback needs the unified hierarchy",
+        )?;
+        Ok(Self::new(root, PathBuf::from("/proc")))
+    }
+
+    pub fn new(cgroup_root: PathBuf, proc_root: PathBuf) -> Self {
+        Self {
+            cgroup_root,
+            proc_root,
+        }
+    }
+
+    /// The cgroup v2 directory of `pid`.
+    pub fn cgroup_of(&self, pid: u32) -> Result<PathBuf> {
+        let text = std::fs::read_to_string(self.proc_root.join(format!("{pid}/cgroup")))
+            .with_context(|| format!("reading the cgroup of pid {pid}"))?;
+        let rel = text
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .with_context(|| format!("pid {pid} is in no cgroup v2 (no 0:: line)"))?;
+        self.under_root(rel)
+            .with_context(|| format!("pid {pid}'s cgroup {rel:?}"))
+    }
+
+    /// `rel` (as /proc/PID/cgroup writes it) under the mount, refusing anything that is not a
+    /// plain descendant: the root itself, `..`, or a path the kernel would not print.
+    fn under_root(&self, rel: &str) -> Result<PathBuf> {
+        let rel = Path::new(rel.trim_end());
+        let mut out = self.cgroup_root.clone();
+        let mut depth = 0;
+        for c in rel.components() {
+            match c {
+                Component::RootDir => {}
+                Component::Normal(n) => {
+                    out.push(n);
+                    depth += 1;
+                }
+                _ => bail!("not a plain cgroup path"),
+            }
+        }
+        if depth == 0 {
+            bail!("the root cgroup: freezing it would stop the whole host");
+        }
+        Ok(out)
+    }
+
+    /// Why freezing `cg` for `target` (running as `uid`) would stop someone it must not, if so.
+    pub fn check(&self, cg: &Path, target: u32, uid: u32, spare: &Spare) -> Result<()> {
+        let mut members = Vec::new();
+        collect_members(cg, &mut members)?;
+        if !members.contains(&target) {
+            bail!("pid {target} is no longer in {}", cg.display());
+        }
+        for pid in members {
+            if spare.own.contains(&pid) {
+                bail!(
+                    "{} also holds pid {pid}, this controller or its guardian",
+                    cg.display()
+                );
+            }
+            if spare.online.contains(&pid) {
+                bail!("{} also holds pid {pid}, an online process", cg.display());
+            }
+            match self.uid_of(pid) {
+                Some(u) if u == uid => {}
+                Some(u) => bail!(
+                    "{} also holds pid {pid} of uid {u} (the target runs as uid {uid})",
+                    cg.display()
+                ),
+                None => {} // exited meanwhile
+            }
+        }
+        Ok(())
+    }
+
+    fn uid_of(&self, pid: u32) -> Option<u32> {
+        let status = std::fs::read_to_string(self.proc_root.join(format!("{pid}/status"))).ok()?;
+        crate::observe::procinfo::status_field(&status, "Uid")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+}
+
+/// Writes `cgroup.freeze` of `cg`: the file is opened beneath `cg` without following links.
+pub fn set_frozen(cg: &Path, frozen: bool) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(cg.join("cgroup.freeze"))?;
+    f.write_all(if frozen { b"1" } else { b"0" })
+}
+
+/// Waits up to `limit` for `cgroup.events` to say `frozen 1` (the kernel freezes tasks
+/// asynchronously); true when it did.
+pub fn wait_frozen(cg: &Path, limit: Duration) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        let frozen = std::fs::read_to_string(cg.join("cgroup.events"))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == "frozen 1"));
+        if frozen || Instant::now() >= end {
+            return frozen;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The processes of `cg` and of every cgroup below it (bounded).
+fn collect_members(cg: &Path, out: &mut Vec<u32>) -> Result<()> {
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs"))
+        .with_context(|| format!("reading {}/cgroup.procs", cg.display()))?;
+    out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    if out.len() > MAX_MEMBERS {
+        bail!("{} holds more than {MAX_MEMBERS} processes", cg.display());
+    }
+    let dir = std::fs::read_dir(cg).with_context(|| format!("listing {}", cg.display()))?;
+    for e in dir.flatten() {
+        // Child cgroups are directories; a link is never followed.
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_members(&e.path(), out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The mount point of the cgroup v2 file system in a mountinfo text.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        dir: PathBuf,
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    impl Fake {
+        fn new() -> Self {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!("gp-freezer-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self { dir }
+        }
+        fn freezer(&self) -> Freezer {
+            Freezer::new(self.dir.join("cg"), self.dir.join("proc"))
+        }
+        fn cgroup(&self, rel: &str, pids: &[u32]) -> PathBuf {
+            let d = self.dir.join("cg").join(rel);
+            std::fs::create_dir_all(&d).unwrap();
+            let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+            std::fs::write(d.join("cgroup.procs"), text).unwrap();
+            d
+        }
+        fn process(&self, pid: u32, uid: u32, cgroup: &str) {
+            let d = self.dir.join(format!("proc/{pid}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\tjob\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_cgroup_of_the_targets_own_processes_may_be_frozen() {
+        let f = Fake::new();
+        let cg = f.cgroup("user.slice/job.scope", &[10, 11]);
+        f.cgroup("user.slice/job.scope/sub", &[12]);
+        for p in [10, 11, 12] {
+            f.process(p, 1000, "/user.slice/job.scope");
+        }
+        let fr = f.freezer();
+        assert_eq!(fr.cgroup_of(10).unwrap(), cg);
+        fr.check(&cg, 10, 1000, &Spare::default()).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_shared_with_others_is_refused_saying_whom_it_would_stop() {
+        let f = Fake::new();
+        let cg = f.cgroup("shared", &[10, 20, 30]);
+        f.cgroup("shared/child", &[40]);
+        f.process(10, 1000, "/shared");
+        f.process(20, 1000, "/shared");
+        f.process(30, 1000, "/shared");
+        f.process(40, 0, "/shared/child");
+        let fr = f.freezer();
+        let e = fr.check(&cg, 10, 1000, &Spare::default()).unwrap_err();
+        assert!(e.to_string().contains("pid 40 of uid 0"), "{e}");
+        let spare = Spare {
+            online: BTreeSet::from([20]),
+            own: BTreeSet::new(),
+        };
+        let e = fr.check(&cg, 10, 1000, &spare).unwrap_err();
+        assert!(e.to_string().contains("pid 20, an online process"), "{e}");
+        let spare = Spare {
+            online: BTreeSet::new(),
+            own: BTreeSet::from([30]),
+        };
+        let e = fr.check(&cg, 10, 1000, &spare).unwrap_err();
+        assert!(e.to_string().contains("pid 30, this controller"), "{e}");
+        // Not there any more: nothing to freeze.
+        let e = fr.check(&cg, 99, 1000, &Spare::default()).unwrap_err();
+        assert!(e.to_string().contains("no longer in"), "{e}");
+    }
+
+    #[test]
+    fn the_root_cgroup_and_odd_paths_are_refused() {
+        let f = Fake::new();
+        f.process(10, 1000, "/");
+        f.process(11, 1000, "/a/../b");
+        let fr = f.freezer();
+        let e = fr.cgroup_of(10).unwrap_err();
+        assert!(format!("{e:#}").contains("root cgroup"), "{e:#}");
+        let e = fr.cgroup_of(11).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("not a plain cgroup path"),
+            "{e:#}"
+        );
+    }
+
+    #[test]
+    fn set_frozen_writes_the_freeze_file_and_wait_reads_the_events() {
+        let f = Fake::new();
+        let cg = f.cgroup("job", &[10]);
+        std::fs::write(cg.join("cgroup.freeze"), "0").unwrap();
+        set_frozen(&cg, true).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(cg.join("cgroup.freeze")).unwrap(),
+            "1"
+        );
+        std::fs::write(cg.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(!wait_frozen(&cg, Duration::from_millis(10)));
+        std::fs::write(cg.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+        assert!(wait_frozen(&cg, Duration::from_millis(10)));
+        // Never through a link.
+        std::fs::remove_file(cg.join("cgroup.freeze")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", cg.join("cgroup.freeze")).unwrap();
+        assert!(set_frozen(&cg, false).is_err());
+    }
+
+    #[test]
+    fn the_cgroup2_mount_is_found_in_mountinfo() {
+        let info = "22 1 0:21 / /proc rw - proc proc rw\n\
+                    30 22 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(cgroup2_mount(info), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(cgroup2_mount("22 1 0:21 / /proc rw - proc proc rw\n"), None);
+    }
+}
