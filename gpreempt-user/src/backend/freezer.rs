@@ -133,16 +133,7 @@ impl Freezer {
     }
 }
 
-/// Writes `cgroup.freeze` of `cg`: the file is opened beneath `cg` without following links.
-pub fn set_frozen(cg: &Path, frozen: bool) -> io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(cg.join("cgroup.freeze"))?;
-    f.write_all(if frozen { b"1" } else { b"0" })
-}
+pub use crate::nv::guardian::set_frozen;
 
 /// Waits up to `limit` for `cgroup.events` to say `frozen 1` (the kernel freezes tasks
 /// asynchronously); true when it did.

@@ -135,7 +135,7 @@ impl KfdLease {
             log::warn!("KFD lease guardian: {e:#}");
             return;
         }
-        for f in ["kfd-journal", "kfd-journal.lock"] {
+        for f in ["kfd-journal", "kfd-journal-frozen", "kfd-journal.lock"] {
             let _ = std::fs::remove_file(dir.join(f));
         }
     }

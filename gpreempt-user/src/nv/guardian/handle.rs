@@ -218,6 +218,22 @@ impl GuardianHandle {
             .with_context(|| format!("guardian release of pid {pid} client {h_client:#x}"))
     }
 
+    /// Asks the guardian to answer for `entry`'s cgroup; freeze only after this returns Ok.
+    pub fn freeze(&mut self, entry: &super::FrozenEntry) -> Result<()> {
+        let line = serde_json::to_string(&Request::Freeze(entry.clone()))?;
+        self.request(&line)
+            .with_context(|| format!("guardian hold of frozen {}", entry.cgroup.display()))
+    }
+
+    /// Tells the guardian that `cgroup` is thawed.
+    pub fn thaw(&mut self, cgroup: &std::path::Path) -> Result<()> {
+        let line = serde_json::to_string(&Request::Thaw {
+            cgroup: cgroup.to_path_buf(),
+        })?;
+        self.request(&line)
+            .with_context(|| format!("guardian release of frozen {}", cgroup.display()))
+    }
+
     /// Closes its stdin (it resumes anything still held) and waits for it to exit.
     pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
         drop(lock(&self.stdin).take());

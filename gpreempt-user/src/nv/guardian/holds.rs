@@ -4,6 +4,7 @@
 use anyhow::{Context as _, Result};
 
 use super::{
+    frozen::Frozen,
     journal::{recover_entry, recover_with, Journal},
     one_line, say,
     targets::{undo, Targets},
@@ -19,6 +20,8 @@ pub struct Guardian<T: Targets> {
     stale: Vec<HoldEntry>,
     /// Killed when the lease runs out (the KFD path's fail-safe).
     stopper: Option<super::Stopper>,
+    /// Cgroups the controller froze (the KFD path's fallback).
+    frozen: Frozen,
 }
 
 impl<T: Targets> Guardian<T> {
@@ -30,18 +33,25 @@ impl<T: Targets> Guardian<T> {
             .map(|(e, _)| e)
             .collect::<Vec<_>>();
         journal.rewrite(&stale)?;
+        let frozen = Frozen::open(journal.frozen_path());
         Ok(Self {
             targets,
             journal,
             held: Vec::new(),
             stale,
             stopper: None,
+            frozen,
         })
     }
 
     /// What is held now.
     pub fn held(&self) -> impl Iterator<Item = &HoldEntry> {
         self.held.iter().map(|(e, _)| e)
+    }
+
+    /// The cgroups held frozen now.
+    pub fn frozen(&self) -> &[super::FrozenEntry] {
+        self.frozen.held()
     }
 
     fn entries(&self) -> Vec<HoldEntry> {
@@ -59,6 +69,8 @@ impl<T: Targets> Guardian<T> {
             .and_then(|req| match req {
                 Request::Hold(e) => self.hold(e),
                 Request::Release { pid, h_client } => self.release(pid, h_client),
+                Request::Freeze(e) => self.frozen.hold(e),
+                Request::Thaw { cgroup } => self.frozen.release(&cgroup),
             });
         match r {
             Ok(()) => "ok".into(),
@@ -180,7 +192,7 @@ impl<T: Targets> Guardian<T> {
     }
 
     pub fn resume_held(&mut self, why: &str) -> bool {
-        let mut all = true;
+        let mut all = self.frozen.thaw_all(why, true);
         for (e, dup) in &self.held {
             if self.targets.exited(dup) {
                 continue; // the next reap drops it
@@ -199,6 +211,7 @@ impl<T: Targets> Guardian<T> {
     /// The controller is gone: resume everything held (and the stale leftovers), empty the
     /// journal of what succeeded. True when nothing is left paused that we know of.
     pub fn shutdown(&mut self) -> bool {
+        let thawed = self.frozen.thaw_all("controller gone", false);
         let mut failed = Vec::new();
         for (e, dup) in std::mem::take(&mut self.held) {
             if self.targets.exited(&dup) {
@@ -226,6 +239,6 @@ impl<T: Targets> Guardian<T> {
             say(&format!("{e:#}"));
             return false;
         }
-        failed.is_empty()
+        failed.is_empty() && thawed
     }
 }

@@ -42,6 +42,11 @@ impl Journal {
         &self.path
     }
 
+    /// The journal of frozen cgroups beside it (`<path>-frozen`).
+    pub fn frozen_path(&self) -> PathBuf {
+        self.sibling("-frozen")
+    }
+
     fn sibling(&self, suffix: &str) -> PathBuf {
         let mut s = OsString::from(self.path.as_os_str());
         s.push(suffix);

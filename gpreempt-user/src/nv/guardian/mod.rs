@@ -28,6 +28,11 @@
 //!   everything held, once until the next line, but keeps the holds and the journal: a
 //!   controller that wakes up carries on with them (and may pause again).
 //!
+//! - `{"op":"freeze","cgroup":DIR,"pid":P}` before the controller freezes cgroup DIR (the KFD
+//!   path's fallback for processes whose queues cannot be suspended): journaled in
+//!   `<journal>-frozen`; `{"op":"thaw","cgroup":DIR}` after it thawed it. Every case below that
+//!   resumes held entries also thaws these cgroups ([`frozen`]).
+//!
 //! Resuming an entry (on lease expiry above; on EOF, SIGTERM and from a leftover journal below)
 //! also puts back the original timeslice of each of its TSGs ([`undo`]), one TSG at a time (a
 //! failure does not stop the others, and keeps the entry journaled; a TSG the target freed has
@@ -59,6 +64,7 @@ use super::rm::Channels;
 /// controller's 30 s wait for `ready`).
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
 
+mod frozen;
 mod handle;
 mod holds;
 mod journal;
@@ -66,6 +72,7 @@ mod serve;
 mod stopper;
 mod targets;
 
+pub use frozen::{set_frozen, FrozenEntry};
 pub use handle::{Beater, GuardianHandle};
 pub use holds::Guardian;
 pub use journal::{recover, Journal};
@@ -188,6 +195,10 @@ impl HoldEntry {
 enum Request {
     Hold(HoldEntry),
     Release { pid: u32, h_client: u32 },
+    /// The controller is about to freeze this cgroup (the KFD path's fallback).
+    Freeze(FrozenEntry),
+    /// The controller thawed it.
+    Thaw { cgroup: PathBuf },
 }
 
 fn say(msg: &str) {

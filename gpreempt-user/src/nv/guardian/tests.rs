@@ -1018,3 +1018,90 @@ fn holds_and_leftovers_of_a_reused_pid_never_reach_its_new_owner() {
     assert!(j.read().unwrap().is_empty(), "dropped, not kept for later");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A fake cgroup directory with a freeze file reading `state`.
+fn fake_cgroup(d: &Path, name: &str, state: &str) -> PathBuf {
+    let cg = d.join(name);
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("cgroup.freeze"), state).unwrap();
+    cg
+}
+
+fn freeze_state(cg: &Path) -> String {
+    std::fs::read_to_string(cg.join("cgroup.freeze")).unwrap()
+}
+
+/// The freeze fallback: a cgroup is journaled before the controller freezes it, a thaw request
+/// drops it, and EOF (the controller gone, any way) thaws what is still frozen and empties the
+/// journal. A directory without a freeze file is refused.
+#[test]
+fn frozen_cgroups_are_journaled_and_thawed_when_the_controller_goes() {
+    let d = tmpdir("frozen");
+    let j = Journal::new(&d.join("kfd-journal"));
+    let (a, b) = (fake_cgroup(&d, "a", "1"), fake_cgroup(&d, "b", "1"));
+    let mut g = Guardian::new(Fake::default(), j.clone()).unwrap();
+    let line = |op: &str, cg: &Path, pid: u32| {
+        format!(
+            "{{\"op\":\"{op}\",\"cgroup\":{},\"pid\":{pid}}}\n",
+            serde_json::to_string(cg).unwrap()
+        )
+    };
+    let input = format!(
+        "{}{}{}{}",
+        line("freeze", &a, 10),
+        line("freeze", &b, 20),
+        line("thaw", &a, 10),
+        line("freeze", &d.join("nothing"), 30),
+    );
+    // Mid-way, as a crash would leave it: the journal names both frozen cgroups.
+    assert_eq!(g.handle(line("freeze", &a, 10).trim()), "ok");
+    assert_eq!(g.handle(line("freeze", &b, 20).trim()), "ok");
+    let journal = std::fs::read_to_string(j.frozen_path()).unwrap();
+    assert!(journal.contains("\"pid\":10") && journal.contains("\"pid\":20"), "{journal}");
+    let mode = std::fs::metadata(j.frozen_path()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let mut out = Vec::new();
+    assert!(serve(input.as_bytes(), &mut out, &mut g, None));
+    let out = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..3], &["ok", "ok", "ok"], "{out}");
+    assert!(lines[3].contains("not a cgroup v2 directory"), "{out}");
+    // `a` was thawed by the controller (the guardian leaves it alone); `b` by the guardian.
+    assert_eq!(freeze_state(&a), "1");
+    assert_eq!(freeze_state(&b), "0");
+    assert_eq!(std::fs::read_to_string(j.frozen_path()).unwrap(), "");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A guardian that died with cgroups frozen: the next one thaws them at start. A lease that runs
+/// out thaws too, but keeps answering for them (the controller may carry on).
+#[test]
+fn a_dead_guardians_frozen_cgroups_are_thawed_and_a_lapsed_lease_thaws_without_forgetting() {
+    let d = tmpdir("frozen-left");
+    let j = Journal::new(&d.join("kfd-journal"));
+    let a = fake_cgroup(&d, "a", "1");
+    std::fs::write(
+        j.frozen_path(),
+        format!(
+            "{{\"cgroup\":{},\"pid\":10}}\ntorn",
+            serde_json::to_string(&a).unwrap()
+        ),
+    )
+    .unwrap();
+    let mut g = Guardian::new(Fake::default(), j.clone()).unwrap();
+    assert_eq!(freeze_state(&a), "0", "thawed at start");
+    assert_eq!(std::fs::read_to_string(j.frozen_path()).unwrap(), "");
+    std::fs::write(a.join("cgroup.freeze"), "1").unwrap();
+    let req = format!(
+        "{{\"op\":\"freeze\",\"cgroup\":{},\"pid\":10}}",
+        serde_json::to_string(&a).unwrap()
+    );
+    assert_eq!(g.handle(&req), "ok");
+    assert!(g.expired("lease ran out"));
+    assert_eq!(freeze_state(&a), "0");
+    assert_eq!(g.frozen().len(), 1, "still answered for");
+    assert!(std::fs::read_to_string(j.frozen_path())
+        .unwrap()
+        .contains("\"pid\":10"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
