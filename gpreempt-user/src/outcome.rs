@@ -39,6 +39,10 @@ pub struct OpReport {
     /// then leaves the model's queue states alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeslice_us: Option<u64>,
+    /// The freeze fallback (`[policy] no_debug_api = "freeze"`): the queues could not be
+    /// suspended; this cgroup was frozen (or thawed) instead. The model's queue states stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<String>,
 }
 
 impl OpReport {
@@ -53,12 +57,15 @@ impl OpReport {
 
     /// One line per outcome for a person: what happened to which queues.
     pub fn describe(&self, suspend: bool) -> String {
-        let verb = match self.timeslice_us {
+        let verb = match (self.timeslice_us, &self.frozen) {
             // The NVIDIA `dynamic` lever: nothing paused, the timeslice changed.
-            Some(0) => "put back the timeslice of".to_string(),
-            Some(us) => format!("set a {us} us timeslice on"),
-            None if suspend => "suspended".to_string(),
-            None => "resumed".to_string(),
+            (Some(0), _) => "put back the timeslice of".to_string(),
+            (Some(us), _) => format!("set a {us} us timeslice on"),
+            // The freeze fallback: the process stopped submitting, its queues still run.
+            (None, Some(cg)) if suspend => format!("froze cgroup {cg} (no new work) of"),
+            (None, Some(cg)) => format!("thawed cgroup {cg} of"),
+            (None, None) if suspend => "suspended".to_string(),
+            (None, None) => "resumed".to_string(),
         };
         let list = |o: QueueOutcome| {
             self.queues

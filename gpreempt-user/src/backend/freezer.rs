@@ -16,12 +16,19 @@
 
 use std::{
     collections::BTreeSet,
-    io,
     path::{Component, Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
+
+use super::kfd_lease::KfdLease;
+use crate::{
+    clock::monotonic_ns,
+    model::State,
+    nv::guardian::FrozenEntry,
+    outcome::{OpReport, QueueOutcome, QueueResult},
+};
 
 /// Processes looked at below one cgroup before giving up (a larger subtree is refused).
 const MAX_MEMBERS: usize = 4096;
@@ -146,6 +153,131 @@ pub fn wait_frozen(cg: &Path, limit: Duration) -> bool {
             return frozen;
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The fallback of one backend: the freezer and the cgroups it froze, by pid.
+pub struct Fallback {
+    freezer: Freezer,
+    frozen: std::collections::BTreeMap<u32, PathBuf>,
+}
+
+impl Fallback {
+    pub fn new(freezer: Freezer) -> Self {
+        Self {
+            freezer,
+            frozen: Default::default(),
+        }
+    }
+
+    /// Freezes `pid`'s cgroup (unless it is frozen already) once the guardian answers for it;
+    /// the report names the cgroup and counts every live queue of `pid` as held.
+    pub fn freeze(&mut self, lease: &mut KfdLease, state: &State, pid: u32) -> Result<OpReport> {
+        let issued_ns = monotonic_ns();
+        let cg = match self.frozen.get(&pid) {
+            Some(cg) => cg.clone(),
+            None => {
+                let cg = self.freezer.cgroup_of(pid)?;
+                let uid = state
+                    .procs
+                    .get(&pid)
+                    .and_then(|p| p.info.as_ref())
+                    .and_then(|i| i.uid)
+                    .context("its user is not known yet")?;
+                let spare = Spare {
+                    online: state
+                        .procs
+                        .values()
+                        .filter(|p| p.class.as_deref() == Some("online"))
+                        .map(|p| p.pid)
+                        .collect(),
+                    own: std::iter::once(std::process::id())
+                        .chain(lease.guardian_pid())
+                        .collect(),
+                };
+                self.freezer.check(&cg, pid, uid, &spare)?;
+                lease.freeze(&FrozenEntry {
+                    cgroup: cg.clone(),
+                    pid,
+                })?;
+                if let Err(e) = set_frozen(&cg, true) {
+                    let _ = lease.thaw(&cg);
+                    return Err(e).with_context(|| format!("freezing {}", cg.display()));
+                }
+                log::warn!(
+                    "pid {pid}: its GPU runtime never enabled the KFD debug API, so its queues \
+                     cannot be suspended: froze its cgroup {} instead (no_debug_api = \"freeze\"; \
+                     work it queued already still runs)",
+                    cg.display()
+                );
+                if !wait_frozen(&cg, Duration::from_millis(100)) {
+                    log::info!("{}: not frozen within 100 ms (it will be)", cg.display());
+                }
+                self.frozen.insert(pid, cg.clone());
+                cg
+            }
+        };
+        Ok(report(state, pid, issued_ns, &cg))
+    }
+
+    /// Thaws `pid`'s cgroup if the fallback froze it (None: it did not).
+    pub fn thaw(&mut self, lease: &mut KfdLease, state: &State, pid: u32) -> Option<OpReport> {
+        let issued_ns = monotonic_ns();
+        let cg = self.frozen.remove(&pid)?;
+        match set_frozen(&cg, false) {
+            Ok(()) => {}
+            // The process and its cgroup are gone: nothing is left frozen.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                // The guardian still answers for it: it thaws it when this controller goes.
+                log::warn!("pid {pid}: thawing {}: {e}", cg.display());
+                self.frozen.insert(pid, cg);
+                return None;
+            }
+        }
+        if let Err(e) = lease.thaw(&cg) {
+            log::warn!("{e:#}");
+        }
+        Some(report(state, pid, issued_ns, &cg))
+    }
+
+    /// Thaws everything (the controller stops, or the policy no longer asks for it).
+    pub fn thaw_all(&mut self, lease: &mut KfdLease, state: &State) {
+        let pids: Vec<u32> = self.frozen.keys().copied().collect();
+        for pid in pids {
+            if let Some(r) = self.thaw(lease, state, pid) {
+                log::info!("pid {pid}: thawed {}", r.frozen.unwrap_or_default());
+            }
+        }
+    }
+
+    pub fn is_frozen(&self, pid: u32) -> bool {
+        self.frozen.contains_key(&pid)
+    }
+}
+
+fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
+    let queues = state
+        .procs
+        .get(&pid)
+        .map(|p| {
+            p.live_queues()
+                .map(|q| QueueResult {
+                    queue_id: q.queue_id,
+                    gpu_id: Some(q.gpu_id),
+                    outcome: QueueOutcome::Done,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    OpReport {
+        pid,
+        ret: None,
+        queues,
+        issued_ns,
+        returned_ns: monotonic_ns(),
+        timeslice_us: None,
+        frozen: Some(cg.display().to_string()),
     }
 }
 

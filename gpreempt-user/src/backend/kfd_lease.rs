@@ -147,6 +147,27 @@ impl KfdLease {
         }
     }
 
+    /// The guardian's pid (never frozen with a target).
+    pub fn guardian_pid(&self) -> Option<u32> {
+        self.guardian.as_ref().map(GuardianHandle::pid)
+    }
+
+    /// Has the guardian answer for `entry`'s cgroup before it is frozen.
+    pub fn freeze(&mut self, entry: &crate::nv::guardian::FrozenEntry) -> Result<()> {
+        match self.guardian.as_mut() {
+            Some(g) => g.freeze(entry),
+            None => anyhow::bail!("the KFD lease guardian is gone: nothing would thaw it"),
+        }
+    }
+
+    /// Tells the guardian that `cgroup` is thawed.
+    pub fn thaw(&mut self, cgroup: &Path) -> Result<()> {
+        match self.guardian.as_mut() {
+            Some(g) => g.thaw(cgroup),
+            None => Ok(()),
+        }
+    }
+
     pub fn lease(&self) -> Duration {
         self.guardian
             .as_ref()

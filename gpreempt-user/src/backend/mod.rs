@@ -266,6 +266,8 @@ pub struct KfdBackend {
     attached: BTreeMap<u32, u64>,
     /// Kills this controller if its loop stops beating (kfd_lease).
     lease: kfd_lease::KfdLease,
+    /// `[policy] no_debug_api = "freeze"`: cgroups frozen instead of suspending queues.
+    fallback: Option<freezer::Fallback>,
 }
 
 impl KfdBackend {
@@ -292,6 +294,7 @@ impl KfdBackend {
                 dir: dir.to_path_buf(),
                 attached: BTreeMap::new(),
                 lease,
+                fallback: None,
             },
             notices,
         ))
@@ -404,6 +407,35 @@ impl Backend for KfdBackend {
         })
     }
 
+    /// A process whose runtime never enabled the debug API has its cgroup frozen instead,
+    /// when the policy asks for that fallback ([`freezer`]).
+    fn policy_suspend<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        grace: Option<u32>,
+    ) -> BoxFut<'a, Acted> {
+        Box::pin(async move {
+            let frozen = self.fallback.as_ref().is_some_and(|f| f.is_frozen(pid));
+            let r = if frozen {
+                Err(ActError::Target(TargetError::NoDebugApi(String::new())))
+            } else {
+                self.suspend(state, pid, queues, grace).await.now()
+            };
+            match (r, self.fallback.as_mut()) {
+                (Err(ActError::Target(TargetError::NoDebugApi(why))), Some(f)) => {
+                    Acted::Now(f.freeze(&mut self.lease, state, pid).map_err(|e| {
+                        ActError::Target(TargetError::NoDebugApi(format!(
+                            "{why}; the freeze fallback refused: {e:#}"
+                        )))
+                    }))
+                }
+                (r, _) => Acted::Now(r),
+            }
+        })
+    }
+
     fn resume<'a>(
         &'a mut self,
         state: &'a State,
@@ -411,6 +443,13 @@ impl Backend for KfdBackend {
         queues: Option<Vec<u32>>,
     ) -> BoxFut<'a, Acted> {
         Box::pin(async move {
+            if let Some(r) = self
+                .fallback
+                .as_mut()
+                .and_then(|f| f.thaw(&mut self.lease, state, pid))
+            {
+                return Acted::Now(Ok(r));
+            }
             let id = match self.identity(state, pid) {
                 Ok(id) => id,
                 Err(e) => return Acted::Now(Err(e)),
@@ -428,6 +467,24 @@ impl Backend for KfdBackend {
         if self.attached.remove(&pid).is_some() {
             self.save_targets();
         }
+        if let Some(f) = self.fallback.as_mut() {
+            f.thaw(&mut self.lease, &State::default(), pid);
+        }
+    }
+
+    fn set_policy(&mut self, policy: &Policy) {
+        let want = policy.no_debug_api == crate::policy::NoDebugApi::Freeze;
+        match (want, self.fallback.as_mut()) {
+            (true, None) => match freezer::Freezer::host() {
+                Ok(f) => self.fallback = Some(freezer::Fallback::new(f)),
+                Err(e) => log::warn!("no_debug_api = \"freeze\": {e:#}: refusing instead"),
+            },
+            (false, Some(f)) => {
+                f.thaw_all(&mut self.lease, &State::default());
+                self.fallback = None;
+            }
+            _ => {}
+        }
     }
 
     fn upkeep(&mut self, _state: &State, now_ns: u64) -> Vec<Notice> {
@@ -440,8 +497,11 @@ impl Backend for KfdBackend {
             .collect()
     }
 
-    fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
+    fn shutdown(mut self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
         Box::pin(async move {
+            if let Some(f) = self.fallback.as_mut() {
+                f.thaw_all(&mut self.lease, &State::default());
+            }
             let out = self.control.shutdown().await;
             let _ = rundir::write_targets(&self.dir, &[]);
             let Self { lease, dir, .. } = *self;

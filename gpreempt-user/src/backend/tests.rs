@@ -44,6 +44,7 @@ impl Backend for Probe {
                 issued_ns: 0,
                 returned_ns: 0,
                 timeslice_us: None,
+                frozen: None,
             }))
         })
     }

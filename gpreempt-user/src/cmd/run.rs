@@ -415,14 +415,19 @@ impl Ctx {
             Ok(report) => {
                 let done = report.done();
                 self.engine.confirm(&d, &done);
-                match report.timeslice_us {
+                match (report.timeslice_us, &report.frozen) {
                     // The NVIDIA `dynamic` lever: the queues keep running (with a short
                     // timeslice during the episode); the model's states stay as they are.
-                    Some(us) => {
+                    (Some(us), _) => {
                         rec["lever"] = serde_json::json!("dynamic");
                         rec["timeslice_us"] = serde_json::json!(us);
                     }
-                    None => self.apply_report(w, &report, suspend),
+                    // The freeze fallback: the process is frozen, its queues stay mapped.
+                    (None, Some(cg)) => {
+                        rec["lever"] = serde_json::json!("freeze");
+                        rec["cgroup"] = serde_json::json!(cg);
+                    }
+                    (None, None) => self.apply_report(w, &report, suspend),
                 }
                 let by = |o: QueueOutcome| -> Vec<u32> {
                     report

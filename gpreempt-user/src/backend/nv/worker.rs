@@ -691,5 +691,6 @@ fn timeslice_report(proc: &State, pid: u32, tsgs: &[u32], issued_ns: u64, us: u6
         issued_ns,
         returned_ns: monotonic_ns(),
         timeslice_us: Some(us),
+        frozen: None,
     }
 }

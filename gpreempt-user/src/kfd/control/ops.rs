@@ -490,6 +490,7 @@ impl Thread {
                 issued_ns,
                 returned_ns: issued_ns,
                 timeslice_us: None,
+                frozen: None,
             });
         }
         let r = if suspend {
@@ -536,6 +537,7 @@ impl Thread {
             issued_ns,
             returned_ns,
             timeslice_us: None,
+            frozen: None,
         })
     }
 

@@ -55,6 +55,7 @@ fn report(pid: u32, at: u64, done: &[u32]) -> OpReport {
         issued_ns: at,
         returned_ns: at,
         timeslice_us: None,
+        frozen: None,
     }
 }
 

@@ -333,6 +333,7 @@ impl<O: NvOps> NvControl<O> {
             issued_ns,
             returned_ns: monotonic_ns(),
             timeslice_us: None,
+            frozen: None,
         })
     }
 

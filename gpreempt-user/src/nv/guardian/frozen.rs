@@ -60,8 +60,7 @@ impl Frozen {
     /// that is not a cgroup directory with a freeze file (the guardian writes there as root).
     pub fn hold(&mut self, e: FrozenEntry) -> Result<()> {
         let plain = e.cgroup.is_absolute()
-            && e
-                .cgroup
+            && e.cgroup
                 .components()
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
         if !plain || !e.cgroup.join("cgroup.freeze").is_file() {

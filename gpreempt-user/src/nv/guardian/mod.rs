@@ -194,11 +194,16 @@ impl HoldEntry {
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Request {
     Hold(HoldEntry),
-    Release { pid: u32, h_client: u32 },
+    Release {
+        pid: u32,
+        h_client: u32,
+    },
     /// The controller is about to freeze this cgroup (the KFD path's fallback).
     Freeze(FrozenEntry),
     /// The controller thawed it.
-    Thaw { cgroup: PathBuf },
+    Thaw {
+        cgroup: PathBuf,
+    },
 }
 
 fn say(msg: &str) {

@@ -1057,8 +1057,14 @@ fn frozen_cgroups_are_journaled_and_thawed_when_the_controller_goes() {
     assert_eq!(g.handle(line("freeze", &a, 10).trim()), "ok");
     assert_eq!(g.handle(line("freeze", &b, 20).trim()), "ok");
     let journal = std::fs::read_to_string(j.frozen_path()).unwrap();
-    assert!(journal.contains("\"pid\":10") && journal.contains("\"pid\":20"), "{journal}");
-    let mode = std::fs::metadata(j.frozen_path()).unwrap().permissions().mode();
+    assert!(
+        journal.contains("\"pid\":10") && journal.contains("\"pid\":20"),
+        "{journal}"
+    );
+    let mode = std::fs::metadata(j.frozen_path())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     let mut out = Vec::new();
     assert!(serve(input.as_bytes(), &mut out, &mut g, None));
