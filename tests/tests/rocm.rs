@@ -249,3 +249,138 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
     }
     assert_nothing_left();
 }
+
+/// The dispatch rate of every live queue of `pid` in a `queues --json` document, and whether
+/// each is still mapped (not suspended: a freeze leaves the queues on the GPU).
+fn rates(path: &Path, pid: u64) -> Vec<(f64, bool)> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let p = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("pid {pid} not in {}: {v}", path.display()));
+    p["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            (
+                q["activity"]["dispatches_per_s"].as_f64().unwrap_or(0.0),
+                q["state"] != "suspended" && q["hqd"].is_object(),
+            )
+        })
+        .collect()
+}
+
+/// The fallback for a runtime without the debug API, with the real ROCm 5.2 client: under
+/// `no_debug_api = "freeze"` the controller freezes the HIP program's cgroup while online work
+/// runs (the program submits nothing new; its queues stay mapped), a `kill -9` of the controller
+/// leaves it thawed (its guardian thaws on the controller's death), a restarted controller
+/// freezes it again and SIGTERM thaws it. The program then finishes normally.
+#[test]
+fn the_freeze_fallback_stops_a_rocm_5_2_program_and_never_leaves_it_frozen() {
+    let _one = serial();
+    require_rocminfo();
+    let root = tests::cgroup2_root().expect("cgroup v2 is mounted");
+    let tmp = TempDir::new("freeze");
+    let exe = tmp.path("two_streams");
+    build_hip(&exe);
+    let d = tmp.0.display().to_string();
+    let cg = format!("{root}/gpreempt-test-freeze-{}", std::process::id());
+    std::fs::write(
+        tmp.path("freeze.toml"),
+        r#"
+[policy]
+strategy = "priority"
+window = "50ms"
+resume_after = "20ms"
+max_suspend = "60s"
+min_run = "50ms"
+default = "ignore"
+no_debug_api = "freeze"
+
+[[rule]]
+class = "online"
+cmdline = '--profile resnet18_b1\b'
+
+[[rule]]
+class = "offline"
+comm = "two_streams"
+"#,
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+mkdir {cg}
+sh -c 'echo $$ > {cg}/cgroup.procs; exec {exe} 40' > {d}/hip.out 2>&1 & H=$!
+for i in $(seq 300); do grep -q ready {d}/hip.out && break; sleep 0.1; done
+echo $H > {d}/hip.pid
+$GP sim workload --profile resnet18_b1 --rate 400 --priority 15 --duration 60 2>/dev/null >/dev/null & A=$!
+$GP run --policy {d}/freeze.toml 2>{d}/run1.err & R=$!
+sleep 4
+cat {cg}/cgroup.freeze > {d}/events1
+$GP queues --json > {d}/q1.json
+kill -KILL $R; wait $R || true
+sleep 1.5
+cat {cg}/cgroup.freeze > {d}/events2
+$GP queues --json > {d}/q2.json
+$GP run --policy {d}/freeze.toml 2>{d}/run2.err & R=$!
+sleep 4
+cat {cg}/cgroup.freeze > {d}/events3
+kill -TERM $R; wait $R; echo $? > {d}/run2.rc
+cat {cg}/cgroup.freeze > {d}/events4
+kill -INT $A; wait $A || true
+wait $H; echo rc $? >> {d}/hip.out
+rmdir {cg}
+"#,
+        exe = exe.display(),
+    );
+    let out = sim(&script, Duration::from_secs(150));
+    let _ = std::fs::remove_dir(&cg);
+    let read = |n: &str| std::fs::read_to_string(tmp.path(n)).unwrap_or_default();
+    let ctx = || {
+        format!(
+            "sim: {}\nrun1: {}\nrun2: {}\nhip: {}",
+            String::from_utf8_lossy(&out.stderr),
+            read("run1.err"),
+            read("run2.err"),
+            read("hip.out")
+        )
+    };
+    let hip: u64 = read("hip.pid")
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}", ctx()));
+    // Frozen while online work runs: no new dispatches, the queues still mapped.
+    assert_eq!(read("events1").trim(), "1", "{}", ctx());
+    let q1 = rates(&tmp.path("q1.json"), hip);
+    assert!(
+        !q1.is_empty() && q1.iter().all(|&(r, mapped)| r == 0.0 && mapped),
+        "{q1:?}\n{}\n{}",
+        read("q1.json"),
+        ctx()
+    );
+    let run1 = read("run1.err");
+    assert!(
+        run1.contains("never enabled the KFD debug API") && run1.contains("froze its cgroup"),
+        "{}",
+        ctx()
+    );
+    // kill -9 of the controller: its guardian thawed the cgroup; the program runs again.
+    assert_eq!(read("events2").trim(), "0", "{}", ctx());
+    let q2 = rates(&tmp.path("q2.json"), hip);
+    assert!(
+        q2.iter().any(|&(r, _)| r > 0.0),
+        "running again: {q2:?}\n{}",
+        ctx()
+    );
+    // A restarted controller freezes it again; SIGTERM thaws it and exits 0.
+    assert_eq!(read("events3").trim(), "1", "{}", ctx());
+    assert_eq!(read("run2.rc").trim(), "0", "{}", ctx());
+    assert_eq!(read("events4").trim(), "0", "{}", ctx());
+    let hip_out = read("hip.out");
+    assert!(hip_out.contains("\ndone\nrc 0\n"), "{}", ctx());
+    assert_nothing_left();
+}

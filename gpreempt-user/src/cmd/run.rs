@@ -90,6 +90,9 @@ struct Ctx {
     recent: VecDeque<serde_json::Value>,
     /// Processes that cannot be controlled, and why (each reported once).
     refused: BTreeMap<u32, Uncontrollable>,
+    /// Processes the freeze fallback holds frozen, with their cgroups: not suspended, so not
+    /// in the status's `held`.
+    frozen: BTreeMap<u32, String>,
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
@@ -122,9 +125,21 @@ impl Ctx {
                 self.engine
                     .held()
                     .into_iter()
+                    .filter(|(pid, ..)| !self.frozen.contains_key(pid))
                     .map(|(pid, q, g, _)| (pid, q, Some(g)))
                     .collect()
             },
+            frozen: self
+                .frozen
+                .iter()
+                .filter(|(pid, _)| {
+                    w.state
+                        .procs
+                        .get(pid)
+                        .is_some_and(|p| p.exited_ns.is_none())
+                })
+                .map(|(&pid, cg)| (pid, cg.clone()))
+                .collect(),
             fenced: self.engine.fenced(),
             refused: self
                 .refused
@@ -426,6 +441,12 @@ impl Ctx {
                     (None, Some(cg)) => {
                         rec["lever"] = serde_json::json!("freeze");
                         rec["cgroup"] = serde_json::json!(cg);
+                        if suspend {
+                            self.frozen.insert(d.pid, cg.clone());
+                        } else {
+                            self.frozen.remove(&d.pid);
+                        }
+                        self.status_dirty = true;
                     }
                     (None, None) => self.apply_report(w, &report, suspend),
                 }
@@ -750,6 +771,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         audit,
         recent: VecDeque::new(),
         refused: BTreeMap::new(),
+        frozen: BTreeMap::new(),
         pending: BTreeMap::new(),
         status_dirty: true,
         unit: daemon::own_unit(),

@@ -113,6 +113,9 @@ pub struct Status {
     pub fenced: Vec<(u32, String)>,
     /// Processes that cannot be controlled, and why.
     pub refused: BTreeMap<u32, String>,
+    /// Processes held by the freeze fallback (`no_debug_api = "freeze"`), with their cgroups.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub frozen: BTreeMap<u32, String>,
     /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
     #[serde(default)]
     pub uncontrollable: BTreeMap<u32, crate::model::Uncontrollable>,
