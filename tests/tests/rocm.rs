@@ -329,6 +329,7 @@ $GP queues --json > {d}/q2.json
 $GP run --policy {d}/freeze.toml 2>{d}/run2.err & R=$!
 sleep 4
 cat {cg}/cgroup.freeze > {d}/events3
+$GP doctor --json > {d}/doctor.json || true
 kill -TERM $R; wait $R; echo $? > {d}/run2.rc
 cat {cg}/cgroup.freeze > {d}/events4
 kill -INT $A; wait $A || true
@@ -378,6 +379,21 @@ rmdir {cg}
     );
     // A restarted controller freezes it again; SIGTERM thaws it and exits 0.
     assert_eq!(read("events3").trim(), "1", "{}", ctx());
+    let doctor: Value =
+        serde_json::from_str(&read("doctor.json")).unwrap_or_else(|e| panic!("{e}"));
+    let suspendable = doctor["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "suspendable")
+        .unwrap_or_else(|| panic!("no suspendable check: {doctor}"));
+    assert!(
+        suspendable["finding"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("held by freezing their cgroup: pid {hip} (")),
+        "{suspendable}"
+    );
     assert_eq!(read("run2.rc").trim(), "0", "{}", ctx());
     assert_eq!(read("events4").trim(), "0", "{}", ctx());
     let hip_out = read("hip.out");

@@ -630,3 +630,53 @@ pub fn controller_check(run_dir: &Path) -> Check {
         )
     }
 }
+
+/// Which processes a running controller found it cannot suspend because their GPU runtime never
+/// enabled the KFD debug API, and which it holds frozen instead (docs/controller.md). Without a
+/// controller there is no ioctl history to judge by: it says where to look.
+pub fn suspendable_check(status: Option<&crate::controller::daemon::Status>) -> Check {
+    const NAME: &str = "suspendable";
+    let Some(s) = status else {
+        return Check::ok(
+            NAME,
+            "no controller running: whether a process can be suspended shows once one watches \
+             its ioctls (`top` detail pane `suspendable`, `queues --json` `debug_api`)",
+        );
+    };
+    let no_api: Vec<String> = s
+        .uncontrollable
+        .iter()
+        .filter(|(_, u)| u.kind == "no_debug_api")
+        .map(|(pid, _)| pid.to_string())
+        .collect();
+    let frozen: Vec<String> = s
+        .frozen
+        .iter()
+        .map(|(pid, cg)| format!("pid {pid} ({cg})"))
+        .collect();
+    let frozen_text = if frozen.is_empty() {
+        String::new()
+    } else {
+        format!("; held by freezing their cgroup: {}", frozen.join(", "))
+    };
+    if no_api.is_empty() {
+        Check::ok(
+            NAME,
+            format!(
+                "every process the controller (pid {}) acted on can be suspended{frozen_text}",
+                s.controller_pid
+            ),
+        )
+    } else {
+        Check::warn(
+            NAME,
+            format!(
+                "pid(s) {}: their GPU runtime never enabled the KFD debug API (ROCm before 5.7), \
+                 so their queues cannot be suspended{frozen_text}",
+                no_api.join(", ")
+            ),
+            "run them with ROCm 5.7 or later, or set `[policy] no_debug_api = \"freeze\"` to \
+             freeze their cgroup instead (docs/controller.md, the freeze fallback)",
+        )
+    }
+}

@@ -34,8 +34,8 @@ use amd::{
 };
 use generic::{
     bpf_check, btf_vmlinux_check, controller_check, ebpf_programs_check, kprobes_check,
-    launch_uprobes_check, lockdown_mode, privileges_check, ptrace_scope_check, traced_check,
-    traced_kfd_processes, tracefs_check, try_bpf_map_create,
+    launch_uprobes_check, lockdown_mode, privileges_check, ptrace_scope_check, suspendable_check,
+    traced_check, traced_kfd_processes, tracefs_check, try_bpf_map_create,
 };
 use nvidia::{nvidia_checks, nvidia_present, try_pidfd_getfd};
 
@@ -225,6 +225,10 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     let (n, traced) = traced_kfd_processes(root, kfd_device, Some(std::process::id()));
     checks.push(traced_check(n, &traced));
     checks.push(controller_check(run_dir));
+    let status = crate::controller::daemon::lock_held(run_dir)
+        .then(|| crate::controller::daemon::read_status(run_dir))
+        .flatten();
+    checks.push(suspendable_check(status.as_ref()));
     checks
 }
 

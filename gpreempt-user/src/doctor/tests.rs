@@ -1012,3 +1012,52 @@ fn the_nvidia_pair_takes_the_major_from_the_tracepoints() {
     assert!(d.beyond_amdkfd().is_some());
     assert_eq!(d.tracepoint_skips(), NO_KFD_FILES);
 }
+
+/// `suspendable` names the processes a running controller found without the debug API, and
+/// the fallback; processes held frozen are listed; no controller: where to look.
+#[test]
+fn suspendable_names_processes_without_the_debug_api_and_the_fallback() {
+    let c = suspendable_check(None);
+    assert_eq!(c.verdict, Verdict::Ok);
+    assert!(c.finding.contains("no controller running"), "{}", c.finding);
+    let mut s = crate::controller::daemon::Status {
+        controller_pid: 7,
+        ..Default::default()
+    };
+    s.uncontrollable.insert(
+        300,
+        crate::model::Uncontrollable {
+            kind: "traced".into(),
+            reason: "already traced".into(),
+        },
+    );
+    let c = suspendable_check(Some(&s));
+    assert_eq!(
+        c.verdict,
+        Verdict::Ok,
+        "a traced process is another check's"
+    );
+    s.uncontrollable.insert(
+        200,
+        crate::model::Uncontrollable {
+            kind: "no_debug_api".into(),
+            reason: "never enabled".into(),
+        },
+    );
+    s.frozen.insert(100, "/sys/fs/cgroup/job".into());
+    let c = suspendable_check(Some(&s));
+    assert_eq!(c.verdict, Verdict::Warn);
+    assert!(c.finding.starts_with("pid(s) 200:"), "{}", c.finding);
+    assert!(
+        c.finding.contains("pid 100 (/sys/fs/cgroup/job)"),
+        "{}",
+        c.finding
+    );
+    assert!(
+        c.fix
+            .as_deref()
+            .unwrap_or_default()
+            .contains("no_debug_api"),
+        "{c:?}"
+    );
+}
