@@ -306,7 +306,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[policy]\nwindow = \"20ms\"\nwindw = \"20ms\"\n"),
         "policy.toml:3: [policy]: unknown key \"windw\" (expected strategy, window, resume_after, \
-         max_suspend, min_run, min_interval, grace, gpus, default or launch_hints)"
+         max_suspend, min_run, min_interval, grace, gpus, default, launch_hints or no_debug_api)"
     );
     assert_eq!(
         one_err("[policy]\nlaunch_hints = \"yes\"\n"),
@@ -2160,4 +2160,21 @@ fn regexes_over_the_budget_of_all_rules_are_refused() {
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn no_debug_api_takes_refuse_or_freeze() {
+    use crate::policy::NoDebugApi;
+    assert_eq!(
+        Policy::parse("", "p.toml").unwrap().no_debug_api,
+        NoDebugApi::Refuse
+    );
+    let p = Policy::parse("[policy]\nno_debug_api = \"freeze\"\n", "p.toml").unwrap();
+    assert_eq!(p.no_debug_api, NoDebugApi::Freeze);
+    let p = Policy::parse("[policy]\nno_debug_api = \"refuse\"\n", "p.toml").unwrap();
+    assert_eq!(p.no_debug_api, NoDebugApi::Refuse);
+    assert_eq!(
+        one_err("[policy]\nno_debug_api = \"stop\"\n"),
+        "policy.toml:2: no_debug_api: unknown value \"stop\" (use \"refuse\" or \"freeze\")"
+    );
 }

@@ -315,7 +315,7 @@ fn kernel_errors_map_to_target_errors() {
     // (runtime enabled, or changed since) the generic text.
     assert!(matches!(
         queue_op_error(7, "suspend_queues", &io(Errno::EPERM), Some(false)),
-        TargetError::NotPermitted(s) if s.contains("pid 7's GPU runtime never enabled the KFD debug API")
+        TargetError::NoDebugApi(s) if s.contains("pid 7's GPU runtime never enabled the KFD debug API")
             && s.contains("ROCm 5.7")
     ));
     for rt in [Some(true), None] {
