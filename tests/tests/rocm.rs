@@ -123,8 +123,9 @@ fn json_lines(p: &Path) -> Vec<Value> {
 /// synchronizes inside `sim`: its AQL dispatches are completed by the emulator's timing model
 /// (the GPU code is not executed) and its completion signals and events let every
 /// synchronization return. `trace` shows the runtime's real queue creations, `queues --json` its
-/// live queues with HQD slots and dispatch rates, and `trace --dispatches` names its kernels from
-/// ROCr's own code-object list.
+/// live queues with HQD slots and dispatch rates, `top` the same rows and, in the process's detail
+/// pane, why it cannot be suspended, and `trace --dispatches` names its kernels from ROCr's own
+/// code-object list.
 #[test]
 fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
     let _one = serial();
@@ -139,16 +140,26 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
         tmp.path("dispatches.jsonl"),
     );
     let s = tmp.path("suspend.out");
+    let t = tmp.0.display();
+    // `top` in a tmux pane (a socket of its own), started before the program so that it sees
+    // every one of its ioctls.
     let script = format!(
-        "\"$GP\" trace --json --comm two_streams --output {ev} --duration 90 2>{ev}.err & TP=$!; \
+        "export TERM=xterm-256color; S=\"tmux -S {t}/tmux.sock\"; \
+         $S new-session -d -x 160 -y 50 \"$GP top --interval 100 --hqd-interval 200 2>{t}/top.err; sleep 60\"; \
+         for i in $(seq 100); do $S capture-pane -p | grep -q 'GPU ' && break; sleep 0.1; done; \
+         \"$GP\" trace --json --comm two_streams --output {ev} --duration 90 2>{ev}.err & TP=$!; \
          for i in $(seq 200); do grep -q tracing {ev}.err 2>/dev/null && break; sleep 0.1; done; \
-         {exe} 4 > {out} 2>&1 & HP=$!; \
+         {exe} 6 > {out} 2>&1 & HP=$!; \
          for i in $(seq 300); do grep -q ready {out} && break; sleep 0.1; done; \
          \"$GP\" queues --json > {q}; \
+         sleep 1; $S capture-pane -p > {t}/top.txt; \
+         $S send-keys /; $S send-keys -l two_streams; $S send-keys Enter; sleep 0.3; \
+         $S send-keys Enter; sleep 0.8; $S capture-pane -p > {t}/top_detail.txt; \
+         $S send-keys Enter; $S send-keys /; $S send-keys C-u; $S send-keys Enter; \
          \"$GP\" trace --dispatches --json --duration 1 --output {d} 2>{d}.err; \
          \"$GP\" suspend --pid $HP > {s} 2>&1; echo rc $? >> {s}; \
          \"$GP\" queues --json > {q}.after; \
-         wait $HP; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait",
+         wait $HP; echo rc $? >> {out}; sleep 0.5; kill -INT $TP; wait $TP; $S kill-server",
         ev = ev.display(),
         exe = exe.display(),
         out = out.display(),
@@ -215,6 +226,29 @@ fn a_hip_program_runs_two_streams_and_the_tool_sees_its_queues() {
         .filter(|qu| qu["activity"]["dispatches_per_s"].as_f64().unwrap_or(0.0) > 0.0)
         .count();
     assert!(busy >= 2, "both streams dispatch: {proc_}");
+
+    // top shows the program with its queues, their HQD slots and activity, and in the
+    // process's detail pane that its queues cannot be suspended, and why.
+    let screen = std::fs::read_to_string(tmp.path("top.txt")).unwrap();
+    let lines: Vec<&str> = screen.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("{pid} ")) && l.contains("two_streams"))
+        .unwrap_or_else(|| panic!("pid {pid} not in top:\n{screen}"));
+    for qu in queues {
+        let hqd = &qu["hqd"];
+        let slot = format!("{}.{}.{}", hqd["inst"], hqd["pipe"], hqd["queue"]);
+        let row = lines[at + 1..]
+            .iter()
+            .find(|l| l.contains(&slot))
+            .unwrap_or_else(|| panic!("queue with HQD {slot} not in top:\n{screen}"));
+        assert!(row.contains("active"), "{row}\n{screen}");
+    }
+    let detail = std::fs::read_to_string(tmp.path("top_detail.txt")).unwrap();
+    assert!(
+        detail.contains("suspendable") && detail.contains("no: its thunk asked the DKMS-only"),
+        "{detail}"
+    );
 
     // The dispatch mix names the program's kernels (ROCr's _amdgpu_r_debug list).
     let names: std::collections::BTreeSet<String> = json_lines(&d)
