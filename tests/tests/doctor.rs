@@ -235,7 +235,8 @@ fn doctor_on_this_host_without_amdgpu() {
     );
     // Every line is printed (traced depends on what else runs here).
     verdict(&c, "traced");
-    assert_eq!(c.len(), 18 + PROBES.len(), "{:?}", c.keys());
+    assert_eq!(verdict(&c, "suspendable"), "ok", "{}", c["suspendable"]);
+    assert_eq!(c.len(), 19 + PROBES.len(), "{:?}", c.keys());
     assert_eq!(doc["fail"], 1, "only the KFD fails here: {doc:#}");
 
     // The text form: same exit code, a summary line.

@@ -183,6 +183,20 @@ fn call<T>(fd: i32, cmd: u32, arg: &mut T) -> i64 {
 }
 
 /// One line of the differential sequence: the step, the answer, the outputs that matter.
+/// GPU nodes of the KFD topology (a node whose gpu_id is not 0).
+fn topology_gpus() -> u32 {
+    let Ok(nodes) = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes") else {
+        return 0;
+    };
+    nodes
+        .flatten()
+        .filter(|n| {
+            std::fs::read_to_string(n.path().join("gpu_id"))
+                .is_ok_and(|id| id.trim().parse::<u32>().is_ok_and(|id| id != 0))
+        })
+        .count() as u32
+}
+
 fn say(step: &str, ret: i64, outs: &[u64]) {
     let outs: Vec<String> = outs.iter().map(|v| format!("{v:#x}")).collect();
     println!("{step} {ret} {}", outs.join(" "));
@@ -277,7 +291,10 @@ pub fn differential(path: &str, fd: i32) {
     );
     let mut ap = kfd::GetProcessAperturesNewArgs::default();
     let r = call(fd, cmd::GET_PROCESS_APERTURES_NEW, &mut ap);
-    say("apertures_count", r, &[u64::from(ap.num_of_nodes)]);
+    // The count is the process's devices, every GPU of the topology: 1 when it agrees (the VM
+    // tier's kernel has no GPU, the emulator one).
+    let agrees = ap.num_of_nodes == topology_gpus();
+    say("apertures_count", r, &[u64::from(agrees)]);
     let mut rt = kfd::RuntimeEnableArgs {
         r_debug: 0,
         mode_mask: 0,
