@@ -277,7 +277,7 @@ fn json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&text(p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// Finding 4 (flood) and the rate limit: uid 65534 issues a million 'K'-typed KFD ioctls on
+/// An unprivileged ioctl flood, and the rate limit: uid 65534 issues a million 'K'-typed KFD ioctls on
 /// /dev/null while `run` controls a pair, then a root process floods its own /dev/kfd fd. The
 /// first never reaches the ring buffer (dropped and counted in the kernel by the file behind
 /// the fd), the second is throttled per process and named; no record is lost, and the
@@ -365,7 +365,7 @@ kill -INT $A $B; wait $A $B || true
     assert_nothing_left();
 }
 
-/// Finding 3 (spoofed classification): uid 65534 runs a process named like the example's online
+/// A spoofed classification: uid 65534 runs a process named like the example's online
 /// job next to root's offline job. The example's rules pin uid 0, so it is not classed online and
 /// nothing of root's is suspended for it; a policy that matches on comm alone is named at start.
 /// Emulated.
@@ -422,7 +422,7 @@ kill -INT $B $S; wait $B $S || true
     assert_nothing_left();
 }
 
-/// Finding 2 (a stopped controller): `suspend` holders and `run`, stopped with SIGSTOP or
+/// A stopped controller: `suspend` holders and `run`, stopped with SIGSTOP or
 /// SIGTSTP while they hold the offline queue, are killed by their lease guardian within the lease
 /// (5 s for `suspend`, whose max_suspend is 300 s; 2 s for `run` with the example's 1 s) plus the
 /// guardian's poll, and the kernel resumes the queue. Emulated.
@@ -523,7 +523,7 @@ kill -INT $A $B 2>/dev/null || true; wait $A $B || true
     assert_nothing_left();
 }
 
-/// Finding 9: `suspend --pid` of a process with no GPU open used to seize it (interrupting its
+/// A process with no GPU: `suspend --pid` of one used to seize it (interrupting its
 /// system calls) before saying "no queues", and `resume` claimed to have resumed its queues. Both
 /// now refuse up front with the reason, and the process is never touched.
 #[test]
@@ -597,7 +597,7 @@ kill -INT $B; wait $B || true
     assert_nothing_left();
 }
 
-/// Finding 9 (a process another tool traces): the controller cannot seize it, says so once (not
+/// A process another tool traces: the controller cannot seize it, says so once (not
 /// at every decision) and lists it as refused; once the tracer detaches it is retried and
 /// controlled. Emulated.
 #[test]

@@ -1,6 +1,11 @@
 //! Record decoding against hand-built records (also used by the model's tests).
+use super::source::check_fds_with;
 use super::*;
-use gpreempt_common::kfd::{self, DbgTrapSuspendQueuesArgs};
+use gpreempt_common::{
+    kfd::{self, DbgTrapSuspendQueuesArgs},
+    nv,
+    record::{file_kind, kind, IoctlRecord, ProcessExitRecord, RecordHeader},
+};
 
 pub(crate) fn bytes_of<T: Plain>(v: &T) -> Vec<u8> {
     // SAFETY: T: Plain is a #[repr(C)] integer struct; reading its bytes is defined.

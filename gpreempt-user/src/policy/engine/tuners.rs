@@ -1,0 +1,135 @@
+//! The tuners' side of the engine: evidence the controller feeds the NVIDIA lever tuner
+//! (bursts, offline progress, mix changes), the lever choices and tuner views it reads back,
+//! their notes, and the next deadline at which an adaptive decision falls due.
+
+use std::collections::BTreeMap;
+
+use super::super::adaptive::View;
+use super::super::levers::LeverChange;
+use super::super::{NvLever, Strategy};
+use super::{Engine, NvGpu};
+
+impl Engine {
+    /// Evidence for the NVIDIA lever tuner of `gpu_id` (strategy `adaptive`; ignored
+    /// otherwise): one online burst completed at `now_ns`, `duration_ns` long (online work
+    /// pending from its start until drained, e.g. from the channels' GP_GET/GP_PUT). Once this
+    /// is called for a GPU, the engine's own estimate from launch hints stops there.
+    pub fn nv_burst(&mut self, gpu_id: u32, now_ns: u64, duration_ns: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.external_bursts = true;
+            n.burst = None;
+            n.tuner.on_burst(now_ns, duration_ns);
+        }
+    }
+
+    /// Evidence for the NVIDIA lever tuner of `gpu_id`: offline progress since the last call
+    /// (`units`: GPFIFO entries the GPU consumed from the offline GR channels there). Once
+    /// this is called for a GPU, the engine's own reading of the model's read ids stops there.
+    pub fn nv_offline_progress(&mut self, gpu_id: u32, now_ns: u64, units: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.external_progress = true;
+            n.tuner.on_offline_progress(now_ns, units);
+        }
+    }
+
+    /// A mix change on `gpu_id` the engine cannot see itself (it notices processes joining,
+    /// leaving and reclassed on its own).
+    pub fn nv_mix_change(&mut self, gpu_id: u32, now_ns: u64) {
+        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+            n.tuner.on_mix_change(now_ns);
+        }
+    }
+
+    /// The lever tuner of a GPU under the adaptive strategy, made on first use.
+    fn nv_gpu(&mut self, gpu_id: u32, now: u64) -> Option<&mut NvGpu> {
+        let Strategy::Adaptive { budget } = self.policy.strategy else {
+            return None;
+        };
+        let p = &self.policy;
+        let g = self.gpus.entry(gpu_id).or_default();
+        Some(g.nv.get_or_insert_with(|| NvGpu::new(p, budget, now)))
+    }
+
+    /// The lever tuners' choices per GPU (what the NVIDIA backend applies there in place of
+    /// `[nvidia] lever`); empty outside the adaptive strategy.
+    pub fn nv_levers(&self) -> BTreeMap<u32, NvLever> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| (id, n.tuner.lever())))
+            .collect()
+    }
+
+    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
+    pub fn lever_views(&self) -> Vec<super::super::LeverView> {
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| n.tuner.view(id)))
+            .collect()
+    }
+
+    /// The lever changes per GPU since the last call (calibration steps included), for the
+    /// log and the audit.
+    pub fn take_lever_changes(&mut self) -> Vec<(u32, LeverChange)> {
+        let mut out = Vec::new();
+        for (&id, g) in self.gpus.iter_mut() {
+            out.extend(g.lever_note.take().map(|c| (id, c)));
+            if let Some(n) = &mut g.nv {
+                out.extend(n.changes.drain(..).map(|c| (id, c)));
+            }
+        }
+        out
+    }
+
+    /// The adaptive tuners' conclusions since the last call, per GPU (for the log and audit).
+    pub fn take_notes(&mut self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for (&id, g) in self.gpus.iter_mut() {
+            if let Some(t) = &mut g.tuner {
+                out.extend(t.take_notes().into_iter().map(|n| (id, n)));
+            }
+            if let Some(n) = &mut g.nv {
+                out.extend(
+                    n.tuner
+                        .take_notes()
+                        .into_iter()
+                        .map(|n| (id, format!("lever: {n}"))),
+                );
+            }
+        }
+        out
+    }
+
+    /// The earliest time after the last `decide` at which a decision falls due with no new
+    /// evidence: a deferred suspend's deadline (the burst's start plus the defer, or later
+    /// where the rate limit or the starvation guard hold it back). The controller decides
+    /// again then, not at its next tick, so the SUSPEND is issued at the deadline.
+    pub fn next_deadline_ns(&self) -> Option<u64> {
+        if !matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
+            return None;
+        }
+        let p = &self.policy;
+        self.gpus
+            .iter()
+            .filter(|(&id, g)| g.fenced.is_none() && p.manages(id))
+            .filter_map(|(_, g)| {
+                let due = g.tuner.as_ref()?.trigger_ns()?;
+                let allowed = g
+                    .last_suspend_ns
+                    .map_or(0, |t| t.saturating_add(p.min_interval_ns));
+                Some(due.max(allowed).max(g.no_suspend_until))
+            })
+            .filter(|&t| t > self.last_now_ns)
+            .min()
+    }
+
+    /// Per GPU under the adaptive strategy: its goal and what it measured.
+    pub fn adaptive_views(&self) -> Vec<View> {
+        let Strategy::Adaptive { budget } = self.policy.strategy else {
+            return Vec::new();
+        };
+        self.gpus
+            .iter()
+            .filter_map(|(&id, g)| g.tuner.as_ref().map(|t| t.view(id, budget)))
+            .collect()
+    }
+}
