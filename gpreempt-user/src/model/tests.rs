@@ -2139,7 +2139,7 @@ fn emulator_suspend_unmaps_and_debugger_exit_remaps() {
     let (r, out) = w.suspend(SIM_DEBUGGER, TARGET, &ids, 0);
     assert_eq!(r, 1);
     assert!(!w.mapped(TARGET, 0));
-    // What watch.rs passes on: the ids without status bits.
+    // What watch/events.rs passes on: the ids without status bits.
     let done: Vec<u32> = out
         .into_iter()
         .filter(|id| id & (kfd::KFD_DBG_QUEUE_ERROR_MASK | kfd::KFD_DBG_QUEUE_INVALID_MASK) == 0)
