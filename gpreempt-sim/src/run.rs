@@ -224,6 +224,19 @@ fn lsmod_shim(dir: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The emulated amdgpu as a loaded module in sysfs: `/sys/module/amdgpu/initstate` reads `live`
+/// (`show_initstate`, kernel/module/main.c, for a module in MODULE_STATE_LIVE); ROCm 6's
+/// `rocminfo` reads it instead of running `lsmod`. No `version`: upstream's amdgpu declares no
+/// MODULE_VERSION (only AMD's DKMS build does).
+fn module_sysfs(ov: &mut Overlays<'_>) -> Result<()> {
+    if fs::read_to_string("/sys/module/amdgpu/initstate").is_ok_and(|s| s == "live\n") {
+        return Ok(());
+    }
+    ov.add("/sys/module", "amdgpu", true, &[])?;
+    let state = ov.add("/sys/module/amdgpu", "initstate", false, &[])?;
+    fs::write(&state, "live\n").with_context(|| format!("writing {}", state.display()))
+}
+
 /// Overlays stacked by `sim`, so a directory is overlaid once and further entries are made in
 /// its (private, writable) upper layer.
 struct Overlays<'a> {
@@ -412,6 +425,7 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
         }
         None => Some(lsmod_shim(&dir)?),
     };
+    module_sysfs(&mut ov)?;
     let debug = if fstype_at("/sys/kernel/debug").is_some() {
         overlay_with("/sys/kernel/debug", "kfd", true, &work, &[])?
     } else {

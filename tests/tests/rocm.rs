@@ -1,7 +1,9 @@
 //! Real ROCm userspace against the emulator, as root: Debian 12's ROCm 5.2.3 (rocminfo, libhsakmt,
 //! ROCr, HIP and hipcc) runs unmodified inside `gpreempt-ebpf sim`, and the tool sees its calls
 //! and queues. `cargo xtask test` installs the packages (`test_packages` in xtask); a missing one
-//! fails.
+//! fails. Debian 13's ROCm (libhsakmt 6.2.4, ROCr 6.1.2, HIP 5.7.1), whose runtime enables the
+//! KFD debug API, runs chrooted into `.tools/rocm-trixie` (made by `cargo xtask deploy-setup`,
+//! which `cargo xtask test` runs); a missing root fails.
 
 use std::path::Path;
 use std::time::Duration;
@@ -432,5 +434,186 @@ rmdir {cg}
     assert_eq!(read("events4").trim(), "0", "{}", ctx());
     let hip_out = read("hip.out");
     assert!(hip_out.contains("\ndone\nrc 0\n"), "{}", ctx());
+    assert_nothing_left();
+}
+
+/// Debian 13's root file system with its ROCm (xtask/src/deploy.rs).
+fn trixie_root() -> std::path::PathBuf {
+    let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/rocm-trixie");
+    assert!(
+        r.join("usr/bin/rocminfo").exists()
+            && r.join("usr/lib/x86_64-linux-gnu/libamdhip64.so.5").exists(),
+        "{} has no Debian 13 ROCm: sudo cargo xtask deploy-setup (cargo xtask test runs it)",
+        r.display()
+    );
+    r
+}
+
+/// Debian 13's ROCm, whose thunk (libhsakmt 6.2.4) sends upstream's RUNTIME_ENABLE from
+/// `hsa_init`, chrooted into its own root inside `sim` (the emulated /dev/kfd, /dev/dri, /sys and
+/// /proc bound in): rocminfo 6.1.2 lists the emulated MI210, and the bookworm-built HIP program
+/// runs on HIP 5.7.1 / ROCr 6.1.2. `trace` shows its runtime enabling the debug API before its
+/// first queue, `suspend` then suspends every one of its queues (DBG_TRAP SUSPEND_QUEUES, no
+/// EPERM: `queues --json` shows them suspended, off their HQDs, not dispatching), `resume` brings
+/// them back, and the program finishes.
+#[test]
+fn a_runtime_that_enables_the_debug_api_can_be_suspended_and_resumed() {
+    let _one = serial();
+    let root = trixie_root();
+    let tmp = TempDir::new("trixie");
+    build_hip(&tmp.path("two_streams"));
+    let t = tmp.0.display();
+    let script = format!(
+        "R={r}; T={t}; \
+         mount --rbind /dev $R/dev && mount --rbind /sys $R/sys && mount --rbind /proc $R/proc \
+           && mount --bind $T $R/mnt || {{ echo mounts failed > $T/ri; exit 1; }}; \
+         \"$GP\" trace --json --output $T/ev --duration 120 2>$T/ev.err & TP=$!; \
+         for i in $(seq 200); do grep -q tracing $T/ev.err 2>/dev/null && break; sleep 0.1; done; \
+         chroot $R rocminfo > $T/ri 2>&1; echo rc $? >> $T/ri; \
+         chroot $R /mnt/two_streams 8 > $T/out 2>&1 & HP=$!; \
+         for i in $(seq 300); do grep -q ready $T/out && break; sleep 0.1; done; \
+         cat /proc/$HP/maps > $T/maps; \
+         \"$GP\" suspend --pid $HP > $T/s 2>&1 & SP=$!; \
+         for i in $(seq 100); do grep -q holding $T/s && break; sleep 0.1; done; sleep 0.5; \
+         \"$GP\" queues --json > $T/q.susp; \
+         \"$GP\" resume --pid $HP > $T/r 2>&1; echo rc $? >> $T/r; \
+         wait $SP; echo rc $? >> $T/s; \
+         \"$GP\" queues --json > $T/q.after; \
+         wait $HP; echo rc $? >> $T/out; sleep 0.5; kill -INT $TP; wait",
+        r = root.display(),
+    );
+    sim(&script, Duration::from_secs(150));
+    let read = |n: &str| std::fs::read_to_string(tmp.path(n)).unwrap_or_default();
+
+    // rocminfo 6.1.2: the module check (sysfs initstate), then the GPU agent.
+    let ri = read("ri");
+    assert!(
+        ri.contains("ROCk module is loaded") && ri.ends_with("rc 0\n"),
+        "{ri}"
+    );
+    assert_eq!(gpu_field(&ri, "Name"), Some("gfx90a"), "{ri}");
+    assert_eq!(
+        gpu_field(&ri, "Marketing Name"),
+        Some("AMD Instinct MI210"),
+        "{ri}"
+    );
+
+    // The program ran on Debian 13's libraries, not the host's, and finished after the resume.
+    let maps = read("maps");
+    for lib in [
+        "libamdhip64.so.5.7.",
+        "libhsa-runtime64.so.1.13.",
+        "libhsakmt.so.1.0.6",
+    ] {
+        assert!(maps.contains(lib), "{lib} not mapped: {maps}");
+    }
+    let out = read("out");
+    assert!(
+        out.starts_with("device AMD Instinct MI210 gfx90a")
+            && out.contains("\nready\n")
+            && out.ends_with("\ndone\nrc 0\n"),
+        "{out}"
+    );
+
+    // Its runtime enabled the debug API (RUNTIME_ENABLE with the ENABLE bit, r_debug set, ret 0)
+    // before its first queue; rocminfo's ROCr enabled and, at hsa_shut_down, disabled it.
+    let events = json_lines(&tmp.path("ev"));
+    let pid = |comm: &str| {
+        events
+            .iter()
+            .find(|e| e["comm"] == comm && e["event"] == "acquire_vm")
+            .and_then(|e| e["pid"].as_u64())
+            .unwrap_or_else(|| panic!("no {comm} in trace: {events:?}"))
+    };
+    let hip = pid("two_streams");
+    let of = |p: u64, ev: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["pid"].as_u64() == Some(p) && e["event"] == ev)
+            .collect()
+    };
+    let enable = of(hip, "runtime_enable");
+    assert_eq!(enable.len(), 1, "{enable:?}");
+    assert_eq!(enable[0]["ret"], 0, "{enable:?}");
+    assert_eq!(
+        enable[0]["mode_mask"].as_u64().unwrap() & 1,
+        1,
+        "ENABLE: {enable:?}"
+    );
+    assert_ne!(
+        enable[0]["r_debug"], 0,
+        "ROCr's _amdgpu_r_debug: {enable:?}"
+    );
+    let creates = of(hip, "create_queue");
+    assert!(creates.len() >= 3, "{creates:?}");
+    assert!(
+        creates
+            .iter()
+            .all(|c| c["ts_ns"].as_u64() > enable[0]["ts_ns"].as_u64()),
+        "RUNTIME_ENABLE before any queue: {creates:?}"
+    );
+    assert!(of(hip, "dbg_trap_deprecated").is_empty(), "no DKMS probe");
+    let modes: Vec<u64> = of(pid("rocminfo"), "runtime_enable")
+        .iter()
+        .map(|e| e["mode_mask"].as_u64().unwrap() & 1)
+        .collect();
+    assert_eq!(modes, [1, 0], "rocminfo: enable, then disable");
+
+    // `suspend`: the kernel took SUSPEND_QUEUES for every queue.
+    let st = read("s");
+    assert!(
+        st.contains("suspended queue(s) 0, 1, 2") && st.ends_with("rc 0\n"),
+        "{st}"
+    );
+    let dbg = |op: &str| {
+        events
+            .iter()
+            .filter(|e| e["event"] == "dbg_trap" && e["target_pid"].as_u64() == Some(hip))
+            .filter(|e| e["op"] == op)
+            .map(|e| e["ret"].as_i64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(dbg("enable"), [0], "{events:?}");
+    assert_eq!(dbg("suspend_queues"), [creates.len() as i64], "{events:?}");
+    assert!(
+        dbg("resume_queues").contains(&(creates.len() as i64)),
+        "{events:?}"
+    );
+    let queues_of = |file: &str| -> (Value, Vec<Value>) {
+        let j: Value = serde_json::from_str(&read(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let p = j["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"].as_u64() == Some(hip))
+            .unwrap_or_else(|| panic!("pid {hip} not in {file}: {j}"))
+            .clone();
+        (
+            j["gpus"][0].clone(),
+            p["queues"].as_array().unwrap().clone(),
+        )
+    };
+    let (gpu, qs) = queues_of("q.susp");
+    assert_eq!(qs.len(), creates.len(), "{qs:?}");
+    assert_eq!(gpu["hqds_used"], 0, "off their HQDs: {gpu}");
+    for q in &qs {
+        assert_eq!(q["state"], "suspended", "{q}");
+        assert!(q["hqd"].is_null(), "{q}");
+        assert_eq!(q["activity"]["dispatches_per_s"].as_f64(), Some(0.0), "{q}");
+    }
+
+    // `resume`: every queue back on an HQD, the streams dispatching again.
+    assert!(read("r").ends_with("rc 0\n"), "{}", read("r"));
+    let (gpu, qs) = queues_of("q.after");
+    assert_eq!(gpu["hqds_used"].as_u64(), Some(qs.len() as u64), "{gpu}");
+    for q in &qs {
+        assert_eq!(q["state"], "active", "{q}");
+        assert!(q["hqd"].is_object(), "{q}");
+    }
+    let busy = qs
+        .iter()
+        .filter(|q| q["activity"]["dispatches_per_s"].as_f64().unwrap_or(0.0) > 0.0)
+        .count();
+    assert!(busy >= 2, "both streams dispatch again: {qs:?}");
     assert_nothing_left();
 }

@@ -6,6 +6,11 @@
 //! - `.tools/image-base/debian-bookworm.tar`: a Debian root file system made by mmdebstrap
 //!   from Debian's packages, the base the image test builds packaging/Containerfile on (no image
 //!   registry is reachable from CI).
+//!
+//! And what the real-ROCm test of a runtime that enables the KFD debug API needs
+//! (tests/tests/rocm.rs): `.tools/rocm-trixie`, a Debian 13 root file system with its ROCm
+//! (rocminfo 6.1.2, ROCr 6.1.2, libhsakmt 6.2.4, HIP 5.7.1) made by mmdebstrap, which the test
+//! chroots into inside `sim` (Debian 12, the host's suite, has ROCm 5.2 only).
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -16,6 +21,14 @@ use crate::{root, run};
 /// Pinned: the schemas it bundles (Kubernetes 1.25 to 1.37) are what the tests validate against.
 const VALIDATOR: &str = "kubernetes-validate==1.37.0";
 const SUITE: &str = "bookworm";
+
+/// Debian 13's ROCm userspace; the marker records it, so a changed list makes the root again.
+const ROCM_SUITE: &str = "trixie";
+const ROCM_PACKAGES: &str = "rocminfo,libamdhip64-5";
+
+pub fn rocm_root() -> PathBuf {
+    root().join(".tools/rocm-trixie")
+}
 
 pub fn validator_dir() -> PathBuf {
     root().join(".tools/k8s-validate")
@@ -61,5 +74,34 @@ pub fn prepare() -> Result<()> {
             .arg(&tmp))?;
         fs::rename(&tmp, &tar).with_context(|| format!("renaming {}", tmp.display()))?;
     }
+    prepare_rocm_root()
+}
+
+/// `.tools/rocm-trixie`: made once (about 40 s on 2 cores, downloads included; 0 s when made).
+fn prepare_rocm_root() -> Result<()> {
+    let dir = rocm_root();
+    let marker = dir.join(".gpreempt-rocm");
+    let want = format!("{ROCM_SUITE} {ROCM_PACKAGES}\n");
+    if fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(());
+    }
+    let tmp = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&tmp);
+    // `essential` plus the runtime (apt resolves the includes from outside; no apt inside):
+    // nothing else runs in it. Documentation and translations are left out (~30 MB).
+    run(Command::new("mmdebstrap")
+        .args(["--variant=essential", "--quiet"])
+        .arg(format!("--include={ROCM_PACKAGES}"))
+        .args([
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            ROCM_SUITE,
+        ])
+        .arg(&tmp)
+        .arg("http://deb.debian.org/debian"))?;
+    fs::write(tmp.join(".gpreempt-rocm"), &want)?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&tmp, &dir).with_context(|| format!("renaming {}", tmp.display()))?;
     Ok(())
 }
