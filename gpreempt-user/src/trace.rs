@@ -637,6 +637,9 @@ mod tests {
     }
 }
 
+#[cfg(test)]
+mod json_tests;
+
 /// `trace --dispatches` lines (JSON Lines schema in docs/observability.md).
 pub mod dispatches {
     use std::io::Write;
