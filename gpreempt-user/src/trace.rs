@@ -4,12 +4,15 @@
 
 use std::io::Write;
 
+use serde::Serialize;
+
 use gpreempt_common::{kfd, nv};
 
 use crate::observe::events::{Event, IoctlEvent, KernelEvent, KfdCall, NvCall, NvEvent};
 
 /// A field value: numbers are plain JSON numbers; `Hex` only changes the readable rendering.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum Val {
     U(u64),
     I(i64),
@@ -372,77 +375,124 @@ fn kernel_fields(k: &KernelEvent) -> Vec<(&'static str, u64)> {
     f
 }
 
-/// `,"name":value` for each field (numbers as JSON numbers, strings quoted).
-fn write_fields<W: Write>(w: &mut W, fields: Vec<(&'static str, Val)>) -> std::io::Result<()> {
-    for (k, v) in fields {
-        write!(w, ",\"{k}\":")?;
-        match v {
-            Val::U(n) | Val::Hex(n) => write!(w, "{n}")?,
-            Val::I(n) => write!(w, "{n}")?,
-            Val::S(s) => serde_json::to_writer(&mut *w, &s)?,
-        }
+/// Event-specific fields in their order, serialized as JSON object entries.
+struct Pairs<'a, V>(&'a [(&'static str, V)]);
+
+impl<V: Serialize> Serialize for Pairs<'_, V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
     }
-    Ok(())
 }
 
-/// Writes one JSON object per event (docs/observability.md documents the schema). Written field by field:
-/// building a `serde_json::Value` per event was the bottleneck of the consumer.
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// One `--json` line (docs/observability.md): the common fields, then the kind's own, in this
+/// order.
+#[derive(Serialize)]
+struct EventLine<'a> {
+    ts_ns: u64,
+    pid: u32,
+    tid: u32,
+    comm: &'a str,
+    event: &'a str,
+    #[serde(flatten)]
+    body: Body<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Body<'a> {
+    ProcessExit {},
+    Kernel {
+        source: &'static str,
+        #[serde(flatten)]
+        fields: Pairs<'a, u64>,
+    },
+    Launch {
+        source: &'static str,
+        suppressed: u32,
+        arg0: u64,
+    },
+    Nv {
+        vendor: &'static str,
+        ret: i64,
+        duration_ns: u64,
+        fd: i32,
+        /// Present only when false.
+        #[serde(skip_serializing_if = "is_true")]
+        verified: bool,
+        #[serde(flatten)]
+        fields: Pairs<'a, Val>,
+    },
+    Ioctl {
+        ret: i64,
+        duration_ns: u64,
+        fd: i32,
+        nr: u32,
+        /// Present only when false.
+        #[serde(skip_serializing_if = "is_true")]
+        verified: bool,
+        #[serde(flatten)]
+        fields: Pairs<'a, Val>,
+    },
+}
+
+/// Writes one JSON object per event (docs/observability.md documents the schema). Serialized
+/// straight to `w`: building a `serde_json::Value` per event was the bottleneck of the consumer.
 pub fn write_json<W: Write>(ev: &Event, w: &mut W) -> std::io::Result<()> {
     let o = ev.origin();
-    write!(
-        w,
-        "{{\"ts_ns\":{},\"pid\":{},\"tid\":{},\"comm\":",
-        o.ts_ns, o.pid, o.tid
-    )?;
-    serde_json::to_writer(&mut *w, &o.comm)?;
-    match ev {
-        Event::ProcessExit(_) => w.write_all(b",\"event\":\"process_exit\"")?,
+    let event = event_name(ev);
+    let fields;
+    let kernel;
+    let body = match ev {
+        Event::ProcessExit(_) => Body::ProcessExit {},
         Event::Kernel(k) => {
-            write!(w, ",\"event\":\"{}\",\"source\":\"kprobe\"", k.name())?;
-            for (name, v) in kernel_fields(k) {
-                write!(w, ",\"{name}\":{v}")?;
+            kernel = kernel_fields(k);
+            Body::Kernel {
+                source: "kprobe",
+                fields: Pairs(&kernel),
             }
         }
-        Event::Launch(l) => {
-            write!(
-                w,
-                ",\"event\":\"{}\",\"source\":\"uprobe\",\"suppressed\":{},\"arg0\":{}",
-                l.name(),
-                l.suppressed,
-                l.arg0
-            )?;
-        }
+        Event::Launch(l) => Body::Launch {
+            source: "uprobe",
+            suppressed: l.suppressed,
+            arg0: l.arg0,
+        },
         Event::Nv(n) => {
-            write!(
-                w,
-                ",\"event\":\"{}\",\"vendor\":\"nvidia\",\"ret\":{},\"duration_ns\":{},\"fd\":{}",
-                n.name(),
-                n.ret,
-                n.duration_ns,
-                n.fd
-            )?;
-            if !n.verified {
-                w.write_all(b",\"verified\":false")?;
+            fields = nv_fields(n);
+            Body::Nv {
+                vendor: "nvidia",
+                ret: n.ret,
+                duration_ns: n.duration_ns,
+                fd: n.fd,
+                verified: n.verified,
+                fields: Pairs(&fields),
             }
-            write_fields(w, nv_fields(n))?;
         }
         Event::Ioctl(i) => {
-            write!(w, ",\"event\":\"{}\"", i.name())?;
-            write!(
-                w,
-                ",\"ret\":{},\"duration_ns\":{},\"fd\":{},\"nr\":{}",
-                i.ret,
-                i.duration_ns,
-                i.fd,
-                i.nr()
-            )?;
-            if !i.verified {
-                w.write_all(b",\"verified\":false")?;
+            fields = call_fields(i);
+            Body::Ioctl {
+                ret: i.ret,
+                duration_ns: i.duration_ns,
+                fd: i.fd,
+                nr: i.nr(),
+                verified: i.verified,
+                fields: Pairs(&fields),
             }
-            write_fields(w, call_fields(i))?;
         }
-    }
-    w.write_all(b"}\n")
+    };
+    let line = EventLine {
+        ts_ns: o.ts_ns,
+        pid: o.pid,
+        tid: o.tid,
+        comm: &o.comm,
+        event: &event,
+        body,
+    };
+    serde_json::to_writer(&mut *w, &line)?;
+    w.write_all(b"\n")
 }
 
 /// One readable line: `TIME PID/TID COMM EVENT fields... = RET (DURATION)`.
@@ -637,6 +687,9 @@ mod tests {
     }
 }
 
+#[cfg(test)]
+mod json_tests;
+
 /// `trace --dispatches` lines (JSON Lines schema in docs/observability.md).
 pub mod dispatches {
     use std::io::Write;
@@ -665,6 +718,48 @@ pub mod dispatches {
         kernel: Option<&'a str>,
         private_segment_size: u32,
         group_segment_size: u32,
+    }
+
+    // The samples' and the summary's keys are in alphabetical order: the order they were first
+    // written in (a `serde_json::json!` map), kept so no consumer sees a change.
+
+    #[derive(Serialize)]
+    struct AqlSample {
+        gpu_id: u32,
+        pid: u32,
+        queue_id: u32,
+        read_dispatch_id: u64,
+        ts_ns: u64,
+        #[serde(rename = "type")]
+        kind: &'static str,
+        write_dispatch_id: u64,
+    }
+
+    /// An NVIDIA TSG's GPFIFO entries fetched (GP_GET) and submitted (GP_PUT) over its channels.
+    #[derive(Serialize)]
+    struct GpfifoSample {
+        gp_get_total: u64,
+        gp_put_total: u64,
+        gpu_id: u32,
+        pid: u32,
+        ts_ns: u64,
+        tsg: u32,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    }
+
+    #[derive(Serialize)]
+    struct DispatchSummary<'a> {
+        barriers: u64,
+        comm: &'a str,
+        consumed: u64,
+        decoded: u64,
+        gpu_id: u32,
+        kernel_dispatches: u64,
+        pid: u32,
+        queue_id: u32,
+        #[serde(rename = "type")]
+        kind: &'static str,
     }
 
     /// One decoded packet.
@@ -736,28 +831,33 @@ pub mod dispatches {
             return Ok(());
         };
         // An NVIDIA TSG's ids count GPFIFO entries over its channels, not AQL packets.
-        let v = if q.nv.is_some() {
-            serde_json::json!({
-                "type": "gpfifo_sample",
-                "ts_ns": a.sample_ns,
-                "pid": pid,
-                "gpu_id": q.gpu_id,
-                "tsg": q.queue_id,
-                "gp_get_total": read,
-                "gp_put_total": write,
-            })
+        if q.nv.is_some() {
+            serde_json::to_writer(
+                &mut *w,
+                &GpfifoSample {
+                    gp_get_total: read,
+                    gp_put_total: write,
+                    gpu_id: q.gpu_id,
+                    pid,
+                    ts_ns: a.sample_ns,
+                    tsg: q.queue_id,
+                    kind: "gpfifo_sample",
+                },
+            )?;
         } else {
-            serde_json::json!({
-                "type": "aql_sample",
-                "ts_ns": a.sample_ns,
-                "pid": pid,
-                "gpu_id": q.gpu_id,
-                "queue_id": q.queue_id,
-                "read_dispatch_id": read,
-                "write_dispatch_id": write,
-            })
-        };
-        serde_json::to_writer(&mut *w, &v)?;
+            serde_json::to_writer(
+                &mut *w,
+                &AqlSample {
+                    gpu_id: q.gpu_id,
+                    pid,
+                    queue_id: q.queue_id,
+                    read_dispatch_id: read,
+                    ts_ns: a.sample_ns,
+                    kind: "aql_sample",
+                    write_dispatch_id: write,
+                },
+            )?;
+        }
         w.write_all(b"\n")
     }
 
@@ -783,17 +883,17 @@ pub mod dispatches {
         }
         serde_json::to_writer(
             &mut *w,
-            &serde_json::json!({
-                "type": "dispatch_summary",
-                "pid": pid,
-                "comm": comm,
-                "gpu_id": q.gpu_id,
-                "queue_id": q.queue_id,
-                "consumed": m.consumed,
-                "decoded": m.decoded,
-                "kernel_dispatches": m.kernel_dispatches,
-                "barriers": m.barriers,
-            }),
+            &DispatchSummary {
+                barriers: m.barriers,
+                comm,
+                consumed: m.consumed,
+                decoded: m.decoded,
+                gpu_id: q.gpu_id,
+                kernel_dispatches: m.kernel_dispatches,
+                pid,
+                queue_id: q.queue_id,
+                kind: "dispatch_summary",
+            },
         )?;
         w.write_all(b"\n")
     }

@@ -10,7 +10,8 @@
 //!
 //! The input is untrusted: every record is bounds-checked and every type id and string offset is
 //! validated at parse time, and lookups stop on type cycles, so malformed input gives an error
-//! (or a failed lookup), never a panic.
+//! (or a failed lookup), never a panic. Why not the btf-rs crate: docs/architecture.md, "BTF parser:
+//! why our own".
 
 use std::collections::HashMap;
 use std::fmt;
