@@ -79,8 +79,16 @@ fn structs() -> Vec<StructInfo> {
 
 /// (macro, Rust value) for the commands and constants the header defines.
 fn constants() -> Vec<(&'static str, u64)> {
+    let mut v = commands();
+    v.extend(values());
+    v.extend(flags());
+    v
+}
+
+/// The ioctl commands.
+fn commands() -> Vec<(&'static str, u64)> {
     use kfd::cmd;
-    let mut v: Vec<(&'static str, u64)> = vec![
+    vec![
         ("AMDKFD_IOC_GET_VERSION", cmd::GET_VERSION.into()),
         ("AMDKFD_IOC_CREATE_QUEUE", cmd::CREATE_QUEUE_V1.into()),
         ("AMDKFD_IOC_DESTROY_QUEUE", cmd::DESTROY_QUEUE.into()),
@@ -158,6 +166,12 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("AMDKFD_IOC_SET_XNACK_MODE", cmd::SET_XNACK_MODE.into()),
         ("AMDKFD_IOC_CRIU_OP", cmd::CRIU_OP.into()),
         ("AMDKFD_IOC_AVAILABLE_MEMORY", cmd::AVAILABLE_MEMORY.into()),
+    ]
+}
+
+/// Queue types, limits, SMI events, eviction triggers and CRIU operations.
+fn values() -> Vec<(&'static str, u64)> {
+    vec![
         ("AMDKFD_IOCTL_BASE", AMDKFD_IOCTL_BASE.into()),
         ("AMDKFD_COMMAND_START", AMDKFD_COMMAND_START.into()),
         ("KFD_IOC_QUEUE_TYPE_COMPUTE", queue_type::COMPUTE.into()),
@@ -241,7 +255,12 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("KFD_CRIU_OP_UNPAUSE", criu_op::UNPAUSE.into()),
         ("KFD_CRIU_OP_RESTORE", criu_op::RESTORE.into()),
         ("KFD_CRIU_OP_RESUME", criu_op::RESUME.into()),
-    ];
+    ]
+}
+
+/// The VFS's own ioctls and the allocation flags.
+fn flags() -> Vec<(&'static str, u64)> {
+    let mut v = Vec::new();
     // The ioctls the VFS answers before any driver (gpreempt_common::vfs), from the same
     // installed uapi headers. FS_IOC_GETFSUUID/GETFSSYSFSPATH are newer than Debian 12's, and
     // FS_IOC_RESVSP* are kernel-internal (include/linux/falloc.h): not checked here.

@@ -155,6 +155,63 @@ fn align(v: usize, to: usize) -> usize {
     v.div_ceil(to) * to
 }
 
+/// One section header's fields (Elf64_Shdr).
+#[derive(Default)]
+struct Shdr {
+    name: u32,
+    kind: u32,
+    flags: u64,
+    addr: u64,
+    off: u64,
+    size: u64,
+    link: u32,
+    info: u32,
+    align: u64,
+    entsize: u64,
+}
+
+fn put_shdr(b: &mut [u8], h: usize, s: &Shdr) {
+    put32(b, h, s.name);
+    put32(b, h + 4, s.kind);
+    put64(b, h + 8, s.flags);
+    put64(b, h + 16, s.addr);
+    put64(b, h + 24, s.off);
+    put64(b, h + 32, s.size);
+    put32(b, h + 40, s.link);
+    put32(b, h + 44, s.info);
+    put64(b, h + 48, s.align);
+    put64(b, h + 56, s.entsize);
+}
+
+/// The ELF header (AMDGPU, HSA OS ABI, code object V5, gfx90a) and the one loadable segment:
+/// file offset 0 at address 0.
+fn put_headers(b: &mut [u8], shoff: usize, shnum: usize, load_size: usize) {
+    b[..4].copy_from_slice(b"\x7fELF");
+    b[4] = elf::ELFCLASS64;
+    b[5] = elf::ELFDATA2LSB;
+    b[6] = 1; // EV_CURRENT
+    b[7] = elf::ELFOSABI_AMDGPU_HSA;
+    b[8] = elf::ELFABIVERSION_AMDGPU_HSA_V5;
+    put16(b, 16, elf::ET_DYN);
+    put16(b, 18, elf::EM_AMDGPU);
+    put32(b, 20, 1);
+    put64(b, 32, elf::EHDR as u64); // e_phoff
+    put64(b, 40, shoff as u64);
+    put32(b, 48, elf::EF_AMDGPU_MACH_AMDGCN_GFX90A);
+    put16(b, 52, elf::EHDR as u16);
+    put16(b, 54, elf::PHDR as u16);
+    put16(b, 56, 1);
+    put16(b, 58, elf::SHDR as u16);
+    put16(b, 60, shnum as u16);
+    put16(b, 62, 4); // e_shstrndx
+    let ph = elf::EHDR;
+    put32(b, ph, elf::PT_LOAD);
+    put32(b, ph + 4, elf::PF_R);
+    put64(b, ph + 32, load_size as u64); // p_filesz
+    put64(b, ph + 40, load_size as u64); // p_memsz
+    put64(b, ph + 48, 0x1000); // p_align
+}
+
 /// Builds a minimal AMDGPU code object (ELF64 LE, HSA OS ABI, code object V5, gfx90a): one
 /// read-only PT_LOAD holding the headers and `.rodata` with one zeroed 64-byte descriptor per
 /// kernel, and `.symtab` with one global STT_OBJECT `<name>.kd` per kernel, as LLVM emits them.
@@ -197,33 +254,7 @@ pub fn build_image<S: AsRef<str>>(names: &[S]) -> CodeObjectImage {
     let shnum = 5usize;
     let mut b = vec![0u8; shoff + shnum * elf::SHDR];
 
-    // ELF header.
-    b[..4].copy_from_slice(b"\x7fELF");
-    b[4] = elf::ELFCLASS64;
-    b[5] = elf::ELFDATA2LSB;
-    b[6] = 1; // EV_CURRENT
-    b[7] = elf::ELFOSABI_AMDGPU_HSA;
-    b[8] = elf::ELFABIVERSION_AMDGPU_HSA_V5;
-    put16(&mut b, 16, elf::ET_DYN);
-    put16(&mut b, 18, elf::EM_AMDGPU);
-    put32(&mut b, 20, 1);
-    put64(&mut b, 32, elf::EHDR as u64); // e_phoff
-    put64(&mut b, 40, shoff as u64);
-    put32(&mut b, 48, elf::EF_AMDGPU_MACH_AMDGCN_GFX90A);
-    put16(&mut b, 52, elf::EHDR as u16);
-    put16(&mut b, 54, elf::PHDR as u16);
-    put16(&mut b, 56, 1);
-    put16(&mut b, 58, elf::SHDR as u16);
-    put16(&mut b, 60, shnum as u16);
-    put16(&mut b, 62, 4); // e_shstrndx
-
-    // The one loadable segment: file offset 0 at address 0.
-    let ph = elf::EHDR;
-    put32(&mut b, ph, elf::PT_LOAD);
-    put32(&mut b, ph + 4, elf::PF_R);
-    put64(&mut b, ph + 32, load_size as u64); // p_filesz
-    put64(&mut b, ph + 40, load_size as u64); // p_memsz
-    put64(&mut b, ph + 48, 0x1000); // p_align
+    put_headers(&mut b, shoff, shnum, load_size);
 
     // Symbols: the null one, then one per kernel.
     for (i, ((_, value), name_off)) in kernels.iter().zip(&name_offsets).enumerate() {
@@ -239,81 +270,49 @@ pub fn build_image<S: AsRef<str>>(names: &[S]) -> CodeObjectImage {
     b[shstrtab_off..shstrtab_off + shstrtab.len()].copy_from_slice(shstrtab);
 
     // Section headers: null, .rodata, .symtab, .strtab, .shstrtab.
-    let mut section = |i: usize, fields: (u32, u32, u64, u64, u64, u64, u32, u32, u64, u64)| {
-        let (name, kind, flags, addr, off, size, link, info, align, entsize) = fields;
-        let h = shoff + i * elf::SHDR;
-        put32(&mut b, h, name);
-        put32(&mut b, h + 4, kind);
-        put64(&mut b, h + 8, flags);
-        put64(&mut b, h + 16, addr);
-        put64(&mut b, h + 24, off);
-        put64(&mut b, h + 32, size);
-        put32(&mut b, h + 40, link);
-        put32(&mut b, h + 44, info);
-        put64(&mut b, h + 48, align);
-        put64(&mut b, h + 56, entsize);
-    };
     let r = RODATA as u64;
-    section(
-        1,
-        (
-            sh_name(".rodata"),
-            elf::SHT_PROGBITS,
-            elf::SHF_ALLOC,
-            r,
-            r,
-            rodata_size as u64,
-            0,
-            0,
-            KD_BYTES as u64,
-            0,
-        ),
-    );
-    section(
-        2,
-        (
-            sh_name(".symtab"),
-            elf::SHT_SYMTAB,
-            0,
-            0,
-            symtab_off as u64,
-            symtab_size as u64,
-            3,
-            1, // index of the first non-local symbol
-            8,
-            elf::SYM as u64,
-        ),
-    );
-    section(
-        3,
-        (
-            sh_name(".strtab"),
-            elf::SHT_STRTAB,
-            0,
-            0,
-            strtab_off as u64,
-            strtab.len() as u64,
-            0,
-            0,
-            1,
-            0,
-        ),
-    );
-    section(
-        4,
-        (
-            sh_name(".shstrtab"),
-            elf::SHT_STRTAB,
-            0,
-            0,
-            shstrtab_off as u64,
-            shstrtab.len() as u64,
-            0,
-            0,
-            1,
-            0,
-        ),
-    );
+    let headers = [
+        Shdr {
+            name: sh_name(".rodata"),
+            kind: elf::SHT_PROGBITS,
+            flags: elf::SHF_ALLOC,
+            addr: r,
+            off: r,
+            size: rodata_size as u64,
+            align: KD_BYTES as u64,
+            ..Shdr::default()
+        },
+        Shdr {
+            name: sh_name(".symtab"),
+            kind: elf::SHT_SYMTAB,
+            off: symtab_off as u64,
+            size: symtab_size as u64,
+            link: 3,
+            info: 1, // index of the first non-local symbol
+            align: 8,
+            entsize: elf::SYM as u64,
+            ..Shdr::default()
+        },
+        Shdr {
+            name: sh_name(".strtab"),
+            kind: elf::SHT_STRTAB,
+            off: strtab_off as u64,
+            size: strtab.len() as u64,
+            align: 1,
+            ..Shdr::default()
+        },
+        Shdr {
+            name: sh_name(".shstrtab"),
+            kind: elf::SHT_STRTAB,
+            off: shstrtab_off as u64,
+            size: shstrtab.len() as u64,
+            align: 1,
+            ..Shdr::default()
+        },
+    ];
+    for (i, h) in headers.iter().enumerate() {
+        put_shdr(&mut b, shoff + (i + 1) * elf::SHDR, h);
+    }
     CodeObjectImage {
         elf: b,
         kernels,

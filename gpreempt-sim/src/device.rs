@@ -236,63 +236,69 @@ fn resolve(kfd: &Kfd, modules: &str, path: &str) -> Option<Node> {
         }
         [SYSFS_DIR, "kfd", "proc"] => dir(kfd.procs.keys().map(|p| d(&p.to_string()))),
         [SYSFS_DIR, "kfd", "proc", pid, rest @ ..] => {
-            let p = kfd.procs.get(&pid.parse().ok()?)?;
-            match rest {
-                [] => {
-                    let mut e = vec![f("pasid"), d("queues")];
-                    for g in p.pdds.keys() {
-                        e.extend([
-                            f(&format!("vram_{g}")),
-                            f(&format!("sdma_{g}")),
-                            d(&format!("stats_{g}")),
-                        ]);
-                    }
-                    Node::Dir(e)
-                }
-                ["pasid"] => Node::Text(views::proc_pasid()),
-                ["queues"] => dir(p.queues.keys().map(|q| d(&q.to_string()))),
-                ["queues", q] => {
-                    p.queues.get(&q.parse().ok()?)?;
-                    dir([f("size"), f("type"), f("gpuid")])
-                }
-                ["queues", q, file] => {
-                    let q = p.queues.get(&q.parse().ok()?)?;
-                    Node::Text(match *file {
-                        "size" => views::queue_size(q),
-                        "type" => views::queue_type(q),
-                        "gpuid" => views::queue_gpuid(q),
-                        _ => return None,
-                    })
-                }
-                [name] => {
-                    let (kind, g) = name.split_once('_')?;
-                    let g: u32 = g.parse().ok()?;
-                    match kind {
-                        "vram" => Node::Text(views::vram(p, g)?),
-                        "sdma" => Node::Text(views::sdma(p, g)?),
-                        "stats" => {
-                            p.pdds.get(&g)?;
-                            dir([f("evicted_ms"), f("cu_occupancy")])
-                        }
-                        _ => return None,
-                    }
-                }
-                [stats, file] => {
-                    let g: u32 = stats.strip_prefix("stats_")?.parse().ok()?;
-                    Node::Text(match *file {
-                        "evicted_ms" => views::evicted_ms(p, g)?,
-                        "cu_occupancy" => views::cu_occupancy(kfd, p, g)?,
-                        _ => return None,
-                    })
-                }
-                _ => return None,
-            }
+            proc_node(kfd, kfd.procs.get(&pid.parse().ok()?)?, rest)?
         }
         [DEBUGFS_DIR] => dir([f("mqds"), f("hqds"), f("rls"), f("hang_hws")]),
         [DEBUGFS_DIR, "mqds"] => Node::Text(views::mqds(kfd)),
         [DEBUGFS_DIR, "hqds"] => Node::Text(views::hqds(kfd)),
         [DEBUGFS_DIR, "rls"] => Node::Text(views::rls(kfd)),
         [DEBUGFS_DIR, "hang_hws"] => Node::HangHws,
+        _ => return None,
+    })
+}
+
+/// A file under `/sys/class/kfd/kfd/proc/<pid>/` (as `kfd_procfs_add_queue` and friends make).
+fn proc_node(kfd: &Kfd, p: &crate::model::Process, rest: &[&str]) -> Option<Node> {
+    let d = |n: &str| (n.to_string(), true);
+    let f = |n: &str| (n.to_string(), false);
+    Some(match rest {
+        [] => {
+            let mut e = vec![f("pasid"), d("queues")];
+            for g in p.pdds.keys() {
+                e.extend([
+                    f(&format!("vram_{g}")),
+                    f(&format!("sdma_{g}")),
+                    d(&format!("stats_{g}")),
+                ]);
+            }
+            Node::Dir(e)
+        }
+        ["pasid"] => Node::Text(views::proc_pasid()),
+        ["queues"] => dir(p.queues.keys().map(|q| d(&q.to_string()))),
+        ["queues", q] => {
+            p.queues.get(&q.parse().ok()?)?;
+            dir([f("size"), f("type"), f("gpuid")])
+        }
+        ["queues", q, file] => {
+            let q = p.queues.get(&q.parse().ok()?)?;
+            Node::Text(match *file {
+                "size" => views::queue_size(q),
+                "type" => views::queue_type(q),
+                "gpuid" => views::queue_gpuid(q),
+                _ => return None,
+            })
+        }
+        [name] => {
+            let (kind, g) = name.split_once('_')?;
+            let g: u32 = g.parse().ok()?;
+            match kind {
+                "vram" => Node::Text(views::vram(p, g)?),
+                "sdma" => Node::Text(views::sdma(p, g)?),
+                "stats" => {
+                    p.pdds.get(&g)?;
+                    dir([f("evicted_ms"), f("cu_occupancy")])
+                }
+                _ => return None,
+            }
+        }
+        [stats, file] => {
+            let g: u32 = stats.strip_prefix("stats_")?.parse().ok()?;
+            Node::Text(match *file {
+                "evicted_ms" => views::evicted_ms(p, g)?,
+                "cu_occupancy" => views::cu_occupancy(kfd, p, g)?,
+                _ => return None,
+            })
+        }
         _ => return None,
     })
 }

@@ -395,52 +395,7 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
              own workloads can)"
         );
     }
-    let mut ov = Overlays {
-        work: &work,
-        made: Vec::new(),
-    };
-    let dev = ov.add("/dev", "kfd", false, &[])?;
-    bind(&fuse_dir.join(DEVICE), &dev)?;
-    if !Path::new("/dev/dri").exists() {
-        ov.add("/dev", "dri", true, &[])?;
-    }
-    for minor in &minors {
-        let name = format!("renderD{minor}");
-        let node = ov.add("/dev/dri", &name, false, &[])?;
-        bind(&fuse_dir.join(DRI_DIR).join(&name), &node)?;
-    }
-    // The kernel's kfd device lives at /sys/devices/virtual/kfd/kfd (the thunk reads its topology
-    // there) and /sys/class/kfd/kfd is a link to it.
-    let device = ov.add("/sys/devices/virtual", "kfd", true, &["net"])?;
-    bind(&fuse_dir.join(SYSFS_DIR), &device)?;
-    if !Path::new("/sys/class/kfd/kfd").exists() {
-        let class = ov.add("/sys/class", "kfd", true, &["net"])?;
-        std::os::unix::fs::symlink("../../devices/virtual/kfd/kfd", class.join("kfd"))
-            .context("linking /sys/class/kfd/kfd")?;
-    }
-    let shim = match modules {
-        Some(_) => {
-            bind(&fuse_dir.join(MODULES), Path::new("/proc/modules"))?;
-            None
-        }
-        None => Some(lsmod_shim(&dir)?),
-    };
-    module_sysfs(&mut ov)?;
-    let debug = if fstype_at("/sys/kernel/debug").is_some() {
-        overlay_with("/sys/kernel/debug", "kfd", true, &work, &[])?
-    } else {
-        mount_flags(
-            Some(Path::new("tmpfs")),
-            Path::new("/sys/kernel/debug"),
-            Some("tmpfs"),
-            MsFlags::empty(),
-            Some("mode=0700"),
-        )?;
-        let d = PathBuf::from("/sys/kernel/debug/kfd");
-        fs::create_dir_all(&d)?;
-        d
-    };
-    bind(&fuse_dir.join(DEBUGFS_DIR), &debug)?;
+    let shim = mount_views(&fuse_dir, &work, &dir, &minors, modules.as_deref())?;
 
     let engine = {
         let s = Arc::clone(&shared);
@@ -468,6 +423,65 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     let _ = engine.join();
     drop(session);
     status
+}
+
+/// The FUSE files over the real paths: /dev/kfd, the render nodes, the KFD sysfs tree (with the
+/// class link), /proc/modules (or an lsmod shim where the kernel has none), the amdgpu module's
+/// sysfs entry and debugfs. Returns the shim's directory, if one was made.
+fn mount_views(
+    fuse_dir: &Path,
+    work: &Path,
+    dir: &Path,
+    minors: &[u32],
+    modules: Option<&str>,
+) -> Result<Option<PathBuf>> {
+    let mut ov = Overlays {
+        work,
+        made: Vec::new(),
+    };
+    let dev = ov.add("/dev", "kfd", false, &[])?;
+    bind(&fuse_dir.join(DEVICE), &dev)?;
+    if !Path::new("/dev/dri").exists() {
+        ov.add("/dev", "dri", true, &[])?;
+    }
+    for minor in minors {
+        let name = format!("renderD{minor}");
+        let node = ov.add("/dev/dri", &name, false, &[])?;
+        bind(&fuse_dir.join(DRI_DIR).join(&name), &node)?;
+    }
+    // The kernel's kfd device lives at /sys/devices/virtual/kfd/kfd (the thunk reads its topology
+    // there) and /sys/class/kfd/kfd is a link to it.
+    let device = ov.add("/sys/devices/virtual", "kfd", true, &["net"])?;
+    bind(&fuse_dir.join(SYSFS_DIR), &device)?;
+    if !Path::new("/sys/class/kfd/kfd").exists() {
+        let class = ov.add("/sys/class", "kfd", true, &["net"])?;
+        std::os::unix::fs::symlink("../../devices/virtual/kfd/kfd", class.join("kfd"))
+            .context("linking /sys/class/kfd/kfd")?;
+    }
+    let shim = match modules {
+        Some(_) => {
+            bind(&fuse_dir.join(MODULES), Path::new("/proc/modules"))?;
+            None
+        }
+        None => Some(lsmod_shim(dir)?),
+    };
+    module_sysfs(&mut ov)?;
+    let debug = if fstype_at("/sys/kernel/debug").is_some() {
+        overlay_with("/sys/kernel/debug", "kfd", true, work, &[])?
+    } else {
+        mount_flags(
+            Some(Path::new("tmpfs")),
+            Path::new("/sys/kernel/debug"),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("mode=0700"),
+        )?;
+        let d = PathBuf::from("/sys/kernel/debug/kfd");
+        fs::create_dir_all(&d)?;
+        d
+    };
+    bind(&fuse_dir.join(DEBUGFS_DIR), &debug)?;
+    Ok(shim)
 }
 
 fn spawn(cg: &Path, argv: &[String], path_first: Option<&Path>) -> Result<Child> {

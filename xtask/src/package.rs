@@ -40,7 +40,9 @@ pub fn package(profile: &str) -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&stage);
     let put = |rel: &str, mode: u32, bytes: &[u8]| -> Result<()> {
         let p = stage.join(rel);
-        fs::create_dir_all(p.parent().unwrap())?;
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent)?;
+        }
         fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
         fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
         Ok(())

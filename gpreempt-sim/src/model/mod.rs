@@ -352,50 +352,66 @@ impl Kfd {
 
     /// `kfd_create_process`: the KFD process of `pid`, made on first use.
     fn process_mut(&mut self, pid: u32) -> &mut Process {
-        if !self.procs.contains_key(&pid) {
-            let serial = self.next_serial();
-            let slice = self.next_doorbell_slice;
-            self.next_doorbell_slice += 1;
-            let mut pdds = BTreeMap::new();
-            for g in &self.gpus {
-                pdds.insert(
-                    g.gpu_id,
-                    Pdd {
-                        pasid: self.next_pasid,
-                        ..Default::default()
-                    },
-                );
-            }
-            self.next_pasid += 1;
-            self.procs.insert(
+        let Self {
+            procs,
+            gpus,
+            serial,
+            next_doorbell_slice,
+            next_pasid,
+            ..
+        } = self;
+        procs.entry(pid).or_insert_with(|| {
+            *serial += 1;
+            *next_doorbell_slice += 1;
+            *next_pasid += 1;
+            new_process(
                 pid,
-                Process {
-                    pid,
-                    runtime_state: runtime_state::DISABLED,
-                    r_debug: 0,
-                    ttmp_setup: false,
-                    runtime_sema: 0,
-                    runtime_retry: false,
-                    queues: BTreeMap::new(),
-                    pdds,
-                    allocs: BTreeMap::new(),
-                    next_alloc: 1,
-                    debug: None,
-                    exception_enable_mask: 0,
-                    exception_status: 0,
-                    debugged_count: 0,
-                    debugger_process: None,
-                    doorbell_slice: slice,
-                    serial,
-                    events: BTreeMap::new(),
-                    event_page: None,
-                    xnack: false,
-                },
-            );
-        }
-        self.procs.get_mut(&pid).expect("inserted above")
+                gpus,
+                *serial,
+                *next_doorbell_slice - 1,
+                *next_pasid - 1,
+            )
+        })
     }
+}
 
+/// A fresh KFD process: a device (pdd) on every GPU, all with the process's PASID.
+fn new_process(pid: u32, gpus: &[Gpu], serial: u64, slice: u32, pasid: u32) -> Process {
+    let mut pdds = BTreeMap::new();
+    for g in gpus {
+        pdds.insert(
+            g.gpu_id,
+            Pdd {
+                pasid,
+                ..Default::default()
+            },
+        );
+    }
+    Process {
+        pid,
+        runtime_state: runtime_state::DISABLED,
+        r_debug: 0,
+        ttmp_setup: false,
+        runtime_sema: 0,
+        runtime_retry: false,
+        queues: BTreeMap::new(),
+        pdds,
+        allocs: BTreeMap::new(),
+        next_alloc: 1,
+        debug: None,
+        exception_enable_mask: 0,
+        exception_status: 0,
+        debugged_count: 0,
+        debugger_process: None,
+        doorbell_slice: slice,
+        serial,
+        events: BTreeMap::new(),
+        event_page: None,
+        xnack: false,
+    }
+}
+
+impl Kfd {
     /// `kfd_open`.
     pub fn open(&mut self, caller: Caller) {
         self.process_mut(caller.tgid);
@@ -648,5 +664,7 @@ impl Kfd {
     }
 }
 
+// The test kit (other crates' tests drive the model through it): a failed unwrap is a failed test.
 #[cfg(any(test, feature = "testkit"))]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub mod tests;

@@ -8,6 +8,50 @@ use gpreempt_common::kfd::{
 
 use super::{done, err, Errno, Host, Kfd, Outcome, Queue, Wait, ENOTSUPP};
 
+/// `set_queue_properties_from_user`, in the kernel's order: the ring's size (clamped) or errno.
+fn user_props(a: &CreateQueueArgs) -> Result<u32, i32> {
+    let size = ring_props(
+        a.queue_percentage,
+        a.queue_priority,
+        a.ring_base_address,
+        a.ring_size,
+    )?;
+    if !user_range_ok(a.read_pointer_address, 4)
+        || !user_range_ok(a.write_pointer_address, 4)
+        || (a.eop_buffer_address != 0 && !user_range_ok(a.eop_buffer_address, 4))
+        || (a.ctx_save_restore_address != 0 && !user_range_ok(a.ctx_save_restore_address, 4))
+    {
+        return Err(libc::EFAULT);
+    }
+    if !matches!(
+        a.queue_type,
+        queue_type::COMPUTE
+            | queue_type::COMPUTE_AQL
+            | queue_type::SDMA
+            | queue_type::SDMA_XGMI
+            | queue_type::SDMA_BY_ENG_ID
+    ) {
+        return Err(ENOTSUPP);
+    }
+    Ok(size)
+}
+
+/// `allocate_doorbell`: the lowest free doorbell of the process on `gpu_id` (None: EBUSY).
+fn allocate_doorbell(p: &super::Process, gpu_id: u32, is_sdma: bool) -> Option<u32> {
+    let used: Vec<u32> = p
+        .queues
+        .values()
+        .filter(|q| q.gpu_id == gpu_id)
+        .map(|q| q.doorbell_id)
+        .collect();
+    let reserved = |d: u32| (0x100..=0x18f).contains(&(d % 512));
+    if is_sdma {
+        Some((0x100..0x190).find(|d| !used.contains(d)).unwrap_or(0x100))
+    } else {
+        (0..kfd::KFD_MAX_NUM_OF_QUEUES_PER_PROCESS).find(|d| !reserved(*d) && !used.contains(d))
+    }
+}
+
 impl Kfd {
     /// `set_queue_properties_from_user` + `kfd_ioctl_create_queue`.
     pub(super) fn create_queue(
@@ -17,32 +61,9 @@ impl Kfd {
         host: &mut dyn Host,
         now: u64,
     ) -> Outcome {
-        // set_queue_properties_from_user, in the kernel's order.
-        match ring_props(
-            a.queue_percentage,
-            a.queue_priority,
-            a.ring_base_address,
-            a.ring_size,
-        ) {
+        match user_props(&a) {
             Ok(size) => a.ring_size = size,
             Err(e) => return err(e, a.as_bytes()),
-        }
-        if !user_range_ok(a.read_pointer_address, 4)
-            || !user_range_ok(a.write_pointer_address, 4)
-            || (a.eop_buffer_address != 0 && !user_range_ok(a.eop_buffer_address, 4))
-            || (a.ctx_save_restore_address != 0 && !user_range_ok(a.ctx_save_restore_address, 4))
-        {
-            return err(libc::EFAULT, a.as_bytes());
-        }
-        if !matches!(
-            a.queue_type,
-            queue_type::COMPUTE
-                | queue_type::COMPUTE_AQL
-                | queue_type::SDMA
-                | queue_type::SDMA_XGMI
-                | queue_type::SDMA_BY_ENG_ID
-        ) {
-            return err(ENOTSUPP, a.as_bytes());
         }
         // kfd_ioctl_create_queue.
         let Some(gi) = self.gpu_index(a.gpu_id) else {
@@ -84,22 +105,8 @@ impl Kfd {
         // allocate_doorbell: a compute queue takes the lowest free bit of the process's doorbell
         // bitmap on that device, outside the SOC15 range reserved for SDMA/IH/VCN (0x100..=0x18F
         // and the same +512); SDMA queues use the reserved engine doorbells.
-        let used: Vec<u32> = p
-            .queues
-            .values()
-            .filter(|q| q.gpu_id == a.gpu_id)
-            .map(|q| q.doorbell_id)
-            .collect();
-        let reserved = |d: u32| (0x100..=0x18f).contains(&(d % 512));
-        let doorbell_id = if is_sdma {
-            (0x100..0x190).find(|d| !used.contains(d)).unwrap_or(0x100)
-        } else {
-            match (0..kfd::KFD_MAX_NUM_OF_QUEUES_PER_PROCESS)
-                .find(|d| !reserved(*d) && !used.contains(d))
-            {
-                Some(d) => d,
-                None => return err(libc::EBUSY, a.as_bytes()),
-            }
+        let Some(doorbell_id) = allocate_doorbell(p, a.gpu_id, is_sdma) else {
+            return err(libc::EBUSY, a.as_bytes());
         };
         // A process's doorbell slice is two pages of 64-bit doorbells; doorbell_off is a dword index.
         let slice_dw = p.doorbell_slice * (kfd::DOORBELL_PROCESS_SLICE_BYTES as u32 / 4);

@@ -426,8 +426,9 @@ fn status_kb(key: &str) -> u64 {
 
 /// User + system CPU time of this process, in seconds.
 fn cpu_s() -> f64 {
-    // SAFETY: getrusage fills the struct we pass; RUSAGE_SELF is always valid.
+    // SAFETY: rusage is plain integers and timevals, for which all-zero bytes are valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we pass; RUSAGE_SELF is always valid.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     assert_eq!(rc, 0, "getrusage failed");
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;

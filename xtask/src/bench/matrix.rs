@@ -78,57 +78,10 @@ pub(super) fn matrix(m: &Matrix) -> Result<()> {
     }
     let s = m.seconds;
     let d = dir.display();
-    let w = |args: &str, out: &str| {
-        format!("$GP sim workload {args} --duration {s} --report {d}/{out}.json 2>/dev/null")
-    };
-    let on_args = |(p, r): (&str, u32)| format!("--profile {p} --rate {r} --priority 15");
-    let off_args = |p: &str| format!("--profile {p} --offline --priority 0");
     let mut figs: BTreeMap<(String, String), Vec<Fig>> = BTreeMap::new();
     let started = std::time::Instant::now();
     for k in 1..=m.rounds {
-        let mut sh = format!("set -e\nexport GPREEMPT_RUN_DIR={d}/run\n");
-        let mut onlines: Vec<(&str, u32)> = cells.iter().map(|c| c.0).collect();
-        onlines.dedup();
-        let mut offlines: Vec<&str> = cells.iter().map(|c| c.1).collect();
-        offlines.sort();
-        offlines.dedup();
-        for &on in &onlines {
-            let _ = writeln!(
-                sh,
-                "{}",
-                w(&on_args(on), &format!("r{k}-alone-{}@{}", on.0, on.1))
-            );
-        }
-        for &off in &offlines {
-            let _ = writeln!(sh, "{}", w(&off_args(off), &format!("r{k}-solo-{off}")));
-        }
-        for &(on, off) in &cells {
-            let c = cell_name(on, off);
-            let _ = writeln!(
-                sh,
-                "{} & A=$!\n{} & B=$!\nwait $A $B",
-                w(&on_args(on), &format!("r{k}-colo-{c}-on")),
-                w(&off_args(off), &format!("r{k}-colo-{c}-off"))
-            );
-            for p in &policies {
-                let n = pname(p);
-                // The controller first sees the pair for WARMUP_S (its start-up: the adaptive
-                // tuner calibrates per GPU, which outlives the processes), then the measurement.
-                let wu =
-                    |a: &str| format!("$GP sim workload {a} --duration {WARMUP_S} >/dev/null 2>&1");
-                let _ = writeln!(
-                    sh,
-                    "$GP run --policy {} --audit {d}/r{k}-{n}-{c}.audit 2>{d}/r{k}-{n}-{c}.err & R=$!\n\
-                     sleep 2\n{} & A=$!\n{} & B=$!\nwait $A $B\n: > {d}/r{k}-{n}-{c}.audit\n\
-                     {} & A=$!\n{} & B=$!\nwait $A $B\nkill -INT $R; wait $R",
-                    p.display(),
-                    wu(&on_args(on)),
-                    wu(&off_args(off)),
-                    w(&on_args(on), &format!("r{k}-{n}-{c}-on")),
-                    w(&off_args(off), &format!("r{k}-{n}-{c}-off"))
-                );
-            }
-        }
+        let (sh, onlines, offlines) = round_script(k, &cells, &policies, &d.to_string(), s);
         eprintln!(
             "bench: matrix round {k}/{} ({} cells, {} s per measurement; emulated GPU)",
             m.rounds,
@@ -178,24 +131,8 @@ pub(super) fn matrix(m: &Matrix) -> Result<()> {
                     .as_f64()
                     .unwrap_or(f64::NAN);
                 if col != "colo" {
-                    let audit = std::fs::read_to_string(dir.join(format!("r{k}-{col}-{c}.audit")))
-                        .unwrap_or_default();
-                    let recs: Vec<Value> = audit
-                        .lines()
-                        .filter_map(|l| serde_json::from_str(l).ok())
-                        .collect();
-                    let sus: Vec<&Value> = recs
-                        .iter()
-                        .filter(|r| r["action"] == "suspend" && r["issued_ns"].is_u64())
-                        .collect();
-                    f.suspends_per_s = sus.len() as f64 / f64::from(s);
-                    let mut lat: Vec<f64> = sus
-                        .iter()
-                        .filter_map(|r| r["decision_latency_ns"].as_f64())
-                        .map(|ns| ns / 1e3)
-                        .collect();
-                    lat.sort_by(f64::total_cmp);
-                    f.decision_p99_us = pct(&lat, 0.99);
+                    (f.suspends_per_s, f.decision_p99_us) =
+                        audit_figs(&dir.join(format!("r{k}-{col}-{c}.audit")), s);
                 }
                 figs.entry((c.clone(), col)).or_default().push(f);
             }
@@ -338,4 +275,91 @@ fn report(
         md,
         json!({ "emulated": true, "date": date, "commit": commit, "rows": doc }),
     )
+}
+
+/// One round's shell script: each online job alone, each offline job alone, then every pair
+/// together with no controller and under every policy. Also the distinct online and offline jobs.
+#[allow(clippy::type_complexity)]
+fn round_script<'a>(
+    k: u32,
+    cells: &[((&'a str, u32), &'a str)],
+    policies: &[PathBuf],
+    d: &str,
+    s: u32,
+) -> (String, Vec<(&'a str, u32)>, Vec<&'a str>) {
+    let pname = |p: &PathBuf| {
+        p.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let w = |args: &str, out: &str| {
+        format!("$GP sim workload {args} --duration {s} --report {d}/{out}.json 2>/dev/null")
+    };
+    let on_args = |(p, r): (&str, u32)| format!("--profile {p} --rate {r} --priority 15");
+    let off_args = |p: &str| format!("--profile {p} --offline --priority 0");
+    let mut sh = format!("set -e\nexport GPREEMPT_RUN_DIR={d}/run\n");
+    let mut onlines: Vec<(&str, u32)> = cells.iter().map(|c| c.0).collect();
+    onlines.dedup();
+    let mut offlines: Vec<&str> = cells.iter().map(|c| c.1).collect();
+    offlines.sort();
+    offlines.dedup();
+    for &on in &onlines {
+        let _ = writeln!(
+            sh,
+            "{}",
+            w(&on_args(on), &format!("r{k}-alone-{}@{}", on.0, on.1))
+        );
+    }
+    for &off in &offlines {
+        let _ = writeln!(sh, "{}", w(&off_args(off), &format!("r{k}-solo-{off}")));
+    }
+    for &(on, off) in cells {
+        let c = cell_name(on, off);
+        let _ = writeln!(
+            sh,
+            "{} & A=$!\n{} & B=$!\nwait $A $B",
+            w(&on_args(on), &format!("r{k}-colo-{c}-on")),
+            w(&off_args(off), &format!("r{k}-colo-{c}-off"))
+        );
+        for p in policies {
+            let n = pname(p);
+            // The controller first sees the pair for WARMUP_S (its start-up: the adaptive
+            // tuner calibrates per GPU, which outlives the processes), then the measurement.
+            let wu =
+                |a: &str| format!("$GP sim workload {a} --duration {WARMUP_S} >/dev/null 2>&1");
+            let _ = writeln!(
+                sh,
+                "$GP run --policy {} --audit {d}/r{k}-{n}-{c}.audit 2>{d}/r{k}-{n}-{c}.err & R=$!\n\
+                 sleep 2\n{} & A=$!\n{} & B=$!\nwait $A $B\n: > {d}/r{k}-{n}-{c}.audit\n\
+                 {} & A=$!\n{} & B=$!\nwait $A $B\nkill -INT $R; wait $R",
+                p.display(),
+                wu(&on_args(on)),
+                wu(&off_args(off)),
+                w(&on_args(on), &format!("r{k}-{n}-{c}-on")),
+                w(&off_args(off), &format!("r{k}-{n}-{c}-off"))
+            );
+        }
+    }
+    (sh, onlines, offlines)
+}
+
+/// From a controller's audit log over `s` seconds: suspends per second and the p99 decision
+/// latency (us).
+fn audit_figs(path: &std::path::Path, s: u32) -> (f64, f64) {
+    let audit = std::fs::read_to_string(path).unwrap_or_default();
+    let recs: Vec<Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let sus: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["action"] == "suspend" && r["issued_ns"].is_u64())
+        .collect();
+    let mut lat: Vec<f64> = sus
+        .iter()
+        .filter_map(|r| r["decision_latency_ns"].as_f64())
+        .map(|ns| ns / 1e3)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    (sus.len() as f64 / f64::from(s), pct(&lat, 0.99))
 }
