@@ -643,7 +643,7 @@ pub mod dispatches {
 
     use serde::Serialize;
 
-    use crate::model::{FreshDispatch, Queue};
+    use crate::observe::model::{FreshDispatch, Queue};
 
     #[derive(Serialize)]
     struct DispatchLine<'a> {

@@ -20,14 +20,15 @@ use tokio::{
 };
 
 use crate::{
+    backend::kfd::control::TargetError,
     backend::{ActError, Acted, Arrival, Backends, Ticket},
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
         requests::{answer, finish, Answer, Answered},
     },
-    kfd::{control::TargetError, Paths},
-    model::{Uncontrollable, Update},
+    observe::kfd::Paths,
+    observe::model::{Uncontrollable, Update},
     observe::watch::{Intervals, Watcher},
     outcome::Notice,
     outcome::{OpReport, QueueOutcome},

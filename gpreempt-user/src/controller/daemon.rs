@@ -115,7 +115,7 @@ pub struct Status {
     pub refused: BTreeMap<u32, String>,
     /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
     #[serde(default)]
-    pub uncontrollable: BTreeMap<u32, crate::model::Uncontrollable>,
+    pub uncontrollable: BTreeMap<u32, crate::observe::model::Uncontrollable>,
     /// The latest decisions, newest last (audit records).
     pub decisions: Vec<serde_json::Value>,
     /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a

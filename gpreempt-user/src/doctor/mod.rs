@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use crate::{kfd::sysfs, observe::probe::HostProbeFacts};
+use crate::{observe::kfd::sysfs, observe::probe::HostProbeFacts};
 
 pub mod amd;
 pub mod generic;

@@ -1,6 +1,6 @@
 use super::{amd::*, generic::*, nvidia::*, *};
 use crate::{
-    kfd::sysfs::GpuNode,
+    observe::kfd::sysfs::GpuNode,
     observe::{
         host::{CAP_BPF, CAP_PERFMON},
         probe::ProgramCheck,

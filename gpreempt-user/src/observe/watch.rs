@@ -9,10 +9,10 @@ use nix::sys::uio::RemoteIoVec;
 
 use crate::{
     clock::monotonic_ns,
-    kfd::sampler,
-    kfd::{debugfs, sysfs, Paths},
-    model::{State, Update},
     observe::events::{Event, EventSource, FdCheck, KfdCall},
+    observe::kfd::sampler,
+    observe::kfd::{debugfs, sysfs, Paths},
+    observe::model::{State, Update},
     observe::probe::{ProbeOptions, Probes},
     observe::procinfo,
 };
@@ -83,9 +83,9 @@ pub struct Watcher {
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
     /// NVIDIA channels' GP_GET / GP_PUT, read from their USERD.
-    pub channels: crate::nv::activity::ChannelSampler,
+    pub channels: crate::observe::nv::activity::ChannelSampler,
     /// The NVIDIA objects journal (`run` only): what a restarted controller adopts.
-    nv_log: Option<crate::nv::adopt::ObjectLog>,
+    nv_log: Option<crate::observe::nv::adopt::ObjectLog>,
 }
 
 impl Watcher {
@@ -298,7 +298,7 @@ impl Watcher {
             let want = s.uncontrollable.get(&p.pid).cloned().or_else(|| {
                 s.refused
                     .get(&p.pid)
-                    .map(|reason| crate::model::Uncontrollable {
+                    .map(|reason| crate::observe::model::Uncontrollable {
                         kind: "other".into(),
                         reason: reason.clone(),
                     })
@@ -323,7 +323,7 @@ impl Watcher {
             let want = held.get(&p.pid);
             let (mut sus, mut res) = (Vec::new(), Vec::new());
             for q in p.live_queues() {
-                let is = q.state == crate::model::QueueState::Suspended;
+                let is = q.state == crate::observe::model::QueueState::Suspended;
                 let should = want.is_some_and(|w| w.contains(&q.queue_id));
                 if should && !is {
                     sus.push(q.queue_id);
@@ -433,7 +433,7 @@ impl Watcher {
             .map(|p| p.pid)
             .collect();
         for pid in pids {
-            match crate::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
+            match crate::observe::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
                 Ok(names) => self.state.apply(Update::KernelNames { pid, names }),
                 Err(e) => log::debug!("pid {pid}: no kernel names: {e:#}"),
             }
@@ -594,10 +594,10 @@ impl Watcher {
     }
 
     /// Adopts the NVIDIA processes a previous controller journaled in `dir`, each proven through
-    /// the driver ([`crate::nv::adopt`]), marks the processes holding the driver that nothing
+    /// the driver ([`crate::observe::nv::adopt`]), marks the processes holding the driver that nothing
     /// explains as unmanaged, and (`journal`: `run`) journals from now on. Lines for the log.
     pub fn adopt_nv(&mut self, dir: &Path, journal: bool) -> Vec<String> {
-        use crate::nv::adopt;
+        use crate::observe::nv::adopt;
         let mut lines = Vec::new();
         let mut log = adopt::ObjectLog::default();
         match adopt::load(dir) {
@@ -630,7 +630,7 @@ impl Watcher {
         let scan = if rest.is_empty() {
             None
         } else {
-            match crate::nv::rm::next_client_index() {
+            match crate::observe::nv::rm::next_client_index() {
                 Ok(top) => Some(adopt::Scan {
                     client_top: top,
                     bases: adopt::DEFAULT_BASES.to_vec(),

@@ -12,7 +12,9 @@ use super::levers::{LeverChange, LeverTuner};
 use super::{
     fmt_ms, fmt_ns, off_ns, Action, Budget, Class, Decision, LeverSet, NvLever, Policy, Strategy,
 };
-use crate::model::{Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor};
+use crate::observe::model::{
+    Activity, Process, QueueKind, QueueState, SampleStatus, State, Vendor,
+};
 
 mod evidence;
 use evidence::{online_evidence, strict_work, BusyBy, Evidence};
@@ -693,7 +695,7 @@ impl Engine {
     /// online episode on one of their GPUs has outlasted `pause_after`; with `dynamic` a
     /// "suspend" is the short timeslice for the episode. Everything else may be suspended.
     fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
-        if p.vendor() != Some(crate::model::Vendor::Nvidia) {
+        if p.vendor() != Some(crate::observe::model::Vendor::Nvidia) {
             return true;
         }
         let nv = &self.policy.nvidia;

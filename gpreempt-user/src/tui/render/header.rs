@@ -11,7 +11,7 @@ use ratatui::{
 };
 
 use super::{ago, bold, dim, opt};
-use crate::model::{QueueState, State};
+use crate::observe::model::{QueueState, State};
 use crate::tui::app::App;
 
 /// `queues`: live queues in all.
@@ -73,7 +73,11 @@ pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
     m
 }
 
-fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts, adaptive: Option<&String>) -> Line<'static> {
+fn gpu_line(
+    g: &crate::observe::model::Gpu,
+    counts: GpuCounts,
+    adaptive: Option<&String>,
+) -> Line<'static> {
     let id = g.node.gpu_id;
     let GpuCounts {
         live,

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
 use super::*;
-use crate::model::tests::nvidia::{rm_alloc, rm_channel, rm_event};
-use crate::model::{State, Update};
 use crate::observe::events::Event;
+use crate::observe::model::tests::nvidia::{rm_alloc, rm_channel, rm_event};
+use crate::observe::model::{State, Update};
 
 const PID: u32 = 4242;
 const CLIENT: u32 = 0xc1d0_0042;
@@ -311,13 +311,16 @@ fn discovery_finds_a_running_process_objects_through_the_driver() {
     }
     let p = &s.procs[&PID];
     let gr = &p.queues[&TSG];
-    assert_eq!(gr.kind, crate::model::QueueKind::NvCompute);
+    assert_eq!(gr.kind, crate::observe::model::QueueKind::NvCompute);
     assert_eq!(gr.gpu_id, 2);
     let t = gr.nv.as_ref().unwrap();
     assert_eq!((t.h_client, t.h_subdevice, t.fd), (CLIENT, Some(SUB), 8));
     assert_eq!(t.channels, vec![CH]);
     assert!(t.rings.is_empty());
-    assert_eq!(p.queues[&TSG_CE].kind, crate::model::QueueKind::NvCopy);
+    assert_eq!(
+        p.queues[&TSG_CE].kind,
+        crate::observe::model::QueueKind::NvCopy
+    );
     // The client scan went newest first through every index below the top, the object scan
     // stopped GAP misses after the last hit in each range.
     assert!(f.calls >= 0x100 + 2 * u64::from(GAP));

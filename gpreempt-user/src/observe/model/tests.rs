@@ -12,13 +12,13 @@ use gpreempt_sim::{model::tests::World, views};
 
 use super::*;
 use crate::{
-    kfd::{
+    observe::events::{tests::create_queue, Event, IoctlEvent, KfdCall, Origin, ProcessExit},
+    observe::kfd::{
         debugfs::{
             parse_hqds, parse_mqds, HqdId, HqdNode, HqdSlot, MqdKind, MqdProcess, MqdQueue, Regs,
         },
         sysfs::{parse_node, GpuNode, ProcSnapshot, SysProc, SysQueue},
     },
-    observe::events::{tests::create_queue, Event, IoctlEvent, KfdCall, Origin, ProcessExit},
     observe::procinfo::ProcInfo,
 };
 

@@ -27,8 +27,8 @@ use std::{
 use gpreempt_common::nv::{userd, NV_MAJOR_DEVICE_NUMBER, NV_MODESET_MINOR};
 
 use crate::{
-    model::{SampleRead, State},
     observe::events::ChannelRing,
+    observe::model::{SampleRead, State},
 };
 
 /// How often a channel whose USERD could not be placed is tried again (its mapping may appear
@@ -389,7 +389,7 @@ mod tests {
     use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
     use super::*;
-    use crate::model::{tests::nvidia::rm_alloc, tests::nvidia::rm_channel, SampleStatus};
+    use crate::observe::model::{tests::nvidia::rm_alloc, tests::nvidia::rm_channel, SampleStatus};
 
     const MEM: u32 = 0x5c00_0017;
     const ENTRIES: u32 = 1024;
@@ -516,7 +516,7 @@ mod tests {
         assert_eq!(ids(&r), (3 + 1007 + 5, 9 + 1012));
         assert_eq!(sm.reads, 6);
         // Through the model: DISP/S and BKLG of the TSG, as for an AQL queue.
-        s.apply(crate::model::Update::Samples {
+        s.apply(crate::observe::model::Update::Samples {
             ts_ns: 3_000,
             samples: r,
         });
@@ -571,7 +571,8 @@ mod tests {
         let mut s = host(&fake, 0);
         // USERD in another memory object than the ring.
         let mut ev = rm_channel(1, pid, 0xc1, 0x20, 0x21, (fake.va(), ENTRIES, MEM, 0x2000));
-        if let crate::model::Update::Event(crate::observe::events::Event::Nv(n)) = &mut ev {
+        if let crate::observe::model::Update::Event(crate::observe::events::Event::Nv(n)) = &mut ev
+        {
             if let crate::observe::events::NvCall::Alloc {
                 alloc_params: Some(p),
                 ..

@@ -1,6 +1,6 @@
 //! NvControl against a fake RM: pause sets, timeslices, holds, shutdown.
 use super::*;
-use crate::model::Update;
+use crate::observe::model::Update;
 use gpreempt_common::nv::class;
 
 /// An RM that records FIFO_DISABLE_CHANNELS calls (channels, disable).
@@ -331,7 +331,7 @@ fn alloc(s: &mut State, parent: u32, new: u32, h_class: u32, engine: u32) {
 }
 
 fn alloc_for(s: &mut State, pid: u32, parent: u32, new: u32, h_class: u32, engine: u32) {
-    s.apply(crate::model::tests::nvidia::rm_alloc(
+    s.apply(crate::observe::model::tests::nvidia::rm_alloc(
         1, pid, 0xc1, parent, new, h_class, engine,
     ));
 }
@@ -617,7 +617,7 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
 /// timeslice costs offline most and only dynamic/pause keep online within budget: dynamic.
 #[test]
 fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
-    use crate::model::{Activity, SampleStatus};
+    use crate::observe::model::{Activity, SampleStatus};
     use crate::policy::{Engine, NvLever, Policy};
     let ms = 1_000_000u64;
     let mut s = online_and_offline();
@@ -747,7 +747,10 @@ fn launch_hints_feed_the_lever_tuner_and_a_joining_process_is_a_mix_change() {
 #[test]
 fn pauses_the_listed_tsgs_channels_and_resumes_them() {
     let s = host();
-    assert_eq!(s.procs[&7].vendor(), Some(crate::model::Vendor::Nvidia));
+    assert_eq!(
+        s.procs[&7].vendor(),
+        Some(crate::observe::model::Vendor::Nvidia)
+    );
     let mut fake = Fake::default();
     let mut c = NvControl::unguarded(&mut fake);
     let r = c.act(&s, 7, &[0x20], true).unwrap();

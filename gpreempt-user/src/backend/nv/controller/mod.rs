@@ -18,12 +18,10 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
+    backend::guardian::{Beater, GuardianHandle, HoldEntry, TsgTimeslice},
     clock::monotonic_ns,
-    model::State,
-    nv::{
-        guardian::{Beater, GuardianHandle, HoldEntry, TsgTimeslice},
-        rm::{dup_fd, get_timeslice, set_disabled_mode, set_timeslice, Channels},
-    },
+    observe::model::State,
+    observe::nv::rm::{dup_fd, get_timeslice, set_disabled_mode, set_timeslice, Channels},
     observe::procinfo::ProcId,
     outcome::{OpReport, QueueOutcome, QueueResult, TimesliceChange},
 };

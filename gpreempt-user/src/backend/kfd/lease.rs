@@ -28,7 +28,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{clock::monotonic_ns, kfd::control::Turns, nv::guardian::GuardianHandle};
+use crate::{backend::guardian::GuardianHandle, backend::kfd::control::Turns, clock::monotonic_ns};
 
 /// Shortest lease: a loop that is merely slow (a loaded 2-vCPU host, a big policy reload) is
 /// not killed.

@@ -21,7 +21,7 @@ use super::{
     targets::{undo, Rm, Targets},
     HoldEntry,
 };
-use crate::nv::rm::{self as control};
+use crate::observe::nv::rm::{self as control};
 
 /// The journal: one [`HoldEntry`] per line (JSON). Appended (fsync) on hold, rewritten
 /// atomically (rename) on release; a later line for the same (pid, client, subdevice) replaces an

@@ -7,11 +7,11 @@ use gpreempt_common::kfd::{queue_type, DOORBELL_PROCESS_SLICE_BYTES};
 use serde::Serialize;
 
 use crate::{
-    kfd::{
+    observe::events::Event,
+    observe::kfd::{
         debugfs::{HqdId, HqdNode, MqdProcess, Regs},
         sysfs::{GpuNode, ProcSnapshot},
     },
-    observe::events::Event,
     observe::procinfo::ProcInfo,
 };
 
@@ -294,7 +294,7 @@ pub struct Process {
     pub launches: u64,
     /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
     #[serde(skip)]
-    pub kernel_names: crate::kfd::codeobj::KernelNames,
+    pub kernel_names: crate::observe::kfd::codeobj::KernelNames,
     /// Why a GPU process is not managed (its RM objects are unknown: it opened the NVIDIA
     /// driver before the observer attached and no journal named them); None when managed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -528,7 +528,7 @@ pub enum Update {
     /// Kernel descriptor address -> name, from a process's code objects.
     KernelNames {
         pid: u32,
-        names: crate::kfd::codeobj::KernelNames,
+        names: crate::observe::kfd::codeobj::KernelNames,
     },
     /// A problem of the tool itself (unreadable debugfs, lost records), shown in the log.
     Warning {

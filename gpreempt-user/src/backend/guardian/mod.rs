@@ -53,7 +53,7 @@ use nix::sys::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::rm::Channels;
+use crate::observe::nv::rm::Channels;
 
 /// How long a starting guardian waits for its predecessor to finish undoing (well within the
 /// controller's 30 s wait for `ready`).

@@ -10,7 +10,7 @@ use super::{
     Activity, Gpu, LogKind, Process, Queue, QueueKind, SampleRead, SampleStatus, Source, State,
 };
 use crate::{
-    kfd::{
+    observe::kfd::{
         debugfs::{HqdId, HqdNode, MqdKind, MqdProcess, Regs},
         sysfs::{GpuNode, ProcSnapshot},
     },
@@ -334,7 +334,11 @@ impl State {
     /// Kernel names read from a process's code objects: kept for objects dispatched later and
     /// given to those its queues already dispatched. Each read replaces the last (an unloaded
     /// code object's addresses may be reused by the next).
-    pub(super) fn kernel_names(&mut self, pid: u32, names: crate::kfd::codeobj::KernelNames) {
+    pub(super) fn kernel_names(
+        &mut self,
+        pid: u32,
+        names: crate::observe::kfd::codeobj::KernelNames,
+    ) {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };

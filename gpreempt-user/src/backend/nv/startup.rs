@@ -12,9 +12,9 @@ use std::{
 use anyhow::{bail, ensure, Context as _, Result};
 
 use crate::{
+    backend::nv::selftest::{verify, Target},
     doctor::{nvidia, Root, Verdict},
-    model::State,
-    nv::selftest::{verify, Target},
+    observe::model::State,
     observe::watch::Watcher,
     outcome::{OpReport, TimesliceChange},
 };

@@ -12,9 +12,9 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    kfd::Paths,
-    model::QueueKind,
-    nv::controller::NvControl,
+    backend::nv::controller::NvControl,
+    observe::kfd::Paths,
+    observe::model::QueueKind,
     observe::watch::{Intervals, Watcher},
     outcome::QueueOutcome,
 };

@@ -14,7 +14,9 @@ use std::io::IoSliceMut;
 use gpreempt_common::aql::{amd_queue, Packet, PACKET_BYTES};
 use nix::{sys::uio::RemoteIoVec, unistd::Pid};
 
-use crate::model::{Process, Queue, QueueKind, SampleRead, SampleStatus, SeenPacket, State};
+use crate::observe::model::{
+    Process, Queue, QueueKind, SampleRead, SampleStatus, SeenPacket, State,
+};
 
 /// Ring slots read per queue per tick (4 KiB): bounds the cost on a deep backlog.
 pub const WINDOW_PACKETS: u64 = 64;
@@ -287,7 +289,7 @@ fn sample_process(p: &Process, out: &mut Vec<(u32, u32, SampleRead)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{QueueState, Source, Update};
+    use crate::observe::model::{QueueState, Source, Update};
 
     /// An `amd_queue_t` in this process's memory, as ROCr lays it out.
     #[repr(C, align(64))]

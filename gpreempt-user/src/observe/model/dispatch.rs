@@ -9,7 +9,7 @@ use gpreempt_common::aql::PacketKind;
 use serde::Serialize;
 
 use super::SeenPacket;
-use crate::kfd::codeobj::KernelNames;
+use crate::observe::kfd::codeobj::KernelNames;
 
 /// Kernel objects tracked per queue; later ones are counted under `other_kernels`.
 pub const KERNELS_MAX: usize = 256;

@@ -2,7 +2,7 @@
 //! virtual clock, and the controller's handle against scripted guardians.
 
 use super::*;
-use crate::nv::rm as control;
+use crate::observe::nv::rm as control;
 use crate::observe::procinfo::ProcId;
 use nix::errno::Errno;
 use std::{cell::RefCell, os::unix::fs::PermissionsExt as _, rc::Rc};

@@ -30,11 +30,12 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
+    backend::kfd::control::TargetError,
     backend::{ActError, Backends},
     cmd::manual::DurationArg,
     controller::daemon,
-    kfd::{control::TargetError, sampler, Paths},
-    model::{Process, QueueKind, SampleRead, State, Update},
+    observe::kfd::{sampler, Paths},
+    observe::model::{Process, QueueKind, SampleRead, State, Update},
     outcome::{Notice, OpReport, QueueOutcome},
     policy::Class,
 };

@@ -1,12 +1,9 @@
 //! AMD (amdkfd): the KFD's own files, sysfs (`/sys/class/kfd/kfd`: topology and per-process
 //! queues) and debugfs (`/sys/kernel/debug/kfd`: `hqds` and `mqds` dumps) parsed in the kernel's
-//! formats ([`sysfs`], [`debugfs`]; docs/kfd.md), the AQL dispatch-id [`sampler`], and the
-//! [`control`] thread that suspends and resumes queues, and [`cycles`] (`kfd-cycles`: timed
-//! suspend / resume cycles for the MI host kit).
+//! formats ([`sysfs`], [`debugfs`]; docs/kfd.md), the AQL dispatch-id [`sampler`] and the
+//! code-object names ([`codeobj`]). The control thread is `backend::kfd::control`.
 
 pub mod codeobj;
-pub mod control;
-pub mod cycles;
 pub mod debugfs;
 pub mod sampler;
 pub mod sysfs;

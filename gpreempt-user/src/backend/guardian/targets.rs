@@ -8,7 +8,7 @@ use gpreempt_common::nv;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::HoldEntry;
-use crate::nv::rm::{self as control, Channels};
+use crate::observe::nv::rm::{self as control, Channels};
 use crate::observe::procinfo::ProcId;
 
 /// What the guardian needs from the system, injectable for tests.
