@@ -147,7 +147,12 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
-            nv_levers: self.engine.lever_views(),
+            nv_levers: self
+                .engine
+                .lever_views()
+                .into_iter()
+                .map(Into::into)
+                .collect(),
             metrics: self.metrics_addr.clone(),
             unit: self.unit.clone(),
         }

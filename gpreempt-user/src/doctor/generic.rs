@@ -610,7 +610,7 @@ pub fn traced_check(kfd_processes: usize, traced: &[Traced]) -> Check {
 /// Check 12.
 pub fn controller_check(run_dir: &Path) -> Check {
     const NAME: &str = "controller";
-    if crate::controller::daemon::lock_held(run_dir) {
+    if crate::observe::status::lock_held(run_dir) {
         let pid = fs::read_to_string(run_dir.join("controller.lock"))
             .ok()
             .map(|s| s.trim().to_string())

@@ -75,7 +75,7 @@ pub struct Watcher {
     timers: Option<Timers>,
     losses: crate::observe::losses::Losses,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
-    pub controller: Option<crate::controller::daemon::Status>,
+    pub controller: Option<crate::observe::status::Status>,
     /// Launch hints: which processes get them, resolved off the loop.
     hints: crate::observe::hints::LaunchHints,
     /// Kernel names for the dispatch mix, read off the loop.
@@ -251,7 +251,7 @@ impl Watcher {
     /// The running controller's classes and held queues (its suspend arrays cannot be read
     /// back reliably from its events: they are gone by the time we look).
     pub fn controller_now(&mut self) {
-        let status = crate::controller::daemon::read_status(&crate::rundir::run_dir())
+        let status = crate::observe::status::read_status(&crate::rundir::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.state.controller = None;
@@ -356,12 +356,8 @@ impl Watcher {
         if before.unwrap_or(&Vec::new()) != &s.timeslices {
             self.state.apply(Update::Timeslices(s.timeslices.clone()));
         }
-        self.state.adaptive = s
-            .adaptive
-            .iter()
-            .map(|v| (v.gpu_id, v.to_string()))
-            .collect();
-        self.state.controller = Some(controller_line(&s));
+        self.state.adaptive = s.adaptive.iter().map(|v| (v.gpu_id, v.clone())).collect();
+        self.state.controller = Some(s.clone());
         self.controller = Some(s);
     }
 
@@ -938,54 +934,4 @@ fn read_ids(pid: u32, ptr: u64, n: u32) -> Option<Vec<u32>> {
     }];
     let got = sampler::read_remote(pid, &remote, &mut buf).ok()?;
     (got == buf.len()).then(|| (0..n).map(|i| sampler::u32_at(&buf, 4 * i)).collect())
-}
-
-/// `top`'s title line for a running controller: mode, pid, the systemd unit it runs in, what it
-/// holds, fences, and where its metrics are served.
-pub fn controller_line(s: &crate::controller::daemon::Status) -> String {
-    format!(
-        "controller: {} pid {}{}{}, {} held{}{}",
-        s.mode,
-        s.controller_pid,
-        s.unit
-            .as_ref()
-            .map(|u| format!(" (systemd {u})"))
-            .unwrap_or_default(),
-        if s.dry_run { " (dry run)" } else { "" },
-        s.held.len(),
-        if s.fenced.is_empty() {
-            String::new()
-        } else {
-            format!(", {} GPU(s) fenced", s.fenced.len())
-        },
-        s.metrics
-            .as_ref()
-            .map(|m| format!(", metrics http://{m}/metrics"))
-            .unwrap_or_default()
-    )
-}
-
-#[cfg(test)]
-mod controller_line_tests {
-    use super::controller_line;
-    use crate::controller::daemon::Status;
-
-    #[test]
-    fn the_title_names_the_unit_and_the_metrics_endpoint() {
-        let mut s = Status {
-            controller_pid: 42,
-            mode: "run".into(),
-            held: vec![(7, 0, None)],
-            ..Default::default()
-        };
-        assert_eq!(controller_line(&s), "controller: run pid 42, 1 held");
-        s.unit = Some("gpreempt-ebpf.service".into());
-        s.metrics = Some("127.0.0.1:9464".into());
-        s.fenced = vec![(1, "error".into())];
-        assert_eq!(
-            controller_line(&s),
-            "controller: run pid 42 (systemd gpreempt-ebpf.service), 1 held, 1 GPU(s) fenced, \
-             metrics http://127.0.0.1:9464/metrics"
-        );
-    }
 }

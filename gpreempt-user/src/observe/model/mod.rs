@@ -36,19 +36,19 @@ pub struct State {
     /// Latest time seen in any update (ns, CLOCK_MONOTONIC).
     #[serde(skip)]
     pub now_ns: u64,
-    /// A one-line summary of the running controller (another process), for `top`'s title.
+    /// What the running controller (another process) publishes, for `top`'s title.
     #[serde(skip)]
-    pub controller: Option<String>,
+    pub controller: Option<crate::observe::status::Status>,
     /// Which event sources are live (`probe::summarize`), for `top`.
     #[serde(skip)]
     pub sources: Option<String>,
     /// Set while event records are being lost in the kernel (the map leans on sampling).
     #[serde(skip)]
     pub events_degraded: Option<String>,
-    /// Per GPU under the controller's adaptive strategy: its goal and measurements, one line
-    /// for `top`'s GPU line.
+    /// Per GPU under the controller's adaptive strategy: its goal and measurements, for
+    /// `top`'s GPU line.
     #[serde(skip)]
-    pub adaptive: BTreeMap<u32, String>,
+    pub adaptive: BTreeMap<u32, crate::observe::status::AdaptiveView>,
     /// NVIDIA RM objects per (pid, hClient): handle -> (class, parent), and the client's fd.
     #[serde(skip)]
     nv_objects: HashMap<(u32, u32), nv::NvClient>,

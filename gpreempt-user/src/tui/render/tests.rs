@@ -546,7 +546,7 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
         offline_kept: 0.93,
         bursts: 640,
     };
-    st.adaptive.insert(GPU_A, view.to_string());
+    st.adaptive.insert(GPU_A, view);
     let b = render(&App::new("100ms"), &st, 220, 30);
     let l = line(&b, find(&b, "adaptive: goal"));
     assert!(

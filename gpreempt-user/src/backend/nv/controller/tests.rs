@@ -395,7 +395,7 @@ fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
     use crate::policy::{Action, Engine, Policy};
     let mut s = online_and_offline();
     let policy = Policy::parse(
-        include_str!("../../../../scripts/gpu/policy.toml"),
+        include_str!("../../../../../scripts/gpu/policy.toml"),
         "policy.toml",
     )
     .unwrap();
