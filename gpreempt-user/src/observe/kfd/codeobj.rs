@@ -1305,7 +1305,8 @@ mod tests {
     /// test again in a new session (setsid), which does the work.
     #[test]
     fn a_pty_uri_never_becomes_the_controlling_terminal() {
-        const NAME: &str = "kfd::codeobj::tests::a_pty_uri_never_becomes_the_controlling_terminal";
+        const NAME: &str =
+            "observe::kfd::codeobj::tests::a_pty_uri_never_becomes_the_controlling_terminal";
         let tty_nr = || {
             let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
             let after = &stat[stat.rfind(')').unwrap() + 1..];
