@@ -104,9 +104,9 @@ fn strip_test_modules(s: &str) -> (String, Vec<(String, Option<String>)>) {
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect();
         let after_name = m[name.len()..].trim_start();
-        if after_name.starts_with(';') {
+        if let Some(after_decl) = after_name.strip_prefix(';') {
             test_files.push((name, path));
-            rest = &after_name[1..];
+            rest = after_decl;
         } else {
             let open = item.find('{').unwrap_or(0);
             let end = closing(item, open).map_or(item.len(), |c| c + 1);
