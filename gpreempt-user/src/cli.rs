@@ -69,16 +69,16 @@ pub enum Command {
     Policy(cmd::policy::Args),
     /// Resumes NVIDIA channels a dead controller paused (started by the controller).
     #[command(hide = true)]
-    NvGuardian(crate::nv::guardian::Args),
+    NvGuardian(cmd::nv_guardian::Args),
     /// NVIDIA pause/resume cycles of a process started after it (GPU experiment kit).
     #[command(hide = true)]
-    NvPauseTest(crate::nv::pausetest::Args),
+    NvPauseTest(cmd::nv_pause_test::Args),
     /// KFD suspend/resume cycles of one process, timed (ioctls, quiesce, progress; MI host kit).
     #[command(hide = true)]
-    KfdCycles(crate::kfd::cycles::Args),
+    KfdCycles(cmd::kfd_cycles::Args),
     /// A CUDA process of our own that the controller pauses and resumes at start (self-test).
     #[command(hide = true)]
-    NvSelftestTarget(crate::nv::selftest::TargetArgs),
+    NvSelftestTarget(cmd::nv_selftest_target::Args),
     /// Man pages or shell completions, from these very definitions (used by `cargo xtask package`).
     #[command(hide = true, subcommand)]
     Generate(Generate),
@@ -177,7 +177,7 @@ pub fn main() -> Result<ExitCode> {
     ) {
         // The control thread takes its tracees' stops from a signalfd: SIGCHLD must be blocked
         // in every thread, so before the runtime starts any.
-        crate::kfd::control::block_sigchld()?;
+        crate::backend::kfd::control::block_sigchld()?;
     }
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
@@ -195,10 +195,10 @@ pub fn main() -> Result<ExitCode> {
         Command::Resume(args) => rt()?.block_on(cmd::manual::resume(g, args)),
         Command::Doctor(args) => cmd::doctor::main(g, args),
         Command::Policy(args) => cmd::policy::main(args),
-        Command::NvGuardian(args) => crate::nv::guardian::main(args),
-        Command::NvPauseTest(args) => rt()?.block_on(crate::nv::pausetest::main(args)),
-        Command::KfdCycles(args) => rt()?.block_on(crate::kfd::cycles::main(g, args)),
-        Command::NvSelftestTarget(args) => crate::nv::selftest::target_main(args),
+        Command::NvGuardian(args) => cmd::nv_guardian::main(args),
+        Command::NvPauseTest(args) => rt()?.block_on(cmd::nv_pause_test::main(args)),
+        Command::KfdCycles(args) => rt()?.block_on(cmd::kfd_cycles::main(g, args)),
+        Command::NvSelftestTarget(args) => cmd::nv_selftest_target::main(args),
         Command::Generate(g) => generate(g),
     }
 }

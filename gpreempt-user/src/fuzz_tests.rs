@@ -144,8 +144,8 @@ proptest! {
 
     #[test]
     fn debugfs_dumps_never_panic(text in texty(DEBUGFS_WORDS)) {
-        let _ = crate::kfd::debugfs::parse_hqds(&text);
-        let _ = crate::kfd::debugfs::parse_mqds(&text);
+        let _ = crate::observe::kfd::debugfs::parse_hqds(&text);
+        let _ = crate::observe::kfd::debugfs::parse_mqds(&text);
     }
 
     #[test]
@@ -154,8 +154,8 @@ proptest! {
         gpu_id in "\\PC{0,12}",
         name in "\\PC{0,12}",
     ) {
-        let _ = crate::kfd::sysfs::parse_properties(&props);
-        let _ = crate::kfd::sysfs::parse_node(1, &gpu_id, &name, &props);
+        let _ = crate::observe::kfd::sysfs::parse_properties(&props);
+        let _ = crate::observe::kfd::sysfs::parse_node(1, &gpu_id, &name, &props);
     }
 
     #[test]

@@ -696,7 +696,7 @@ pub mod dispatches {
 
     use serde::Serialize;
 
-    use crate::model::{FreshDispatch, Queue};
+    use crate::observe::model::{FreshDispatch, Queue};
 
     #[derive(Serialize)]
     struct DispatchLine<'a> {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{kfd::control::TargetError, model::Vendor};
+use crate::{backend::kfd::control::TargetError, observe::model::Vendor};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ActError {
@@ -37,7 +37,7 @@ impl fmt::Display for ActError {
 impl std::error::Error for ActError {}
 
 impl ActError {
-    /// A short kind for what cannot be controlled ([`crate::model::Uncontrollable::kind`]).
+    /// A short kind for what cannot be controlled ([`crate::observe::model::Uncontrollable::kind`]).
     pub fn kind(&self) -> &'static str {
         match self {
             Self::DryRun => "dry_run",

@@ -22,11 +22,11 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::kfd_lease::KfdLease;
+use super::kfd::lease::KfdLease;
 use crate::{
+    backend::guardian::FrozenEntry,
     clock::monotonic_ns,
-    model::State,
-    nv::guardian::FrozenEntry,
+    observe::model::State,
     outcome::{OpReport, QueueOutcome, QueueResult},
 };
 
@@ -140,7 +140,7 @@ impl Freezer {
     }
 }
 
-pub use crate::nv::guardian::set_frozen;
+pub use crate::backend::guardian::set_frozen;
 
 /// Waits up to `limit` for `cgroup.events` to say `frozen 1` (the kernel freezes tasks
 /// asynchronously); true when it did.

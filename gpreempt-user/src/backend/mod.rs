@@ -12,9 +12,8 @@
 //! Which backend acts on a process follows from its queues in the model ([`Process::vendor`]).
 
 use std::{
-    collections::BTreeMap,
     future::Future,
-    path::{Path, PathBuf},
+    path::Path,
     pin::Pin,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
@@ -24,22 +23,20 @@ use anyhow::Result;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::{
-    kfd::control::TargetError,
-    kfd::control::{Control, ControlHandle, Limits},
-    model::{State, Vendor},
-    observe::procinfo::{self, ProcId},
+    observe::model::{State, Vendor},
     observe::watch::Watcher,
     outcome::Notice,
     outcome::OpReport,
     policy::{Class, Policy},
-    rundir,
 };
 
 mod error;
 pub mod freezer;
-pub mod kfd_lease;
-mod nv;
+pub mod guardian;
+pub mod kfd;
+pub mod nv;
 pub use error::ActError;
+pub use kfd::KfdBackend;
 pub use nv::NvBackend;
 
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
@@ -242,272 +239,6 @@ impl Backends {
             .iter_mut()
             .find(|b| b.vendor() == vendor)
             .ok_or(ActError::NoDriver(vendor))
-    }
-}
-
-/// Resumes everything panicking code would otherwise leave suspended (before the default hook
-/// prints the panic). The KFD control thread's own panics are covered by its Drop.
-fn install_panic_hook(h: ControlHandle) {
-    let prev = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().name() != Some("gpreempt-ctl") {
-            h.shutdown_blocking(Duration::from_secs(2));
-        }
-        prev(info);
-    }));
-}
-
-/// AMD: the KFD control thread. Offline processes are attached ahead of time, so a suspend is
-/// one ioctl.
-pub struct KfdBackend {
-    control: Control,
-    dir: PathBuf,
-    /// Processes under control (attached), with their start times (the targets file).
-    attached: BTreeMap<u32, u64>,
-    /// Kills this controller if its loop stops beating (kfd_lease).
-    lease: kfd_lease::KfdLease,
-    /// `[policy] no_debug_api = "freeze"`: cgroups frozen instead of suspending queues.
-    fallback: Option<freezer::Fallback>,
-}
-
-impl KfdBackend {
-    pub async fn start(
-        kfd_device: &Path,
-        dir: &Path,
-        max_suspend: Duration,
-    ) -> Result<(Self, UnboundedReceiver<Notice>)> {
-        let (control, notices) = Control::start(
-            kfd_device,
-            Limits {
-                max_suspend,
-                ..Limits::default()
-            },
-        )?;
-        if let Some(h) = control.handle() {
-            install_panic_hook(h);
-        }
-        recover(&control, dir).await;
-        let lease = kfd_lease::KfdLease::start(dir, max_suspend, control.turns())?;
-        Ok((
-            Self {
-                control,
-                dir: dir.to_path_buf(),
-                attached: BTreeMap::new(),
-                lease,
-                fallback: None,
-            },
-            notices,
-        ))
-    }
-
-    /// The process `pid` names for this controller: the model's (the one the policy classified,
-    /// by its start time), else the one attached at first sight (a controller without a
-    /// model), else whoever has the pid now (a request's first sight). The control thread checks
-    /// it against the pid's owner before every act.
-    fn identity(&self, state: &State, pid: u32) -> Result<ProcId, ActError> {
-        if let Some(p) = state.procs.get(&pid) {
-            if p.exited_ns.is_some() {
-                return Err(TargetError::Gone.into());
-            }
-            if let Some(i) = &p.info {
-                return Ok(ProcId {
-                    pid,
-                    start_time: i.start_time,
-                });
-            }
-        }
-        if let Some(&start_time) = self.attached.get(&pid) {
-            return Ok(ProcId { pid, start_time });
-        }
-        ProcId::now(Path::new("/proc"), pid).map_err(|_| TargetError::Gone.into())
-    }
-
-    fn save_targets(&self) {
-        let t: Vec<rundir::Controlled> = self
-            .attached
-            .iter()
-            .map(|(&pid, &start_time)| rundir::Controlled { pid, start_time })
-            .collect();
-        if let Err(e) = rundir::write_targets(&self.dir, &t) {
-            log::warn!("{e:#}");
-        }
-    }
-}
-
-/// Resumes whatever an earlier instance left suspended (normally the kernel already did when it
-/// exited; this covers a controller that vanished in some other way).
-async fn recover(control: &Control, dir: &Path) {
-    for t in rundir::read_targets(dir) {
-        if procinfo::start_time(Path::new("/proc"), t.pid).ok() != Some(t.start_time) {
-            continue;
-        }
-        let id = ProcId {
-            pid: t.pid,
-            start_time: t.start_time,
-        };
-        match control.resume(id, None).await {
-            Ok(r) => eprintln!(
-                "pid {}: left by an earlier controller: resumed its queues (kernel count {})",
-                t.pid,
-                r.ret.map_or("?".into(), |n| n.to_string())
-            ),
-            Err(e) => eprintln!("pid {}: left by an earlier controller: {e}", t.pid),
-        }
-    }
-    let _ = rundir::write_targets(dir, &[]);
-}
-
-impl Backend for KfdBackend {
-    fn vendor(&self) -> Vendor {
-        Vendor::Amd
-    }
-
-    fn classed<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        class: Class,
-    ) -> BoxFut<'a, Result<(), ActError>> {
-        Box::pin(async move {
-            if class == Class::Offline {
-                let id = self.identity(state, pid)?;
-                if self.attached.get(&pid) != Some(&id.start_time) {
-                    self.control.attach(id).await?;
-                    self.attached.insert(pid, id.start_time);
-                    self.save_targets();
-                }
-            } else if let Some(start_time) = self.attached.remove(&pid) {
-                if let Err(e) = self.control.detach(ProcId { pid, start_time }).await {
-                    log::debug!("pid {pid}: detach: {e}");
-                }
-                self.save_targets();
-            }
-            Ok(())
-        })
-    }
-
-    fn suspend<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        queues: Option<Vec<u32>>,
-        grace: Option<u32>,
-    ) -> BoxFut<'a, Acted> {
-        Box::pin(async move {
-            let id = match self.identity(state, pid) {
-                Ok(id) => id,
-                Err(e) => return Acted::Now(Err(e)),
-            };
-            Acted::Now(
-                self.control
-                    .suspend(id, queues, grace)
-                    .await
-                    .map_err(ActError::from),
-            )
-        })
-    }
-
-    /// A process whose runtime never enabled the debug API has its cgroup frozen instead,
-    /// when the policy asks for that fallback ([`freezer`]).
-    fn policy_suspend<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        queues: Option<Vec<u32>>,
-        grace: Option<u32>,
-    ) -> BoxFut<'a, Acted> {
-        Box::pin(async move {
-            let frozen = self.fallback.as_ref().is_some_and(|f| f.is_frozen(pid));
-            let r = if frozen {
-                Err(ActError::Target(TargetError::NoDebugApi(String::new())))
-            } else {
-                self.suspend(state, pid, queues, grace).await.now()
-            };
-            match (r, self.fallback.as_mut()) {
-                (Err(ActError::Target(TargetError::NoDebugApi(why))), Some(f)) => {
-                    Acted::Now(f.freeze(&mut self.lease, state, pid).map_err(|e| {
-                        ActError::Target(TargetError::NoDebugApi(format!(
-                            "{why}; the freeze fallback refused: {e:#}"
-                        )))
-                    }))
-                }
-                (r, _) => Acted::Now(r),
-            }
-        })
-    }
-
-    fn resume<'a>(
-        &'a mut self,
-        state: &'a State,
-        pid: u32,
-        queues: Option<Vec<u32>>,
-    ) -> BoxFut<'a, Acted> {
-        Box::pin(async move {
-            if let Some(r) = self
-                .fallback
-                .as_mut()
-                .and_then(|f| f.thaw(&mut self.lease, state, pid))
-            {
-                return Acted::Now(Ok(r));
-            }
-            let id = match self.identity(state, pid) {
-                Ok(id) => id,
-                Err(e) => return Acted::Now(Err(e)),
-            };
-            Acted::Now(
-                self.control
-                    .resume(id, queues)
-                    .await
-                    .map_err(ActError::from),
-            )
-        })
-    }
-
-    fn forget(&mut self, pid: u32) {
-        if self.attached.remove(&pid).is_some() {
-            self.save_targets();
-        }
-        if let Some(f) = self.fallback.as_mut() {
-            f.thaw(&mut self.lease, &State::default(), pid);
-        }
-    }
-
-    fn set_policy(&mut self, policy: &Policy) {
-        let want = policy.no_debug_api == crate::policy::NoDebugApi::Freeze;
-        match (want, self.fallback.as_mut()) {
-            (true, None) => match freezer::Freezer::host() {
-                Ok(f) => self.fallback = Some(freezer::Fallback::new(f)),
-                Err(e) => log::warn!("no_debug_api = \"freeze\": {e:#}: refusing instead"),
-            },
-            (false, Some(f)) => {
-                f.thaw_all(&mut self.lease, &State::default());
-                self.fallback = None;
-            }
-            _ => {}
-        }
-    }
-
-    fn upkeep(&mut self, _state: &State, now_ns: u64) -> Vec<Notice> {
-        // The control thread runs its own watchdog and reports through the notice channel; the
-        // loop's heartbeat keeps the lease guardian from killing us.
-        self.lease
-            .upkeep(now_ns)
-            .map(|text| Notice::Problem { pid: 0, text })
-            .into_iter()
-            .collect()
-    }
-
-    fn shutdown(mut self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
-        Box::pin(async move {
-            if let Some(f) = self.fallback.as_mut() {
-                f.thaw_all(&mut self.lease, &State::default());
-            }
-            let out = self.control.shutdown().await;
-            let _ = rundir::write_targets(&self.dir, &[]);
-            let Self { lease, dir, .. } = *self;
-            lease.finish(&dir);
-            out
-        })
     }
 }
 

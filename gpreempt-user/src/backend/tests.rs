@@ -1,6 +1,6 @@
 //! The seam with fake vendors: routing by the process's queues.
 use super::*;
-use crate::nv::controller::tests::host;
+use crate::backend::nv::controller::tests::host;
 
 fn block_on<F: Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()

@@ -9,13 +9,13 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
+    backend::kfd::control::Limits,
     backend::Backends,
     controller::{
         daemon::{self, Request, Response, Status},
         requests::answer,
     },
-    kfd::control::Limits,
-    model::State,
+    observe::model::State,
     observe::procinfo,
     outcome::Notice,
     outcome::QueueOutcome,
@@ -90,7 +90,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
         &State::new(),
         a.pid,
         &a.queue,
-        &crate::kfd::Paths::default().sysfs,
+        &crate::observe::kfd::Paths::default().sysfs,
     )
     .map_err(|e| anyhow::anyhow!("pid {}: {e}", a.pid))?;
     let lock = daemon::Lock::acquire(&dir)?;

@@ -4,7 +4,11 @@
 use std::path::PathBuf;
 
 pub mod doctor;
+pub mod kfd_cycles;
 pub mod manual;
+pub mod nv_guardian;
+pub mod nv_pause_test;
+pub mod nv_selftest_target;
 pub mod policy;
 pub mod queues;
 pub mod run;

@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result};
 use serde::Serialize;
 
 use crate::{
-    model::{DebugApi, Gpu, Queue, State, Uncontrollable},
+    observe::model::{DebugApi, Gpu, Queue, State, Uncontrollable},
     observe::procinfo::ProcInfo,
 };
 
@@ -178,7 +178,7 @@ pub struct Args {
 
 pub fn main(args: &Args) -> Result<ExitCode> {
     let (state, warnings) = crate::observe::watch::Watcher::snapshot(
-        &crate::kfd::Paths::default(),
+        &crate::observe::kfd::Paths::default(),
         Duration::from_millis(args.sample_gap),
     )?;
     let text = if args.json {
@@ -196,7 +196,7 @@ pub fn main(args: &Args) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::Update, tui::app::tests::known_state};
+    use crate::{observe::model::Update, tui::app::tests::known_state};
 
     /// A process the running controller cannot act on carries `uncontrollable` (kind and
     /// reason) in the JSON and a line of its own under the table; the others carry nothing.

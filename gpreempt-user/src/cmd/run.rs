@@ -20,14 +20,15 @@ use tokio::{
 };
 
 use crate::{
+    backend::kfd::control::TargetError,
     backend::{ActError, Acted, Arrival, Backends, Ticket},
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
         requests::{answer, finish, Answer, Answered},
     },
-    kfd::{control::TargetError, Paths},
-    model::{Uncontrollable, Update},
+    observe::kfd::Paths,
+    observe::model::{Uncontrollable, Update},
     observe::watch::{Intervals, Watcher},
     outcome::Notice,
     outcome::{OpReport, QueueOutcome},
@@ -161,7 +162,12 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
-            nv_levers: self.engine.lever_views(),
+            nv_levers: self
+                .engine
+                .lever_views()
+                .into_iter()
+                .map(Into::into)
+                .collect(),
             metrics: self.metrics_addr.clone(),
             unit: self.unit.clone(),
         }

@@ -7,14 +7,14 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use crate::{
+    backend::kfd::control::Limits,
     backend::Backends,
     controller::{
         daemon::{self, Lock, Request, Response, Status},
         requests::answer,
     },
-    kfd::control::Limits,
-    kfd::Paths,
-    model::{State, Update},
+    observe::kfd::Paths,
+    observe::model::{State, Update},
     observe::watch::{Intervals, Watcher},
     outcome::Notice,
     tui::{self, app::Command},

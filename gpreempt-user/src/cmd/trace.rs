@@ -14,9 +14,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::Global;
 use crate::{
-    kfd::Paths,
     observe::events::{Event, EventSource, FdCheck},
     observe::hints::LaunchHints,
+    observe::kfd::Paths,
     observe::probe::{ProbeOptions, Probes},
     observe::watch::{Intervals, Watcher},
     trace::{Format, Sink},
@@ -132,9 +132,12 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     if let Some(l) = launches.as_mut() {
         let pids: Vec<u32> = match args.pid {
             Some(p) => vec![p],
-            None => crate::kfd::sysfs::read_procs(&crate::kfd::Paths::default().sysfs, |_, _| None)
-                .map(|s| s.procs.iter().map(|p| p.pid).collect())
-                .unwrap_or_default(),
+            None => crate::observe::kfd::sysfs::read_procs(
+                &crate::observe::kfd::Paths::default().sysfs,
+                |_, _| None,
+            )
+            .map(|s| s.procs.iter().map(|p| p.pid).collect())
+            .unwrap_or_default(),
         };
         for pid in pids {
             l.watch(&probes, pid)?;
@@ -269,7 +272,7 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
     // Last sampling tick written per queue; queues whose summary was written.
     let mut sampled: std::collections::HashMap<(u32, u32), u64> = Default::default();
     let mut summarized: std::collections::HashSet<(u32, u32)> = Default::default();
-    let has_packets = |q: &crate::model::Queue| {
+    let has_packets = |q: &crate::observe::model::Queue| {
         q.activity.dispatches.consumed > 0 || q.activity.dispatches.decoded > 0
     };
     // JSON summaries go with the packets; text ones to stderr.
@@ -278,7 +281,7 @@ async fn dispatches(g: &Global, args: &Args, mut out: Box<dyn Write>) -> Result<
                    err: &mut std::io::StderrLock<'_>,
                    pid: u32,
                    comm: &str,
-                   q: &crate::model::Queue| {
+                   q: &crate::observe::model::Queue| {
         if json {
             write_summary(out, true, pid, comm, q)
         } else {

@@ -5,7 +5,6 @@
 //! a directory only root can write (`rundir`); the socket itself is in `controller::socket`.
 
 use std::{
-    collections::BTreeMap,
     fs::File,
     io::{Read as _, Seek as _, Write as _},
     os::fd::AsRawFd,
@@ -16,6 +15,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use super::socket::{ask, serve, Access, Incoming};
+pub use crate::observe::status::{lock_held, read_status, Status};
 use crate::{
     outcome::OpReport,
     rundir::{self, PRIVATE_MODE, PUBLIC_MODE},
@@ -97,57 +97,6 @@ impl Drop for Lock {
     }
 }
 
-/// What a controller publishes for `top` and `gpreempt-ebpf resume`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Status {
-    pub controller_pid: u32,
-    /// `run`, `suspend` or `top`.
-    pub mode: String,
-    pub policy: Option<String>,
-    pub dry_run: bool,
-    /// Policy class per pid.
-    pub classes: BTreeMap<u32, String>,
-    /// Queues held suspended: (pid, queue, gpu).
-    pub held: Vec<(u32, u32, Option<u32>)>,
-    /// GPUs no longer preempted, and why.
-    pub fenced: Vec<(u32, String)>,
-    /// Processes that cannot be controlled, and why.
-    pub refused: BTreeMap<u32, String>,
-    /// Processes held by the freeze fallback (`no_debug_api = "freeze"`), with their cgroups.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub frozen: BTreeMap<u32, String>,
-    /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
-    #[serde(default)]
-    pub uncontrollable: BTreeMap<u32, crate::model::Uncontrollable>,
-    /// The latest decisions, newest last (audit records).
-    pub decisions: Vec<serde_json::Value>,
-    /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a
-    /// process's events reach the model.
-    #[serde(default)]
-    pub events: BTreeMap<String, u64>,
-    /// Set while event records are being lost in the kernel: the map leans on sampling.
-    #[serde(default)]
-    pub events_degraded: Option<String>,
-    /// Set while audit records cannot be written (e.g. a full file system), with the count lost.
-    #[serde(default)]
-    pub audit_failing: Option<String>,
-    /// NVIDIA TSG timeslices changed by the controller: (pid, TSG, original us, current us).
-    #[serde(default)]
-    pub timeslices: Vec<(u32, u32, u64, u64)>,
-    /// Per GPU under the adaptive strategy: the online goal and what the tuner measured.
-    #[serde(default)]
-    pub adaptive: Vec<crate::policy::AdaptiveView>,
-    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nv_levers: Vec<crate::policy::LeverView>,
-    /// Where the metrics are served (`run --metrics`).
-    #[serde(default)]
-    pub metrics: Option<String>,
-    /// The systemd unit the controller runs in, when it does (from its cgroup).
-    #[serde(default)]
-    pub unit: Option<String>,
-}
-
 /// The systemd service this process runs in: the `.service` component of its cgroup path.
 pub fn own_unit() -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
@@ -164,45 +113,6 @@ pub fn write_status(dir: &Path, s: &Status) -> Result<()> {
         &serde_json::to_vec(s)?,
         PUBLIC_MODE,
     )
-}
-
-/// The status of the running controller, if there is one (the lock is held).
-pub fn read_status(dir: &Path) -> Option<Status> {
-    if !lock_held(dir) {
-        return None;
-    }
-    status_file(dir)
-}
-
-fn status_file(dir: &Path) -> Option<Status> {
-    rundir::open_read(&dir.join("status.json"))
-        .ok()
-        .and_then(|f| serde_json::from_reader(std::io::BufReader::new(f)).ok())
-}
-
-/// Whether some process holds the controller lock.
-pub fn lock_held(dir: &Path) -> bool {
-    let f = match rundir::open_read(&dir.join("controller.lock")) {
-        Ok(f) => f,
-        // Not root: the lock is root's alone (a reader's shared flock would block the next
-        // controller), so believe the status while the controller it names lives.
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return status_file(dir).is_some_and(|s| alive(s.controller_pid))
-        }
-        Err(_) => return false,
-    };
-    // SAFETY: flock on an fd we own; a shared lock fails only if an exclusive one is held.
-    let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
-    !free
-}
-
-/// Whether `pid` exists (EPERM: it does, and is not ours to signal).
-fn alive(pid: u32) -> bool {
-    use nix::{errno::Errno, sys::signal::kill, unistd::Pid};
-    let Ok(raw) = i32::try_from(pid) else {
-        return false;
-    };
-    raw > 0 && matches!(kill(Pid::from_raw(raw), None), Ok(()) | Err(Errno::EPERM))
 }
 
 // ---------------------------------------------------------------------------------------------

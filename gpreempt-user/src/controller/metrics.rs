@@ -21,7 +21,7 @@ use prometheus::{
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::model::{QueueState, State};
+use crate::observe::model::{QueueState, State};
 
 /// Per-process labels, in order.
 const PROC_LABELS: [&str; 7] = [
@@ -548,8 +548,8 @@ mod tests {
     use super::*;
     use crate::{
         controller::daemon::Status,
-        model::Update,
         observe::events::{Event, Origin, ProcessExit},
+        observe::model::Update,
         tui::app::tests::known_state,
     };
 
@@ -674,7 +674,7 @@ mod tests {
             "{page}"
         );
         assert!(!page.contains("gpreempt_process_uncontrollable{"), "{page}");
-        let traced = crate::model::Uncontrollable {
+        let traced = crate::observe::model::Uncontrollable {
             kind: "traced".into(),
             reason: "already traced by pid 4321 (strace)".into(),
         };

@@ -10,7 +10,7 @@ use gpreempt_common::kfd::{KFD_DBG_QUEUE_ERROR_MASK, KFD_DBG_QUEUE_INVALID_MASK}
 use crate::{
     backend::{ActError, Acted, Backends, Ticket},
     controller::daemon::{Request, Response, Status},
-    model::{State, Vendor},
+    observe::model::{State, Vendor},
     outcome::OpReport,
 };
 
@@ -168,7 +168,7 @@ pub fn finish(pid: u32, suspend: bool, r: Result<OpReport, ActError>) -> Answer 
 /// The answer to a request naming a queue `pid` does not have (None: go ahead).
 fn refuse(state: &State, pid: u32, queues: &Option<Vec<u32>>) -> Option<Answer> {
     let ids = queues.as_deref()?;
-    let sysfs = crate::kfd::Paths::default().sysfs;
+    let sysfs = crate::observe::kfd::Paths::default().sysfs;
     check_queues(state, pid, ids, &sysfs).err().map(|e| Answer {
         response: Response::err(format!("pid {pid}: {e}")),
         acted: None,

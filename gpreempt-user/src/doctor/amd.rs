@@ -12,7 +12,7 @@ use gpreempt_common::{
 
 use super::{Check, Root, Verdict};
 use crate::{
-    kfd::sysfs::{self, GpuNode},
+    observe::kfd::sysfs::{self, GpuNode},
     observe::probe::HostProbeFacts,
 };
 

@@ -610,7 +610,7 @@ pub fn traced_check(kfd_processes: usize, traced: &[Traced]) -> Check {
 /// Check 12.
 pub fn controller_check(run_dir: &Path) -> Check {
     const NAME: &str = "controller";
-    if crate::controller::daemon::lock_held(run_dir) {
+    if crate::observe::status::lock_held(run_dir) {
         let pid = fs::read_to_string(run_dir.join("controller.lock"))
             .ok()
             .map(|s| s.trim().to_string())
@@ -634,7 +634,7 @@ pub fn controller_check(run_dir: &Path) -> Check {
 /// Which processes a running controller found it cannot suspend because their GPU runtime never
 /// enabled the KFD debug API, and which it holds frozen instead (docs/controller.md). Without a
 /// controller there is no ioctl history to judge by: it says where to look.
-pub fn suspendable_check(status: Option<&crate::controller::daemon::Status>) -> Check {
+pub fn suspendable_check(status: Option<&crate::observe::status::Status>) -> Check {
     const NAME: &str = "suspendable";
     let Some(s) = status else {
         return Check::ok(

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 
-use crate::{kfd::sysfs, observe::probe::HostProbeFacts};
+use crate::{observe::kfd::sysfs, observe::probe::HostProbeFacts};
 
 pub mod amd;
 pub mod generic;
@@ -225,8 +225,8 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     let (n, traced) = traced_kfd_processes(root, kfd_device, Some(std::process::id()));
     checks.push(traced_check(n, &traced));
     checks.push(controller_check(run_dir));
-    let status = crate::controller::daemon::lock_held(run_dir)
-        .then(|| crate::controller::daemon::read_status(run_dir))
+    let status = crate::observe::status::lock_held(run_dir)
+        .then(|| crate::observe::status::read_status(run_dir))
         .flatten();
     checks.push(suspendable_check(status.as_ref()));
     checks

@@ -1,6 +1,6 @@
 use super::{amd::*, generic::*, nvidia::*, *};
 use crate::{
-    kfd::sysfs::GpuNode,
+    observe::kfd::sysfs::GpuNode,
     observe::{
         host::{CAP_BPF, CAP_PERFMON},
         probe::ProgramCheck,
@@ -1020,13 +1020,13 @@ fn suspendable_names_processes_without_the_debug_api_and_the_fallback() {
     let c = suspendable_check(None);
     assert_eq!(c.verdict, Verdict::Ok);
     assert!(c.finding.contains("no controller running"), "{}", c.finding);
-    let mut s = crate::controller::daemon::Status {
+    let mut s = crate::observe::status::Status {
         controller_pid: 7,
         ..Default::default()
     };
     s.uncontrollable.insert(
         300,
-        crate::model::Uncontrollable {
+        crate::observe::model::Uncontrollable {
             kind: "traced".into(),
             reason: "already traced".into(),
         },
@@ -1039,7 +1039,7 @@ fn suspendable_names_processes_without_the_debug_api_and_the_fallback() {
     );
     s.uncontrollable.insert(
         200,
-        crate::model::Uncontrollable {
+        crate::observe::model::Uncontrollable {
             kind: "no_debug_api".into(),
             reason: "never enabled".into(),
         },

@@ -1,6 +1,6 @@
 //! Kernel names for the dispatch mix, read off the event loop: a process's code objects can be
 //! large (a PyTorch process maps hundreds of MB of them), so one reader thread walks ROCr's
-//! loader list ([`crate::kfd::codeobj`]) for one process at a time and the answers come back to
+//! loader list ([`crate::observe::kfd::codeobj`]) for one process at a time and the answers come back to
 //! the loop. A process is asked again only when its queues dispatch kernels still unnamed, and
 //! not more often than [`RETRY`] (a new code object is loaded; the first read raced the loader).
 
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::model::State;
+use crate::observe::model::State;
 
 /// At most one read of a process's code objects this often.
 pub const RETRY: Duration = Duration::from_secs(5);
@@ -16,7 +16,10 @@ pub const RETRY: Duration = Duration::from_secs(5);
 pub const RETRY_FAILED: Duration = Duration::from_secs(30);
 
 /// A pid and its names, or why there are none.
-pub type Answer = (u32, Result<crate::kfd::codeobj::KernelNames, String>);
+pub type Answer = (
+    u32,
+    Result<crate::observe::kfd::codeobj::KernelNames, String>,
+);
 
 #[derive(Default)]
 pub struct KernelNames {
@@ -77,7 +80,7 @@ impl KernelNames {
             .name("kernel-names".into())
             .spawn(move || {
                 for pid in asked {
-                    let r = crate::kfd::codeobj::read_kernel_names(&root, pid)
+                    let r = crate::observe::kfd::codeobj::read_kernel_names(&root, pid)
                         .map_err(|e| format!("{e:#}"));
                     if tx.send((pid, r)).is_err() {
                         return;
@@ -103,7 +106,10 @@ impl KernelNames {
 
     /// Notes an answer; the names to apply, if any. A failure is said once per pid at debug
     /// level (most processes on a host are not ROCr processes with code objects).
-    pub fn answered(&mut self, (pid, r): Answer) -> Option<crate::kfd::codeobj::KernelNames> {
+    pub fn answered(
+        &mut self,
+        (pid, r): Answer,
+    ) -> Option<crate::observe::kfd::codeobj::KernelNames> {
         if self.pending == Some(pid) {
             self.pending = None;
         }

@@ -35,9 +35,8 @@
 
 use std::collections::VecDeque;
 
-use serde::{Deserialize, Serialize};
-
 use super::{Budget, Policy};
+pub use crate::observe::status::{AdaptivePhase as Phase, AdaptiveView as View};
 
 /// Milliseconds with two decimals: defers and service times are often below one.
 fn fmt_ms(ns: u64) -> String {
@@ -69,14 +68,6 @@ const LADDER: [Option<u64>; 7] = [Some(0), Some(1), Some(2), Some(4), Some(8), S
 const NEVER: usize = LADDER.len() - 1;
 /// First cool-down (in bursts) of a rung that missed the target; doubles per miss.
 const COOLDOWN: u64 = 4 * ADJUST as u64;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Bursts alternate: offline held from the start (clean samples), left alone (free ones).
-    Calibrate,
-    Tuned,
-}
 
 /// One burst of online work on the GPU.
 #[derive(Clone, Copy, Debug)]
@@ -166,49 +157,6 @@ fn pct(v: impl Iterator<Item = u64>, p: usize) -> Option<u64> {
     }
     v.sort_unstable();
     Some(v[(v.len() * p / 100).min(v.len() - 1)])
-}
-
-/// What `top` and the status file show per GPU.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct View {
-    pub gpu_id: u32,
-    pub phase: Phase,
-    /// The online goal (ns): budget x clean p90, or the absolute budget.
-    pub target_ns: Option<u64>,
-    pub budget: String,
-    /// Undisturbed (clean) and disturbed (free) service time p90s, and the last feedback
-    /// step's p90 under control.
-    pub clean_p90_ns: Option<u64>,
-    pub free_p90_ns: Option<u64>,
-    pub achieved_p90_ns: Option<u64>,
-    /// The current defer (ns); None: never suspend.
-    pub defer_ns: Option<u64>,
-    /// Fraction of the time offline was not held on this GPU.
-    pub offline_kept: f64,
-    pub bursts: u64,
-}
-
-/// One line for `top`: "goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed
-/// 3.91ms, defer 0.49ms, offline kept 93%".
-impl std::fmt::Display for View {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = |v: Option<u64>| v.map_or("-".to_owned(), fmt_ms);
-        let action = match (self.phase, self.defer_ns) {
-            (Phase::Tuned, None) => "no suspends".to_owned(),
-            (Phase::Tuned, Some(0)) => "suspend at once".to_owned(),
-            (Phase::Tuned, Some(d)) => format!("defer {}", fmt_ms(d)),
-            _ => "calibrating".to_owned(),
-        };
-        write!(
-            f,
-            "goal {} ({}): service p90 {}, undisturbed {}, {action}, offline kept {:.0}%",
-            ms(self.target_ns),
-            self.budget,
-            ms(self.achieved_p90_ns),
-            ms(self.clean_p90_ns),
-            self.offline_kept * 100.0
-        )
-    }
 }
 
 /// The tuner of one GPU.

@@ -173,6 +173,28 @@ pub struct LeverView {
     pub summaries: Vec<Summary>,
 }
 
+impl From<LeverView> for crate::observe::status::LeverView {
+    fn from(v: LeverView) -> Self {
+        Self {
+            gpu_id: v.gpu_id,
+            lever: v.lever,
+            chosen: v.chosen,
+            phase: v.phase,
+            summaries: v
+                .summaries
+                .iter()
+                .map(|s| crate::observe::status::LeverSummary {
+                    lever: s.lever.label().into(),
+                    p50_ns: s.p50_ns,
+                    p90_ns: s.p90_ns,
+                    rate: s.rate,
+                    epochs: s.epochs,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// One GPU's lever tuner.
 #[derive(Clone, Debug)]
 pub struct LeverTuner {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use regex::Regex;
 
 use super::*;
-use crate::model::{Process, Queue, QueueKind, QueueState, SampleStatus, Source, State};
+use crate::observe::model::{Process, Queue, QueueKind, QueueState, SampleStatus, Source, State};
 use crate::observe::procinfo::ProcInfo;
 
 const GA: u32 = 0xa1;

@@ -7,9 +7,9 @@ use gpreempt_common::{kfd, kprobe, nv};
 
 use super::dispatches::{write_dispatch, write_sample, write_summary};
 use super::*;
-use crate::model::{FreshDispatch, NvTsg, Queue, QueueKind, SeenPacket, Source};
 use crate::observe::events::tests::create_queue;
 use crate::observe::events::{KernelEvent, LaunchEvent, Origin, ProcessExit};
+use crate::observe::model::{FreshDispatch, NvTsg, Queue, QueueKind, SeenPacket, Source};
 
 fn origin() -> Origin {
     Origin {

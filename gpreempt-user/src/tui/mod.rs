@@ -1,5 +1,5 @@
 //! `top`: the live TUI. [`app`] holds the UI state and turns keys into actions and commands,
-//! [`render`] draws a [`State`](crate::model::State); this module runs the loop that ties the
+//! [`render`] draws a [`State`](crate::observe::model::State); this module runs the loop that ties the
 //! terminal, the watcher ([`Source`]) and the keys together.
 //!
 //! One `tokio::select!` over: key and resize events (read on a dedicated thread), the watcher's
@@ -39,14 +39,14 @@ use tokio::{
 };
 
 use self::app::{action_for, App, Command};
-use crate::model::State;
+use crate::observe::model::State;
 
 /// What the TUI needs from the watcher (crate::observe::watch implements it; tests use a fake).
 #[allow(async_fn_in_trait)]
 pub trait Source {
     /// Waits for and applies the next updates. Must be cancel-safe (used in tokio::select!).
     async fn pump(&mut self) -> anyhow::Result<()>;
-    fn state(&self) -> &crate::model::State;
+    fn state(&self) -> &crate::observe::model::State;
     /// Carries out a command from a key; Ok(message for the status line) or Err (shown too).
     async fn command(&mut self, c: &app::Command) -> anyhow::Result<String>;
 }
@@ -289,7 +289,7 @@ impl Drop for TerminalGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Update;
+    use crate::observe::model::Update;
     use crate::tui::app::tests::known_state;
     use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
     use ratatui::backend::TestBackend;
@@ -366,7 +366,7 @@ mod tests {
     async fn nvidia_tsgs_show_their_channels() {
         let (_utx, urx) = mpsc::unbounded_channel();
         let mut src = Fake {
-            state: crate::nv::controller::tests::host(),
+            state: crate::backend::nv::controller::tests::host(),
             updates: urx,
             commands: Vec::new(),
             fail: false,

@@ -28,12 +28,12 @@ use std::{
 use gpreempt_common::kfd::{self, cmd, gfx9_hqd as reg, queue_type, DOORBELL_PROCESS_SLICE_BYTES};
 use gpreempt_user::{
     clock::monotonic_ns,
-    kfd::{
+    observe::events::{Event, IoctlEvent, KfdCall, Origin},
+    observe::kfd::{
         debugfs::{HqdNode, HqdSlot, Regs},
         sysfs::{GpuNode, ProcSnapshot, SysProc, SysQueue},
     },
-    model::{SampleRead, State, Update},
-    observe::events::{Event, IoctlEvent, KfdCall, Origin},
+    observe::model::{SampleRead, State, Update},
     observe::procinfo::ProcInfo,
     tui::app::App,
 };

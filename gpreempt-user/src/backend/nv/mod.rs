@@ -20,18 +20,19 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{ActError, Acted, Arrival, Backend, BoxFut, Ticket};
 use crate::{
+    backend::guardian::{Beater, GuardianHandle},
+    backend::nv::controller::{lock, NvControl, NvOps, Rm},
+    backend::nv::startup::SelfTestControl,
     clock::monotonic_ns,
-    model::{State, Vendor},
-    nv::{
-        controller::{lock, NvControl, NvOps, Rm},
-        guardian::{Beater, GuardianHandle},
-        startup::SelfTestControl,
-    },
+    observe::model::{State, Vendor},
     observe::watch::Watcher,
     outcome::{Notice, OpReport, TimesliceChange},
     policy::{Class, NvLever, NvPolicy, Policy},
 };
 
+pub mod controller;
+pub mod selftest;
+pub mod startup;
 pub(crate) mod worker;
 
 use worker::{Cmd, Worker};
@@ -323,7 +324,9 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
     fn self_test<'a>(&'a mut self, w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
         Box::pin(async move {
             let mut via = Via(&self.worker);
-            crate::nv::startup::self_test(&mut via, w).await.map(Some)
+            crate::backend::nv::startup::self_test(&mut via, w)
+                .await
+                .map(Some)
         })
     }
 

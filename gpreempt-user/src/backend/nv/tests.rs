@@ -9,11 +9,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{worker::BACKOFF_MIN_NS, NvBackend, LEVER_RECHECK_NS};
 use crate::{
-    backend::{ActError, Acted, Arrival, Backend, Ticket},
-    nv::controller::{
+    backend::nv::controller::{
         tests::{host, Shared},
         NvControl,
     },
+    backend::{ActError, Acted, Arrival, Backend, Ticket},
     outcome::{Notice, QueueOutcome},
     policy::{Class, Policy},
 };
@@ -439,7 +439,7 @@ fn dynamic_policy() -> Policy {
 fn policy_act(
     b: &mut NvBackend<Shared>,
     rx: &mut UnboundedReceiver<Arrival>,
-    s: &crate::model::State,
+    s: &crate::observe::model::State,
     suspend: bool,
 ) -> (crate::outcome::OpReport, Vec<Notice>) {
     let t = if suspend {

@@ -24,9 +24,9 @@ use tokio::sync::{mpsc::UnboundedSender, oneshot};
 
 use super::super::{ActError, Arrival, Ticket};
 use crate::{
+    backend::nv::controller::{lock, NvControl, NvOps},
     clock::monotonic_ns,
-    model::State,
-    nv::controller::{lock, NvControl, NvOps},
+    observe::model::State,
     outcome::{Notice, OpReport, QueueOutcome, QueueResult, TimesliceChange},
     policy::{NvLever, NvPolicy},
 };
@@ -401,7 +401,7 @@ impl<O: NvOps> Inner<O> {
     fn note_gpu(&mut self, proc: &State, pid: u32) {
         let gpu = proc.procs.get(&pid).and_then(|p| {
             p.live_queues()
-                .find(|q| q.kind == crate::model::QueueKind::NvCompute)
+                .find(|q| q.kind == crate::observe::model::QueueKind::NvCompute)
                 .map(|q| q.gpu_id)
         });
         if let Some(g) = gpu {

@@ -1,14 +1,17 @@
 //! The running controller (another process), mirrored into the model from what it publishes:
-//! classes, what it cannot act on, held queues, timeslices, and `top`'s title line for it.
+//! classes, what it cannot act on, held queues and timeslices (`top` formats its title line).
 
 use super::Watcher;
-use crate::{clock::monotonic_ns, controller::daemon::Status, model::Update};
+use crate::{
+    clock::monotonic_ns,
+    observe::{model::Update, status::Status},
+};
 
 impl Watcher {
     /// The running controller's classes and held queues (its suspend arrays cannot be read
     /// back reliably from its events: they are gone by the time we look).
     pub fn controller_now(&mut self) {
-        let status = crate::controller::daemon::read_status(&crate::rundir::run_dir())
+        let status = crate::observe::status::read_status(&crate::rundir::run_dir())
             .filter(|s| s.controller_pid != 0 && s.controller_pid != std::process::id());
         let Some(s) = status else {
             self.controller_gone();
@@ -22,12 +25,8 @@ impl Watcher {
         if before.unwrap_or(&Vec::new()) != &s.timeslices {
             self.state.apply(Update::Timeslices(s.timeslices.clone()));
         }
-        self.state.adaptive = s
-            .adaptive
-            .iter()
-            .map(|v| (v.gpu_id, v.to_string()))
-            .collect();
-        self.state.controller = Some(controller_line(&s));
+        self.state.adaptive = s.adaptive.iter().map(|v| (v.gpu_id, v.clone())).collect();
+        self.state.controller = Some(s.clone());
         self.controller = Some(s);
     }
 
@@ -80,7 +79,7 @@ impl Watcher {
             let want = s.uncontrollable.get(&p.pid).cloned().or_else(|| {
                 s.refused
                     .get(&p.pid)
-                    .map(|reason| crate::model::Uncontrollable {
+                    .map(|reason| crate::observe::model::Uncontrollable {
                         kind: "other".into(),
                         reason: reason.clone(),
                     })
@@ -110,7 +109,7 @@ impl Watcher {
             let want = held.get(&p.pid);
             let (mut sus, mut res) = (Vec::new(), Vec::new());
             for q in p.live_queues() {
-                let is = q.state == crate::model::QueueState::Suspended;
+                let is = q.state == crate::observe::model::QueueState::Suspended;
                 let should = want.is_some_and(|w| w.contains(&q.queue_id));
                 if should && !is {
                     sus.push(q.queue_id);
@@ -139,29 +138,4 @@ impl Watcher {
             self.state.apply(u);
         }
     }
-}
-
-/// `top`'s title line for a running controller: mode, pid, the systemd unit it runs in, what it
-/// holds, fences, and where its metrics are served.
-pub fn controller_line(s: &Status) -> String {
-    format!(
-        "controller: {} pid {}{}{}, {} held{}{}",
-        s.mode,
-        s.controller_pid,
-        s.unit
-            .as_ref()
-            .map(|u| format!(" (systemd {u})"))
-            .unwrap_or_default(),
-        if s.dry_run { " (dry run)" } else { "" },
-        s.held.len(),
-        if s.fenced.is_empty() {
-            String::new()
-        } else {
-            format!(", {} GPU(s) fenced", s.fenced.len())
-        },
-        s.metrics
-            .as_ref()
-            .map(|m| format!(", metrics http://{m}/metrics"))
-            .unwrap_or_default()
-    )
 }

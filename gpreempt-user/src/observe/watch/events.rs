@@ -9,9 +9,9 @@ use nix::sys::uio::RemoteIoVec;
 use super::Watcher;
 use crate::{
     clock::monotonic_ns,
-    kfd::sampler,
-    model::Update,
     observe::events::{Event, KfdCall},
+    observe::kfd::sampler,
+    observe::model::Update,
 };
 
 impl Watcher {

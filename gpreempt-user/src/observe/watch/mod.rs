@@ -14,9 +14,9 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     clock::monotonic_ns,
-    kfd::{sysfs, Paths},
-    model::{State, Update},
     observe::events::{Event, EventSource, FdCheck},
+    observe::kfd::{sysfs, Paths},
+    observe::model::{State, Update},
     observe::probe::{ProbeOptions, Probes},
 };
 
@@ -24,10 +24,6 @@ mod controller;
 mod events;
 mod nvidia;
 mod reads;
-#[cfg(test)]
-mod tests;
-
-pub use controller::controller_line;
 
 /// How often each source is read (defaults: `top`'s options).
 #[derive(Clone, Debug)]
@@ -87,7 +83,7 @@ pub struct Watcher {
     timers: Option<Timers>,
     losses: crate::observe::losses::Losses,
     /// What the running controller (another process) publishes: classes, held queues, decisions.
-    pub controller: Option<crate::controller::daemon::Status>,
+    pub controller: Option<crate::observe::status::Status>,
     /// Launch hints: which processes get them, resolved off the loop.
     hints: crate::observe::hints::LaunchHints,
     /// Kernel names for the dispatch mix, read off the loop.
@@ -95,9 +91,9 @@ pub struct Watcher {
     /// Events applied to the model, by kind ([`APPLIED`]), and batches read.
     applied: [u64; APPLIED.len()],
     /// NVIDIA channels' GP_GET / GP_PUT, read from their USERD.
-    pub channels: crate::nv::activity::ChannelSampler,
+    pub channels: crate::observe::nv::activity::ChannelSampler,
     /// The NVIDIA objects journal (`run` only): what a restarted controller adopts.
-    nv_log: Option<crate::nv::adopt::ObjectLog>,
+    nv_log: Option<crate::observe::nv::adopt::ObjectLog>,
 }
 
 impl Watcher {

@@ -8,16 +8,16 @@ use anyhow::Result;
 use super::Watcher;
 use crate::{
     clock::monotonic_ns,
-    model::Update,
+    observe::model::Update,
     observe::{events::Event, procinfo},
 };
 
 impl Watcher {
     /// Adopts the NVIDIA processes a previous controller journaled in `dir`, each proven through
-    /// the driver ([`crate::nv::adopt`]), marks the processes holding the driver that nothing
+    /// the driver ([`crate::observe::nv::adopt`]), marks the processes holding the driver that nothing
     /// explains as unmanaged, and (`journal`: `run`) journals from now on. Lines for the log.
     pub fn adopt_nv(&mut self, dir: &Path, journal: bool) -> Vec<String> {
-        use crate::nv::adopt;
+        use crate::observe::nv::adopt;
         let mut lines = Vec::new();
         let mut log = adopt::ObjectLog::default();
         match adopt::load(dir) {
@@ -50,7 +50,7 @@ impl Watcher {
         let scan = if rest.is_empty() {
             None
         } else {
-            match crate::nv::rm::next_client_index() {
+            match crate::observe::nv::rm::next_client_index() {
                 Ok(top) => Some(adopt::Scan {
                     client_top: top,
                     bases: adopt::DEFAULT_BASES.to_vec(),

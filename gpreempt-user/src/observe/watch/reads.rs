@@ -4,8 +4,8 @@
 
 use crate::{
     clock::monotonic_ns,
-    kfd::{debugfs, sampler, sysfs},
-    model::Update,
+    observe::kfd::{debugfs, sampler, sysfs},
+    observe::model::Update,
     observe::procinfo,
 };
 
@@ -80,7 +80,7 @@ impl Watcher {
             .map(|p| p.pid)
             .collect();
         for pid in pids {
-            match crate::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
+            match crate::observe::kfd::codeobj::read_kernel_names(&self.paths.proc, pid) {
                 Ok(names) => self.state.apply(Update::KernelNames { pid, names }),
                 Err(e) => log::debug!("pid {pid}: no kernel names: {e:#}"),
             }

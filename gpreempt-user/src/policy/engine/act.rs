@@ -8,7 +8,7 @@ use super::{
     gpu::{gpu_lever, GpuMem},
     Engine, Held, Release,
 };
-use crate::model::{Process, QueueState, State, Vendor};
+use crate::observe::model::{Process, QueueState, State, Vendor};
 
 impl Engine {
     /// Goes over the held queues: forgets those that are gone (nothing to resume), resumes
@@ -98,7 +98,7 @@ impl Engine {
     /// online episode on one of their GPUs has outlasted `pause_after`; with `dynamic` a
     /// "suspend" is the short timeslice for the episode. Everything else may be suspended.
     fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
-        if p.vendor() != Some(crate::model::Vendor::Nvidia) {
+        if p.vendor() != Some(crate::observe::model::Vendor::Nvidia) {
             return true;
         }
         let nv = &self.policy.nvidia;

@@ -2,7 +2,7 @@
 //! strategies, with `window`), and the strict kind the adaptive tuner measures bursts with.
 
 use super::super::Policy;
-use crate::model::{Activity, Process, SampleStatus};
+use crate::observe::model::{Activity, Process, SampleStatus};
 
 /// Why online work counts as busy on a GPU (the first evidence, by pid then queue).
 #[derive(Clone, Copy, Debug)]

@@ -8,7 +8,7 @@ use super::{
     gpu::mix_term,
     Engine, Launches, Reads,
 };
-use crate::model::{Activity, Process, QueueKind, SampleStatus, State, Vendor};
+use crate::observe::model::{Activity, Process, QueueKind, SampleStatus, State, Vendor};
 
 impl Engine {
     /// Classifies the live processes and records, per GPU, the first evidence (by pid, then

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::levers::LeverChange;
 use super::{Action, Class, Decision, NvLever, Policy, Strategy};
-use crate::model::{Process, State};
+use crate::observe::model::{Process, State};
 
 mod act;
 mod evidence;

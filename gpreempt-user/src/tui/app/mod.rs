@@ -6,7 +6,7 @@ use std::{cell::Cell, cmp::Ordering, time::Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use crate::model::{Process, Queue, QueueState, State};
+use crate::observe::model::{Process, Queue, QueueState, State};
 
 /// A table row's identity: the process, and the queue for a queue row. Stable across refreshes
 /// (row positions are not: sorting and new queues move rows).

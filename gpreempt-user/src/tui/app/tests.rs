@@ -2,12 +2,12 @@
 
 use super::*;
 use crate::{
-    kfd::{
+    observe::events::{Event, KfdCall},
+    observe::kfd::{
         debugfs::{HqdNode, HqdSlot, Regs},
         sysfs::GpuNode,
     },
-    model::{SampleRead, Update},
-    observe::events::{Event, KfdCall},
+    observe::model::{SampleRead, Update},
     observe::procinfo::ProcInfo,
 };
 use gpreempt_common::kfd::{self, gfx9_hqd as reg};

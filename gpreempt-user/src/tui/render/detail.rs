@@ -3,8 +3,8 @@
 use ratatui::text::{Line, Span};
 
 use super::{ago, bold, fmt_rate, hex, opt, source_label, KEY_W};
-use crate::model::dispatch::{pow2_label, DispatchMix};
-use crate::model::{Process, Queue, SampleStatus, State};
+use crate::observe::model::dispatch::{pow2_label, DispatchMix};
+use crate::observe::model::{Process, Queue, SampleStatus, State};
 use crate::tui::app::{self, App, TreeRow};
 
 pub(super) struct Detail {

@@ -11,7 +11,7 @@ use ratatui::{
 };
 
 use super::{ago, bold, dim, opt};
-use crate::model::{QueueState, State};
+use crate::observe::model::{QueueState, State};
 use crate::tui::app::App;
 
 /// `queues`: live queues in all.
@@ -41,7 +41,7 @@ pub(super) fn draw_title(f: &mut Frame, area: Rect, app: &App, state: &State, qu
         spans.push(Span::styled(format!("[{l}]"), bold()));
     }
     if let Some(c) = &state.controller {
-        spans.push(Span::raw(format!("  {c}")));
+        spans.push(Span::raw(format!("  {}", controller_line(c))));
     }
     if let Some(s) = &state.sources {
         spans.push(Span::raw(format!("  {s}")));
@@ -73,7 +73,11 @@ pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
     m
 }
 
-fn gpu_line(g: &crate::model::Gpu, counts: GpuCounts, adaptive: Option<&String>) -> Line<'static> {
+fn gpu_line(
+    g: &crate::observe::model::Gpu,
+    counts: GpuCounts,
+    adaptive: Option<&crate::observe::status::AdaptiveView>,
+) -> Line<'static> {
     let id = g.node.gpu_id;
     let GpuCounts {
         live,
@@ -152,4 +156,83 @@ pub(super) fn draw_hqd_line(f: &mut Frame, area: Rect, state: &State) {
         )),
     };
     f.render_widget(Paragraph::new(line), area);
+}
+
+fn fmt_ms(ns: u64) -> String {
+    format!("{:.2}ms", ns as f64 / 1e6)
+}
+
+/// One line for `top`: "goal 4.30ms (1.10x undisturbed): service p90 4.12ms, undisturbed
+/// 3.91ms, defer 0.49ms, offline kept 93%".
+use crate::observe::status::AdaptivePhase;
+
+impl std::fmt::Display for crate::observe::status::AdaptiveView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: Option<u64>| v.map_or("-".to_owned(), fmt_ms);
+        let action = match (self.phase, self.defer_ns) {
+            (AdaptivePhase::Tuned, None) => "no suspends".to_owned(),
+            (AdaptivePhase::Tuned, Some(0)) => "suspend at once".to_owned(),
+            (AdaptivePhase::Tuned, Some(d)) => format!("defer {}", fmt_ms(d)),
+            _ => "calibrating".to_owned(),
+        };
+        write!(
+            f,
+            "goal {} ({}): service p90 {}, undisturbed {}, {action}, offline kept {:.0}%",
+            ms(self.target_ns),
+            self.budget,
+            ms(self.achieved_p90_ns),
+            ms(self.clean_p90_ns),
+            self.offline_kept * 100.0
+        )
+    }
+}
+
+/// `top`'s title line for a running controller: mode, pid, the systemd unit it runs in, what it
+/// holds, fences, and where its metrics are served.
+pub fn controller_line(s: &crate::observe::status::Status) -> String {
+    format!(
+        "controller: {} pid {}{}{}, {} held{}{}",
+        s.mode,
+        s.controller_pid,
+        s.unit
+            .as_ref()
+            .map(|u| format!(" (systemd {u})"))
+            .unwrap_or_default(),
+        if s.dry_run { " (dry run)" } else { "" },
+        s.held.len(),
+        if s.fenced.is_empty() {
+            String::new()
+        } else {
+            format!(", {} GPU(s) fenced", s.fenced.len())
+        },
+        s.metrics
+            .as_ref()
+            .map(|m| format!(", metrics http://{m}/metrics"))
+            .unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod controller_line_tests {
+    use super::controller_line;
+    use crate::observe::status::Status;
+
+    #[test]
+    fn the_title_names_the_unit_and_the_metrics_endpoint() {
+        let mut s = Status {
+            controller_pid: 42,
+            mode: "run".into(),
+            held: vec![(7, 0, None)],
+            ..Default::default()
+        };
+        assert_eq!(controller_line(&s), "controller: run pid 42, 1 held");
+        s.unit = Some("gpreempt-ebpf.service".into());
+        s.metrics = Some("127.0.0.1:9464".into());
+        s.fenced = vec![(1, "error".into())];
+        assert_eq!(
+            controller_line(&s),
+            "controller: run pid 42 (systemd gpreempt-ebpf.service), 1 held, 1 GPU(s) fenced, \
+             metrics http://127.0.0.1:9464/metrics"
+        );
+    }
 }

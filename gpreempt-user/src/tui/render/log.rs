@@ -9,7 +9,7 @@ use ratatui::{
 };
 
 use super::{bold, dim, fmt_age};
-use crate::model::{LogKind, State};
+use crate::observe::model::{LogKind, State};
 use crate::tui::app::{self};
 
 fn log_style(k: LogKind) -> Style {

@@ -15,7 +15,7 @@ use ratatui::{
 };
 
 use super::app::{self, App, TreeRow};
-use crate::model::{QueueState, Source, State};
+use crate::observe::model::{QueueState, Source, State};
 
 mod detail;
 mod footer;

@@ -9,7 +9,7 @@ use ratatui::{
 };
 
 use super::{bold, dim, fmt_age, fmt_rate, opt, state_style};
-use crate::model::{Process, Queue, State};
+use crate::observe::model::{Process, Queue, State};
 use crate::tui::app::{self, App, SortColumn, TreeRow};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 
 use super::table::{columns, row_bounds, Col, COLS};
 use super::*;
-use crate::model::Update;
+use crate::observe::model::Update;
 use crate::tui::app::{
     tests::{create, info, known_state, GPU_A},
     Action,
@@ -452,7 +452,7 @@ fn a_filter_with_no_match_says_so() {
 fn many_gpus_are_summarised() {
     let mut st = State::new();
     let nodes = (0..8)
-        .map(|i| crate::kfd::sysfs::GpuNode {
+        .map(|i| crate::observe::kfd::sysfs::GpuNode {
             node: i + 1,
             gpu_id: 100 + i,
             gfx_target_version: 90402,
@@ -546,7 +546,7 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
         offline_kept: 0.93,
         bursts: 640,
     };
-    st.adaptive.insert(GPU_A, view.to_string());
+    st.adaptive.insert(GPU_A, view);
     let b = render(&App::new("100ms"), &st, 220, 30);
     let l = line(&b, find(&b, "adaptive: goal"));
     assert!(
@@ -561,8 +561,8 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
 
 #[test]
 fn the_detail_pane_shows_the_dispatch_mix() {
-    use crate::model::dispatch::kd;
-    use crate::model::{SampleRead, SeenPacket};
+    use crate::observe::model::dispatch::kd;
+    use crate::observe::model::{SampleRead, SeenPacket};
     let mut st = known_state();
     let mut packets: Vec<SeenPacket> = (0..3).map(|i| kd(1014 + i, 0xa0, 262_144, 256)).collect();
     packets.push(kd(1017, 0xb0, 512, 64));
@@ -612,7 +612,7 @@ fn the_detail_pane_shows_the_dispatch_mix() {
 /// fetched per second in DISP/S (1500 in a second: 1.5k), entries pending in BKLG (6).
 #[test]
 fn an_nvidia_tsg_shows_its_channel_activity() {
-    use crate::model::{tests::nvidia::rm_alloc, SampleRead};
+    use crate::observe::model::{tests::nvidia::rm_alloc, SampleRead};
     use gpreempt_common::nv::class;
     let mut st = State::new();
     for (parent, new, cl, head) in [
@@ -654,7 +654,7 @@ fn an_uncontrollable_process_is_marked_and_says_why() {
     let mut st = known_state();
     st.apply(Update::Uncontrollable {
         pid: 100,
-        why: Some(crate::model::Uncontrollable {
+        why: Some(crate::observe::model::Uncontrollable {
             kind: "traced".into(),
             reason: "already traced by pid 4321 (strace); a process under rocgdb, gdb or strace \
                      cannot be controlled: detach that tool first"
