@@ -283,13 +283,25 @@ fn cgroup2_root() -> Result<PathBuf> {
 
 fn kill_cgroup(cg: &Path) {
     let _ = fs::write(cg.join("cgroup.kill"), "1");
+    // `cgroup.procs` empties before the killed tasks are gone (zombies not yet reaped, a daemon
+    // reparented to init): the cgroup is empty only when `cgroup.events` says so.
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        match fs::read_to_string(cg.join("cgroup.procs")) {
-            Ok(s) if s.trim().is_empty() => break,
+        match fs::read_to_string(cg.join("cgroup.events")) {
+            Ok(s) if s.lines().any(|l| l.trim() == "populated 0") => break,
             Err(_) => break,
             _ => std::thread::sleep(Duration::from_millis(10)),
         }
+    }
+}
+
+/// Removes the (killed) cgroup, retrying while the kernel still counts a dying task in it.
+fn remove_cgroup(cg: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fs::remove_dir(cg).is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -306,7 +318,7 @@ fn guardian(read_fd: std::os::fd::OwnedFd, cg: &Path, dir: &Path) -> ! {
     let mut b = [0u8; 1];
     while matches!(f.read(&mut b), Ok(n) if n > 0) {}
     kill_cgroup(cg);
-    let _ = fs::remove_dir(cg);
+    remove_cgroup(cg);
     let _ = fs::remove_dir(dir);
     // SAFETY: leaving the forked child without running the parent's destructors.
     unsafe { libc::_exit(0) }
