@@ -245,11 +245,8 @@ mod tests {
         );
 
         // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "this test needs root (a file of another user)"
-        );
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "this test needs root (a file of another user)");
         let theirs = s.0.join("theirs.jsonl");
         std::fs::write(&theirs, "").unwrap();
         std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();

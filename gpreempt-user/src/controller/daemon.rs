@@ -271,10 +271,8 @@ mod tests {
         let old = File::open(d.0.join("controller.lock")).unwrap();
         drop(lock);
         // SAFETY: flock on an fd we own.
-        assert_eq!(
-            unsafe { libc::flock(old.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        let r = unsafe { libc::flock(old.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(r, 0);
         assert!(!same_file(&old, &d.0.join("controller.lock")));
         // A new controller locks the file at the path, not the unlinked one.
         let new = Lock::acquire(&d.0).unwrap();

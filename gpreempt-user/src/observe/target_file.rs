@@ -336,9 +336,9 @@ mod tests {
     #[test]
     fn opens_with_the_processs_own_rights() {
         // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
         assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
+            euid, 0,
             "this test needs root (it runs a process as nobody)"
         );
         let dir = std::env::temp_dir().join(format!("gpreempt-target-file-{}", me()));

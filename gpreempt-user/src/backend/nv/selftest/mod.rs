@@ -242,7 +242,7 @@ fn load(lib: &str) -> Result<Cuda> {
         })
     };
     let resolved = (|| {
-        // SAFETY (every transmute below): each pointer is the address of the named function in
+        // SAFETY: every transmute below: each pointer is the address of the named function in
         // the CUDA driver library, and the target type is that function's C prototype as
         // documented in cuda.h (see the type aliases). Function and data pointers have the same
         // size and representation on every platform Linux and CUDA support.
