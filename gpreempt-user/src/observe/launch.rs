@@ -9,7 +9,6 @@
 //! [`LaunchResolver`]: the hundreds of processes sharing one `libamdhip64.so` parse it once.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
@@ -38,20 +37,7 @@ pub struct LaunchTarget {
     pub file_offset: u64,
 }
 
-/// The process is gone (exited, or a zombie with no address space left): not a failure of the
-/// caller's, so [`is_gone`] lets it tell this apart from real errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessGone {
-    pub pid: u32,
-}
-
-impl fmt::Display for ProcessGone {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "process {} exited", self.pid)
-    }
-}
-
-impl std::error::Error for ProcessGone {}
+pub use super::target_file::ProcessGone;
 
 /// Whether `err` (from [`resolve`] or [`LaunchResolver::resolve`]) says the process exited.
 pub fn is_gone(err: &anyhow::Error) -> bool {

@@ -30,7 +30,7 @@ pub struct Status {
     pub frozen: BTreeMap<u32, String>,
     /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
     #[serde(default)]
-    pub uncontrollable: BTreeMap<u32, crate::observe::model::Uncontrollable>,
+    pub uncontrollable: BTreeMap<u32, Uncontrollable>,
     /// The latest decisions, newest last (audit records).
     pub decisions: Vec<serde_json::Value>,
     /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a
@@ -150,4 +150,17 @@ fn alive(pid: u32) -> bool {
         return false;
     };
     raw > 0 && matches!(kill(Pid::from_raw(raw), None), Ok(()) | Err(Errno::EPERM))
+}
+
+/// Why the controller cannot act on a process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Uncontrollable {
+    /// A short kind, for counting and alerting: `traced` (it runs under a tracer of its own:
+    /// strace, gdb; the controller cannot seize it), `debugged` (another debugger holds its GPU
+    /// debug trap), `not_permitted`, `no_debug_api` (its runtime never enabled the KFD debug
+    /// API), `unsupported`, `fenced`, `rate_limited`, `gone`, `no_driver`, `backing_off`,
+    /// `driver`, `other`.
+    pub kind: String,
+    /// The sentence the controller logged.
+    pub reason: String,
 }

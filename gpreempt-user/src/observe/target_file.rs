@@ -28,8 +28,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::observe::launch::ProcessGone;
-
 /// How long one open may take before it is abandoned.
 pub(crate) const OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Opens abandoned and not yet returned, at most (each holds a thread).
@@ -286,6 +284,21 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
 }
 
 /// A status file with this process's credentials, for fake `/proc` trees in tests.
+/// The process is gone (exited, or a zombie with no address space left): not a failure of the
+/// caller's, so `launch::is_gone` lets it tell this apart from real errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessGone {
+    pub pid: u32,
+}
+
+impl std::fmt::Display for ProcessGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "process {} exited", self.pid)
+    }
+}
+
+impl std::error::Error for ProcessGone {}
+
 #[cfg(test)]
 pub(crate) fn own_status() -> String {
     // SAFETY: getuid/getgid have no preconditions.

@@ -344,17 +344,9 @@ impl DebugApi {
     }
 }
 
-/// Why the controller cannot act on a process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Uncontrollable {
-    /// A short kind, for counting and alerting: `traced` (it runs under a tracer of its own:
-    /// strace, gdb; the controller cannot seize it), `debugged` (another debugger holds its GPU
-    /// debug trap), `not_permitted`, `no_debug_api` (its runtime never enabled the KFD debug API), `unsupported`, `fenced`, `rate_limited`, `gone`,
-    /// `no_driver`, `backing_off`, `driver`, `other`.
-    pub kind: String,
-    /// The sentence the controller logged.
-    pub reason: String,
-}
+/// Why the controller cannot act on a process: what the controller publishes, carried by the
+/// model.
+pub use crate::observe::status::Uncontrollable;
 
 impl Process {
     pub(super) fn new(pid: u32, source: Source, now: u64) -> Self {
