@@ -5,11 +5,13 @@
 use gpreempt_common::aql::{Packet, PacketKind};
 use gpreempt_common::{kfd, kprobe, nv};
 
-use super::dispatches::{write_dispatch, write_sample, write_summary};
-use super::*;
 use crate::observe::events::tests::create_queue;
-use crate::observe::events::{KernelEvent, LaunchEvent, Origin, ProcessExit};
+use crate::observe::events::{
+    Event, KernelEvent, KfdCall, LaunchEvent, NvCall, NvEvent, Origin, ProcessExit,
+};
 use crate::observe::model::{FreshDispatch, NvTsg, Queue, QueueKind, SeenPacket, Source};
+use crate::trace::dispatches::{write_dispatch, write_sample, write_summary};
+use crate::trace::*;
 
 fn origin() -> Origin {
     Origin {
