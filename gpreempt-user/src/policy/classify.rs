@@ -324,11 +324,6 @@ mod tests {
             w[0]
         );
     }
-}
-
-#[cfg(test)]
-mod control_tests {
-    use super::*;
 
     #[test]
     fn the_control_group_is_parsed_and_checked() {

@@ -270,6 +270,4 @@ pub fn main(args: &Args) -> Result<ExitCode> {
 }
 
 #[cfg(test)]
-mod beater_tests;
-#[cfg(test)]
 mod tests;

@@ -1111,3 +1111,5 @@ fn a_dead_guardians_frozen_cgroups_are_thawed_and_a_lapsed_lease_thaws_without_f
         .contains("\"pid\":10"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+mod beater;

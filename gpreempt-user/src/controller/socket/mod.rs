@@ -320,5 +320,4 @@ pub async fn ask(dir: &Path, req: &Request) -> Result<Option<Response>> {
 }
 
 #[cfg(test)]
-#[path = "socket_tests.rs"]
 mod tests;

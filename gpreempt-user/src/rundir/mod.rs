@@ -245,5 +245,4 @@ pub fn read_targets(dir: &Path) -> Vec<Controlled> {
 }
 
 #[cfg(test)]
-#[path = "rundir_tests.rs"]
 pub(crate) mod tests;

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::tests::{entry, script, tmpdir};
-use super::*;
+use super::{entry, script, tmpdir};
+use crate::backend::guardian::*;
 
 /// The guardian's log so far.
 fn log(d: &std::path::Path) -> String {
