@@ -1,6 +1,6 @@
-//! `gpreempt-ebpf run --policy FILE`: the controller. The watcher keeps the host model current,
-//! the policy engine decides once per tick, the control thread acts; every decision can be
-//! audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
+//! The controller's loop (`gpreempt-ebpf run --policy FILE`; `cmd/run.rs` wires it). The
+//! watcher keeps the host model current, the policy engine decides once per tick, the backends
+//! act; every decision can be audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
 //! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one).
 //!
 //! The NVIDIA backend acts from a worker thread: its results arrive later ([`Arrival`]) and are
@@ -8,15 +8,16 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
-    path::Path,
+    net::SocketAddr,
+    path::{Path, PathBuf},
     process::ExitCode,
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
 use tokio::{
-    signal::unix::{signal, SignalKind},
-    sync::oneshot,
+    signal::unix::{signal, Signal, SignalKind},
+    sync::{mpsc, oneshot},
 };
 
 use crate::{
@@ -27,45 +28,12 @@ use crate::{
         daemon::{self, Request, Response, Status},
         requests::{answer, finish, Answer, Answered},
     },
-    observe::kfd::Paths,
     observe::model::{Uncontrollable, Update},
-    observe::watch::{Intervals, Watcher},
+    observe::watch::Watcher,
     outcome::Notice,
     outcome::{OpReport, QueueOutcome},
     policy::{Action, Class, Decision, Engine, Policy},
 };
-
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    /// The policy file (TOML: docs/policy.md, examples/; `policy check FILE` validates it).
-    #[arg(long, value_name = "FILE")]
-    pub policy: std::path::PathBuf,
-    /// Decide and log, act on nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Append every decision and its outcome here, as JSON Lines.
-    #[arg(long, value_name = "FILE")]
-    pub audit: Option<std::path::PathBuf>,
-    /// How often the policy decides (ms).
-    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub tick: u64,
-    /// How often the queues' dispatch ids are read (ms): how fast online work is noticed.
-    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    pub sample_interval: u64,
-    /// How often to reconcile with sysfs and /proc (ms).
-    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
-    pub reconcile_interval: u64,
-    /// How often to read debugfs `hqds` for HQD slots (ms; AMD).
-    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-    pub hqd_interval: u64,
-    /// Drop a process's GPU driver records beyond PER_S a second (bursts of BURST) in the kernel,
-    /// counted per process (default 8192:32768): a flood of ioctls cannot blind the controller.
-    #[arg(long, value_name = "PER_S[:BURST]", value_parser = super::trace::parse_rate)]
-    pub rate_limit: Option<(u32, u32)>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; off by default).
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<std::net::SocketAddr>,
-}
 
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
@@ -656,86 +624,53 @@ fn control_access(p: &Policy) -> Result<daemon::Access> {
     })
 }
 
-pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
-    crate::observe::probe::preflight()?;
-    // Signals first: from here on nothing ends the process without the cleanup below.
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    // Read off this thread: a file that stalls (a hung network mount) must not make SIGINT and
-    // SIGTERM wait. A plain thread, so an abandoned read does not hold up the exit.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let path = args.policy.clone();
-    std::thread::Builder::new()
-        .name("policy-load".into())
-        .spawn(move || {
-            let _ = tx.send(Policy::load(&path));
+/// The signals the controller answers, made first: from then on nothing ends the process
+/// without the cleanup at the loop's end.
+pub struct Signals {
+    pub int: Signal,
+    pub term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    pub fn new() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
         })
-        .context("starting the policy reader")?;
-    let policy = tokio::select! {
-        r = rx => r.context("the policy reader ended without an answer")??,
-        _ = int.recv() => anyhow::bail!("interrupted while reading the policy {}", args.policy.display()),
-        _ = term.recv() => anyhow::bail!("terminated while reading the policy {}", args.policy.display()),
-    };
-    for w in policy.trust_warnings() {
-        log::warn!("{w}");
     }
-    let dir = crate::rundir::run_dir();
-    let _lock = daemon::Lock::acquire(&dir)?;
-    // Bound before any backend attaches: a busy address fails the start with nothing to undo.
-    let metrics = match args.metrics {
-        Some(addr) => {
-            let page = crate::controller::metrics::Page::default();
-            let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
-            eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
-            Some((crate::controller::metrics::Metrics::new()?, page, bound))
-        }
-        None => None,
+}
+
+/// The metrics and the page the HTTP task serves, and the address it is bound to.
+pub type Served = (
+    crate::controller::metrics::Metrics,
+    crate::controller::metrics::Page,
+    SocketAddr,
+);
+
+/// Binds the metrics address (with --metrics); call it before any backend attaches, so a busy
+/// address fails the start with nothing to undo.
+pub async fn bind_metrics(addr: Option<SocketAddr>) -> Result<Option<Served>> {
+    let Some(addr) = addr else {
+        return Ok(None);
     };
-    // A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
-    // Made before the backends, so that failing to make it leaves nothing to undo.
-    let mut alarm = crate::controller::alarm::Alarm::new()?;
-    let backends = if args.dry_run {
-        Backends {
-            list: Vec::new(),
-            notices: None,
-            arrivals: None,
-        }
-    } else {
-        Backends::for_host(
-            &g.kfd_device,
-            Path::new(gpreempt_common::nv::NVIDIACTL),
-            &dir,
-            Duration::from_nanos(policy.max_suspend_ns),
-        )
-        .await?
-    };
-    let ms = Duration::from_millis;
-    let mut w = Watcher::start(
-        Paths::default(),
-        crate::observe::probe::ProbeOptions {
-            rate_limit: args.rate_limit.or(Some(crate::observe::probe::RATE_LIMIT)),
-            ..g.probe_options()
-        },
-        Intervals::from_ms(
-            args.reconcile_interval,
-            args.hqd_interval,
-            args.sample_interval,
-        ),
-    )?;
-    // Before the self-test and the first decision: adopted processes are classified like any.
-    if !args.dry_run && Path::new(gpreempt_common::nv::NVIDIACTL).exists() {
-        for line in w.adopt_nv(&dir, true) {
-            eprintln!("gpreempt-ebpf run: {line}");
-        }
-    }
-    let mut backends = backends;
-    let mut notices = backends.notices.take();
-    let mut arrivals = backends.arrivals.take();
-    // Each backend proves it can suspend and resume here before anything relies on it.
+    let page = crate::controller::metrics::Page::default();
+    let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
+    eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
+    Ok(Some((
+        crate::controller::metrics::Metrics::new()?,
+        page,
+        bound,
+    )))
+}
+
+/// Each backend proves it can suspend and resume here before anything relies on it; on a
+/// failure every backend is shut down (nothing is left changed).
+pub async fn self_test(backends: &mut Backends, w: &mut Watcher) -> Result<()> {
     let mut failed = None;
     for b in &mut backends.list {
-        match b.self_test(&mut w).await {
+        match b.self_test(w).await {
             Ok(Some(line)) => eprintln!("{line}"),
             Ok(None) => {}
             Err(e) => {
@@ -744,13 +679,130 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             }
         }
     }
-    if let Some(e) = failed {
-        for b in backends.list {
-            b.shutdown().await;
+    match failed {
+        Some(e) => {
+            backends.shutdown().await;
+            Err(e)
         }
-        return Err(e);
+        None => Ok(()),
     }
-    let audit = match &args.audit {
+}
+
+/// What the loop starts from, made by `cmd/run.rs` in this order: signals, policy, lock,
+/// metrics, alarm, backends, watcher (self-tested).
+pub struct Setup {
+    pub policy: Policy,
+    /// Where SIGHUP reloads the policy from.
+    pub policy_path: PathBuf,
+    pub dry_run: bool,
+    pub audit: Option<PathBuf>,
+    pub tick: Duration,
+    /// The run directory (lock, status file, socket).
+    pub dir: PathBuf,
+    pub metrics: Option<Served>,
+    /// A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
+    pub alarm: crate::controller::alarm::Alarm,
+    pub backends: Backends,
+    pub watcher: Watcher,
+    pub signals: Signals,
+}
+
+/// SIGHUP reloads, read and parsed off the loop (a slow or huge file must not stall
+/// decisions); the old policy stays until the new one parsed.
+struct Reload {
+    tx: mpsc::UnboundedSender<Result<Policy>>,
+    rx: mpsc::UnboundedReceiver<Result<Policy>>,
+    busy: bool,
+}
+
+impl Reload {
+    fn start(&mut self, path: &Path) {
+        if self.busy {
+            eprintln!("policy reload already in progress: this SIGHUP is folded into it");
+            return;
+        }
+        self.busy = true;
+        let (path, tx) = (path.to_path_buf(), self.tx.clone());
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(Policy::load(&path));
+        });
+    }
+}
+
+impl Ctx {
+    /// A reload read off the loop came back: the new policy, or the old one kept.
+    fn reloaded(&mut self, r: Result<Policy>) {
+        if let Some((m, _)) = &self.metrics {
+            m.reloaded(r.is_ok());
+        }
+        let p = match r {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("policy NOT reloaded, keeping the old one: {e:#}");
+                return;
+            }
+        };
+        eprintln!("policy reloaded: {}", p.summary());
+        if p.control_group != self.engine.policy().control_group {
+            eprintln!(
+                "policy: [control] group changes take effect at the next start \
+                 (the socket keeps its owner and mode)"
+            );
+        }
+        for w in p.trust_warnings() {
+            log::warn!("{w}");
+        }
+        for b in &mut self.backends.list {
+            b.set_policy(&p);
+        }
+        self.engine.set_policy(p);
+        self.status_dirty = true;
+    }
+
+    /// Every 250 ms: the NVIDIA objects journal, retries of refused processes, the status file
+    /// and the metrics page. `n`: how many publishes came before.
+    async fn publish(&mut self, w: &mut Watcher, dir: &Path, n: u32) {
+        // Written when it changed: a controller killed now loses at most 250 ms of it.
+        if let Err(e) = w.save_nv_log(dir) {
+            log::warn!("NVIDIA objects journal: {e:#}");
+        }
+        if n.is_multiple_of(8) && !self.refused.is_empty() {
+            self.retry_refused(w).await;
+        }
+        // Every second regardless: the event counters move without decisions.
+        if std::mem::take(&mut self.status_dirty) || n.is_multiple_of(4) {
+            let status = self.status(w);
+            if let Err(e) = daemon::write_status(dir, &status) {
+                log::warn!("{e:#}");
+            }
+            if let (Some((m, page)), true) = (&mut self.metrics, n.is_multiple_of(4)) {
+                let text = m.render(&w.state, &status, monotonic_ns());
+                if let Ok(mut p) = page.write() {
+                    *p = text;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the controller until a signal or an error, then resumes everything it holds.
+pub async fn run(s: Setup) -> Result<ExitCode> {
+    let Setup {
+        policy,
+        policy_path,
+        dry_run,
+        audit,
+        tick,
+        dir,
+        metrics,
+        mut alarm,
+        mut backends,
+        mut watcher,
+        mut signals,
+    } = s;
+    let mut notices = backends.notices.take();
+    let mut arrivals = backends.arrivals.take();
+    let audit = match &audit {
         Some(p) => Some(crate::controller::audit::Audit::new(
             crate::controller::audit::open_file(p)?,
         )),
@@ -759,19 +811,18 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     eprintln!(
         "gpreempt-ebpf run: {}{}",
         policy.summary(),
-        if args.dry_run {
+        if dry_run {
             " (dry run: nothing is suspended)"
         } else {
             ""
         }
     );
-    let mut backends = backends;
     for b in &mut backends.list {
         b.set_policy(&policy);
     }
     let mut ctx = Ctx {
         me: std::process::id(),
-        dry_run: args.dry_run,
+        dry_run,
         backends,
         engine: Engine::new(policy),
         audit,
@@ -785,105 +836,53 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         metrics: metrics.map(|(m, page, _)| (m, page)),
     };
     let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
-    let mut tick = tokio::time::interval(ms(args.tick));
+    let mut tick = tokio::time::interval(tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut publish = tokio::time::interval(ms(250));
+    let mut publish = tokio::time::interval(Duration::from_millis(250));
     let mut publishes = 0u32;
-    // SIGHUP reloads are read and parsed off the loop (a slow or huge file must not stall
-    // decisions); the old policy stays until the new one parsed.
-    let (reload_tx, mut reloaded) = tokio::sync::mpsc::unbounded_channel::<Result<Policy>>();
-    let mut reloading = false;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut reload = Reload {
+        tx,
+        rx,
+        busy: false,
+    };
+    let w = &mut watcher;
     let result: Result<String> = async {
         loop {
             alarm.set(ctx.engine.next_deadline_ns())?;
             tokio::select! {
                 biased;
-                _ = int.recv() => return Ok("interrupted".into()),
-                _ = term.recv() => return Ok("terminated".into()),
-                _ = hup.recv() => {
-                    if reloading {
-                        eprintln!("policy reload already in progress: this SIGHUP is folded into it");
-                        continue;
-                    }
-                    reloading = true;
-                    let (path, tx) = (args.policy.clone(), reload_tx.clone());
-                    tokio::task::spawn_blocking(move || {
-                        let _ = tx.send(Policy::load(&path));
-                    });
+                _ = signals.int.recv() => return Ok("interrupted".into()),
+                _ = signals.term.recv() => return Ok("terminated".into()),
+                _ = signals.hup.recv() => reload.start(&policy_path),
+                Some(r) = reload.rx.recv() => {
+                    reload.busy = false;
+                    ctx.reloaded(r);
                 }
-                Some(r) = reloaded.recv() => match r {
-                    Ok(p) => {
-                        reloading = false;
-                        if let Some((m, _)) = &ctx.metrics {
-                            m.reloaded(true);
-                        }
-                        eprintln!("policy reloaded: {}", p.summary());
-                        if p.control_group != ctx.engine.policy().control_group {
-                            eprintln!(
-                                "policy: [control] group changes take effect at the next start \
-                                 (the socket keeps its owner and mode)"
-                            );
-                        }
-                        for w in p.trust_warnings() {
-                            log::warn!("{w}");
-                        }
-                        for b in &mut ctx.backends.list {
-                            b.set_policy(&p);
-                        }
-                        ctx.engine.set_policy(p);
-                        ctx.status_dirty = true;
-                    }
-                    Err(e) => {
-                        reloading = false;
-                        if let Some((m, _)) = &ctx.metrics {
-                            m.reloaded(false);
-                        }
-                        eprintln!("policy NOT reloaded, keeping the old one: {e:#}");
-                    }
-                },
                 Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => {
-                    ctx.notice(&mut w, n)
+                    ctx.notice(w, n)
                 }
                 Some(a) = async { match &mut arrivals { Some(a) => a.recv().await, None => std::future::pending().await } } => {
-                    ctx.arrival(&mut w, a)
+                    ctx.arrival(w, a)
                 }
-                Some((req, reply)) = requests.recv() => ctx.request(&mut w, req, reply).await,
+                Some((req, reply)) = requests.recv() => ctx.request(w, req, reply).await,
                 // Before the rest: cheap, and `top` / `status` must not go stale under load.
                 _ = publish.tick() => {
-                    // Every second regardless: the event counters move without decisions.
                     publishes += 1;
-                    // Written when it changed: a controller killed now loses at most 250 ms of it.
-                    if let Err(e) = w.save_nv_log(&dir) {
-                        log::warn!("NVIDIA objects journal: {e:#}");
-                    }
-                    if publishes.is_multiple_of(8) && !ctx.refused.is_empty() {
-                        ctx.retry_refused(&mut w).await;
-                    }
-                    if std::mem::take(&mut ctx.status_dirty) || publishes.is_multiple_of(4) {
-                        let status = ctx.status(&w);
-                        if let Err(e) = daemon::write_status(&dir, &status) {
-                            log::warn!("{e:#}");
-                        }
-                        if let (Some((m, page)), true) = (&mut ctx.metrics, publishes.is_multiple_of(4)) {
-                            let text = m.render(&w.state, &status, monotonic_ns());
-                            if let Ok(mut p) = page.write() {
-                                *p = text;
-                            }
-                        }
-                    }
+                    ctx.publish(w, &dir, publishes).await;
                 }
                 // At a deadline the engine named: the decision it defers is due now.
                 r = alarm.fired(), if alarm.armed() => {
                     r?;
-                    ctx.tick(&mut w).await;
+                    ctx.tick(w).await;
                 }
                 // Decide right after new samples or events: the tick only drives time-based
                 // transitions (resume_after, the guards, watchdogs), so detection-to-ioctl stays short.
                 r = w.pump() => {
                     r?;
-                    ctx.tick(&mut w).await;
+                    ctx.tick(w).await;
                 }
-                _ = tick.tick() => ctx.tick(&mut w).await,
+                _ = tick.tick() => ctx.tick(w).await,
             }
         }
     }
@@ -896,7 +895,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     }
     // Results of acts that were in flight, so the audit and the socket hear how they ended.
     while let Some(a) = arrivals.as_mut().and_then(|a| a.try_recv().ok()) {
-        ctx.arrival(&mut w, a);
+        ctx.arrival(w, a);
     }
     if !resumed.is_empty() {
         eprintln!(

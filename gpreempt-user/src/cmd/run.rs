@@ -1,0 +1,127 @@
+//! `gpreempt-ebpf run --policy FILE`: the controller's arguments and wiring. The loop itself
+//! (deciding, acting, auditing, cleaning up) is [`crate::controller::run_loop`].
+
+use std::{path::Path, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    backend::Backends,
+    controller::{
+        alarm::Alarm,
+        daemon,
+        run_loop::{self, Setup, Signals},
+    },
+    observe::kfd::Paths,
+    observe::watch::{Intervals, Watcher},
+    policy::Policy,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The policy file (TOML: docs/policy.md, examples/; `policy check FILE` validates it).
+    #[arg(long, value_name = "FILE")]
+    pub policy: std::path::PathBuf,
+    /// Decide and log, act on nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Append every decision and its outcome here, as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<std::path::PathBuf>,
+    /// How often the policy decides (ms).
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub tick: u64,
+    /// How often the queues' dispatch ids are read (ms): how fast online work is noticed.
+    #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub sample_interval: u64,
+    /// How often to reconcile with sysfs and /proc (ms).
+    #[arg(long, default_value_t = 500, value_name = "MS", value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub reconcile_interval: u64,
+    /// How often to read debugfs `hqds` for HQD slots (ms; AMD).
+    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub hqd_interval: u64,
+    /// Drop a process's GPU driver records beyond PER_S a second (bursts of BURST) in the kernel,
+    /// counted per process (default 8192:32768): a flood of ioctls cannot blind the controller.
+    #[arg(long, value_name = "PER_S[:BURST]", value_parser = super::trace::parse_rate)]
+    pub rate_limit: Option<(u32, u32)>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; off by default).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Reads the policy off this thread: a file that stalls (a hung network mount) must not make
+/// SIGINT and SIGTERM wait. A plain thread, so an abandoned read does not hold up the exit.
+async fn load_policy(path: &Path, sig: &mut Signals) -> Result<Policy> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let owned = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("policy-load".into())
+        .spawn(move || {
+            let _ = tx.send(Policy::load(&owned));
+        })
+        .context("starting the policy reader")?;
+    tokio::select! {
+        r = rx => r.context("the policy reader ended without an answer")?,
+        _ = sig.int.recv() => anyhow::bail!("interrupted while reading the policy {}", path.display()),
+        _ = sig.term.recv() => anyhow::bail!("terminated while reading the policy {}", path.display()),
+    }
+}
+
+pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
+    crate::observe::probe::preflight()?;
+    // Signals first: from here on nothing ends the process without the loop's cleanup.
+    let mut signals = Signals::new()?;
+    let policy = load_policy(&args.policy, &mut signals).await?;
+    for w in policy.trust_warnings() {
+        log::warn!("{w}");
+    }
+    let dir = crate::rundir::run_dir();
+    let _lock = daemon::Lock::acquire(&dir)?;
+    let metrics = run_loop::bind_metrics(args.metrics).await?;
+    // Made before the backends, so that failing to make it leaves nothing to undo.
+    let alarm = Alarm::new()?;
+    let nvidiactl = Path::new(gpreempt_common::nv::NVIDIACTL);
+    let mut backends = if args.dry_run {
+        Backends {
+            list: Vec::new(),
+            notices: None,
+            arrivals: None,
+        }
+    } else {
+        let max_suspend = Duration::from_nanos(policy.max_suspend_ns);
+        Backends::for_host(&g.kfd_device, nvidiactl, &dir, max_suspend).await?
+    };
+    let mut watcher = Watcher::start(
+        Paths::default(),
+        crate::observe::probe::ProbeOptions {
+            rate_limit: args.rate_limit.or(Some(crate::observe::probe::RATE_LIMIT)),
+            ..g.probe_options()
+        },
+        Intervals::from_ms(
+            args.reconcile_interval,
+            args.hqd_interval,
+            args.sample_interval,
+        ),
+    )?;
+    // Before the self-test and the first decision: adopted processes are classified like any.
+    if !args.dry_run && nvidiactl.exists() {
+        for line in watcher.adopt_nv(&dir, true) {
+            eprintln!("gpreempt-ebpf run: {line}");
+        }
+    }
+    run_loop::self_test(&mut backends, &mut watcher).await?;
+    run_loop::run(Setup {
+        policy,
+        policy_path: args.policy.clone(),
+        dry_run: args.dry_run,
+        audit: args.audit.clone(),
+        tick: Duration::from_millis(args.tick),
+        dir,
+        metrics,
+        alarm,
+        backends,
+        watcher,
+        signals,
+    })
+    .await
+}
