@@ -82,11 +82,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let alarm = Alarm::new()?;
     let nvidiactl = Path::new(gpreempt_common::nv::NVIDIACTL);
     let mut backends = if args.dry_run {
-        Backends {
-            list: Vec::new(),
-            notices: None,
-            arrivals: None,
-        }
+        Backends::of(Vec::new())
     } else {
         let max_suspend = Duration::from_nanos(policy.max_suspend_ns);
         Backends::for_host(&g.kfd_device, nvidiactl, &dir, max_suspend).await?

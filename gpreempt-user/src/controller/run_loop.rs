@@ -800,8 +800,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         mut watcher,
         mut signals,
     } = s;
-    let mut notices = backends.notices.take();
-    let mut arrivals = backends.arrivals.take();
+    let mut arrivals = backends.take_arrivals();
     let audit = match &audit {
         Some(p) => Some(crate::controller::audit::Audit::new(
             crate::controller::audit::open_file(p)?,
@@ -859,12 +858,8 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
                     reload.busy = false;
                     ctx.reloaded(r);
                 }
-                Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => {
-                    ctx.notice(w, n)
-                }
-                Some(a) = async { match &mut arrivals { Some(a) => a.recv().await, None => std::future::pending().await } } => {
-                    ctx.arrival(w, a)
-                }
+                // Every backend's results and notices (none in a dry run: `None` at once).
+                Some(a) = arrivals.recv() => ctx.arrival(w, a),
                 Some((req, reply)) = requests.recv() => ctx.request(w, req, reply).await,
                 // Before the rest: cheap, and `top` / `status` must not go stale under load.
                 _ = publish.tick() => {
@@ -894,7 +889,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
     }
     // Results of acts that were in flight, so the audit and the socket hear how they ended.
-    while let Some(a) = arrivals.as_mut().and_then(|a| a.try_recv().ok()) {
+    while let Ok(a) = arrivals.try_recv() {
         ctx.arrival(w, a);
     }
     if !resumed.is_empty() {
