@@ -882,8 +882,18 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         }
     }
     .await;
-    // Every way out passes here (an unwinding panic: the KFD control thread's Drop and the panic
-    // hook; any death: the kernel on AMD, the guardian on NVIDIA).
+    stop(ctx, w, arrivals, &dir, result).await
+}
+
+/// Every way out passes here (an unwinding panic: the KFD control thread's Drop and the panic
+/// hook; any death: the kernel on AMD, the guardian on NVIDIA): everything held is resumed.
+async fn stop(
+    mut ctx: Ctx,
+    w: &mut Watcher,
+    mut arrivals: mpsc::UnboundedReceiver<Arrival>,
+    dir: &Path,
+    result: Result<String>,
+) -> Result<ExitCode> {
     let mut resumed = BTreeSet::new();
     for b in std::mem::take(&mut ctx.backends.list) {
         resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
@@ -899,7 +909,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
             resumed
         );
     }
-    let _ = daemon::write_status(&dir, &Status::default());
+    let _ = daemon::write_status(dir, &Status::default());
     match result {
         Ok(why) => {
             eprintln!("{why}: nothing is left suspended");
