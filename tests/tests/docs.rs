@@ -271,8 +271,8 @@ fn every_relative_link_in_readme_and_docs_resolves_with_its_anchor() {
 /// Every `"action"` the controller writes to the audit file is in controller.md's audit table.
 #[test]
 fn every_audit_action_the_controller_writes_is_documented() {
-    let code = std::fs::read_to_string(repo().join("gpreempt-user/src/cmd/run.rs"))
-        .expect("gpreempt-user/src/cmd/run.rs");
+    let code = std::fs::read_to_string(repo().join("gpreempt-user/src/controller/run_loop.rs"))
+        .expect("gpreempt-user/src/controller/run_loop.rs");
     let doc = std::fs::read_to_string(repo().join("docs/controller.md")).expect("controller.md");
     let table = doc
         .split("### Audit log")
@@ -293,7 +293,7 @@ fn every_audit_action_the_controller_writes_is_documented() {
     for a in &actions {
         assert!(
             table.contains(&format!("| `{a}`")) || table.contains(&format!(", `{a}`")),
-            "audit action {a:?} (cmd/run.rs) is not in docs/controller.md's audit table"
+            "audit action {a:?} (controller/run_loop.rs) is not in docs/controller.md's audit table"
         );
     }
 }

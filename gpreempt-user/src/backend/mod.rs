@@ -75,7 +75,8 @@ impl Acted {
     }
 }
 
-/// What a backend's worker thread sends the controller's loop.
+/// What a backend's thread sends the controller's loop: every backend sends into one channel
+/// ([`Backends::arrivals`]), so a new vendor adds variants here at most, not receivers.
 #[derive(Debug)]
 pub enum Arrival {
     /// The result of an act handed over earlier ([`Acted::Later`]).
@@ -167,15 +168,28 @@ pub trait Backend {
     fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>>;
 }
 
-/// The backends this host needs (none for a dry run), and what comes back from those that act
-/// from threads of their own: the KFD control thread's notices, the NVIDIA worker's arrivals.
+/// The backends this host needs (none for a dry run), and the one channel through which what
+/// their threads do comes back (the KFD control thread's notices, the NVIDIA worker's results
+/// and notices).
 pub struct Backends {
     pub list: Vec<Box<dyn Backend>>,
-    pub notices: Option<UnboundedReceiver<Notice>>,
-    pub arrivals: Option<UnboundedReceiver<Arrival>>,
+    pub arrivals: UnboundedReceiver<Arrival>,
 }
 
 impl Backends {
+    /// `list`, with a channel nothing sends on (its receiver answers `None` at once): for a dry
+    /// run (an empty list) and for backends that act at once.
+    pub fn of(list: Vec<Box<dyn Backend>>) -> Self {
+        let (_, arrivals) = unbounded_channel();
+        Self { list, arrivals }
+    }
+
+    /// The receiver, for a loop that selects on it beside calls on the backends (which borrow
+    /// them); what is left here answers `None` at once.
+    pub fn take_arrivals(&mut self) -> UnboundedReceiver<Arrival> {
+        std::mem::replace(&mut self.arrivals, unbounded_channel().1)
+    }
+
     /// AMD when a KFD device exists (or no NVIDIA one does: then its absence is the error the
     /// operator needs), NVIDIA when `/dev/nvidiactl` exists.
     pub async fn for_host(
@@ -186,32 +200,25 @@ impl Backends {
     ) -> Result<Self> {
         let nvidia = nvidiactl.exists();
         let mut list: Vec<Box<dyn Backend>> = Vec::new();
-        let (mut notices, mut arrivals) = (None, None);
+        let (tx, arrivals) = unbounded_channel();
         if kfd_device.exists() || !nvidia {
-            let (b, n) = KfdBackend::start(kfd_device, dir, max_suspend).await?;
+            let b = KfdBackend::start(kfd_device, dir, max_suspend, tx.clone()).await?;
             list.push(Box::new(b));
-            notices = Some(n);
         }
         if nvidia {
-            let (tx, rx) = unbounded_channel();
             list.push(Box::new(NvBackend::start(dir, max_suspend, tx)?));
-            arrivals = Some(rx);
         }
-        Ok(Self {
-            list,
-            notices,
-            arrivals,
-        })
+        Ok(Self { list, arrivals })
     }
 
     /// Only the KFD backend: for a controller without a model of the host (`suspend`, or `top`
     /// acting on a key), which acts on a process by pid (KFD can seize any process).
     pub async fn kfd_only(kfd_device: &Path, dir: &Path, max_suspend: Duration) -> Result<Self> {
-        let (b, n) = KfdBackend::start(kfd_device, dir, max_suspend).await?;
+        let (tx, arrivals) = unbounded_channel();
+        let b = KfdBackend::start(kfd_device, dir, max_suspend, tx).await?;
         Ok(Self {
             list: vec![Box::new(b)],
-            notices: Some(n),
-            arrivals: None,
+            arrivals,
         })
     }
 

@@ -64,14 +64,10 @@ impl Backend for Probe {
 #[test]
 fn a_process_is_acted_on_by_the_backend_of_its_queues() {
     let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let mut b = Backends {
-        list: vec![
-            Box::new(Probe(Vendor::Amd, log.clone())),
-            Box::new(Probe(Vendor::Nvidia, log.clone())),
-        ],
-        notices: None,
-        arrivals: None,
-    };
+    let mut b = Backends::of(vec![
+        Box::new(Probe(Vendor::Amd, log.clone())),
+        Box::new(Probe(Vendor::Nvidia, log.clone())),
+    ]);
     let s = host(); // pid 7 owns NVIDIA TSGs
     block_on(async {
         let a = b.for_pid(&s, 7).unwrap().suspend(&s, 7, None, None).await;

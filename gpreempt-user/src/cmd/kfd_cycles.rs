@@ -31,7 +31,7 @@ use serde_json::json;
 
 use crate::{
     backend::kfd::control::TargetError,
-    backend::{ActError, Backends},
+    backend::{ActError, Arrival, Backends},
     cmd::manual::DurationArg,
     controller::daemon,
     observe::kfd::{sampler, Paths},
@@ -421,7 +421,7 @@ enum Stop {
 
 /// Waits `d` while beating the lease, watching the control thread's notices and the signals.
 struct Waiter {
-    notices: Option<tokio::sync::mpsc::UnboundedReceiver<Notice>>,
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     pid: u32,
@@ -445,12 +445,12 @@ impl Waiter {
                 return Ok(());
             }
             let step = left.min(Duration::from_millis(100));
-            let notices = &mut self.notices;
             tokio::select! {
                 _ = tokio::time::sleep(step) => {}
                 _ = self.int.recv() => return Err(Stop::Signal("interrupted (SIGINT)", EXIT_SIGINT)),
                 _ = self.term.recv() => return Err(Stop::Signal("terminated (SIGTERM)", EXIT_SIGTERM)),
-                Some(n) = async { match notices { Some(n) => n.recv().await, None => std::future::pending().await } } => match n {
+                // The KFD control thread sends notices only.
+                Some(Arrival::Notice(n)) = self.arrivals.recv() => match n {
                     Notice::TargetGone { pid, .. } if pid == self.pid => return Err(Stop::Gone),
                     Notice::Problem { pid, text } => eprintln!("kfd-cycles: pid {pid}: {text}"),
                     Notice::Fenced { gpu_id, why } => {
@@ -586,7 +586,7 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     // guardian.
     let max_suspend = a.hold.0 + Duration::from_secs(2);
     let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max_suspend).await?;
-    let notices = backends.notices.take();
+    let arrivals = backends.take_arrivals();
     let state = State::new();
     let attached = match backends.for_pid(&state, pid) {
         Ok(b) => b.classed(&state, pid, Class::Offline).await,
@@ -597,7 +597,7 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
         bail!("pid {pid}: {e}");
     }
     let mut w = Waiter {
-        notices,
+        arrivals,
         int,
         term,
         pid,

@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     backend::kfd::control::Limits,
-    backend::Backends,
+    backend::{Arrival, Backends},
     controller::{
         daemon::{self, Request, Response, Status},
         requests::answer,
@@ -99,7 +99,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     gpu_user(a.pid, &g.kfd_device)?;
     let max = a.max_suspend.0;
     let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max).await?;
-    let mut notices = backends.notices.take();
+    let mut arrivals = backends.take_arrivals();
     // No observer here: the target is acted on by its pid alone.
     let state = State::new();
     // Attached ahead and recorded (targets.json), as `run` does with an offline process.
@@ -184,7 +184,8 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
             _ = term.recv() => break "terminated".to_string(),
             _ = hup.recv() => break "hangup".to_string(),
             _ = &mut until => break "--for elapsed".to_string(),
-            Some(n) = async { match &mut notices { Some(n) => n.recv().await, None => std::future::pending().await } } => match n {
+            // The KFD control thread sends notices only.
+            Some(Arrival::Notice(n)) = arrivals.recv() => match n {
                 Notice::TargetGone { pid, .. } if pid == a.pid => break format!("pid {pid} exited"),
                 Notice::Acted { report, suspend, why } => {
                     println!("{} ({why})", report.describe(suspend));

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::{
     backend::kfd::control::Limits,
-    backend::Backends,
+    backend::{Arrival, Backends},
     controller::{
         daemon::{self, Lock, Request, Response, Status},
         requests::answer,
@@ -40,7 +40,7 @@ pub struct Args {
 struct Local {
     _lock: Lock,
     backends: Backends,
-    notices: tokio::sync::mpsc::UnboundedReceiver<Notice>,
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     requests: tokio::sync::mpsc::Receiver<daemon::Incoming>,
 }
 
@@ -85,14 +85,12 @@ impl Top {
             let lock = Lock::acquire(&dir)?;
             let mut backends =
                 Backends::kfd_only(&self.kfd_device, &dir, Limits::default().max_suspend).await?;
-            let Some(notices) = backends.notices.take() else {
-                anyhow::bail!("the KFD backend has no notice channel");
-            };
+            let arrivals = backends.take_arrivals();
             let requests = daemon::serve(&dir, daemon::Access::default())?;
             self.local = Some(Local {
                 _lock: lock,
                 backends,
-                notices,
+                arrivals,
                 requests,
             });
         }
@@ -131,7 +129,8 @@ impl tui::Source for Top {
         }
         let got = tokio::select! {
             r = self.w.pump() => return r,
-            Some(n) = local.notices.recv() => Got::Notice(n),
+            // The KFD control thread sends notices only.
+            Some(Arrival::Notice(n)) = local.arrivals.recv() => Got::Notice(n),
             Some(i) = local.requests.recv() => Got::Request(i),
         };
         match got {

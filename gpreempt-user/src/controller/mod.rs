@@ -1,10 +1,11 @@
 //! The acting side's shared parts: what a running controller shares with the host and other
 //! commands ([`daemon`]: lock, status file), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
-//! ([`requests`], through the backend seam).
+//! ([`requests`], through the backend seam), and the loop of `run` itself ([`run_loop`]).
 pub mod alarm;
 pub mod audit;
 pub mod daemon;
 pub mod metrics;
 pub mod requests;
+pub mod run_loop;
 pub mod socket;

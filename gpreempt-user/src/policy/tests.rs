@@ -2118,7 +2118,7 @@ fn a_regex_over_the_limit_of_one_rule_is_refused() {
 
 /// Rules each under the limit of one rule, repeated: the first rule past the budget for all
 /// regexes, and every one after it, is named; fewer of them load. A reload of such a file
-/// fails the same way (`Policy::load`), which keeps the running policy (cmd/run.rs).
+/// fails the same way (`Policy::load`), which keeps the running policy (controller/run_loop.rs).
 #[test]
 fn regexes_over_the_budget_of_all_rules_are_refused() {
     // About 1.4 MiB each once compiled (the engine's own count): 22 fit in 32 MiB.

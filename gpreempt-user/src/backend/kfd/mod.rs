@@ -9,9 +9,9 @@ use std::{
 };
 
 use anyhow::Result;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::UnboundedSender;
 
-use super::{freezer, ActError, Acted, Backend, BoxFut};
+use super::{freezer, ActError, Acted, Arrival, Backend, BoxFut};
 use crate::{
     backend::kfd::control::TargetError,
     backend::kfd::control::{Control, ControlHandle, Limits},
@@ -56,29 +56,28 @@ impl KfdBackend {
         kfd_device: &Path,
         dir: &Path,
         max_suspend: Duration,
-    ) -> Result<(Self, UnboundedReceiver<Notice>)> {
-        let (control, notices) = Control::start(
+        arrivals: UnboundedSender<Arrival>,
+    ) -> Result<Self> {
+        let control = Control::start(
             kfd_device,
             Limits {
                 max_suspend,
                 ..Limits::default()
             },
+            arrivals,
         )?;
         if let Some(h) = control.handle() {
             install_panic_hook(h);
         }
         recover(&control, dir).await;
         let lease = lease::KfdLease::start(dir, max_suspend, control.turns())?;
-        Ok((
-            Self {
-                control,
-                dir: dir.to_path_buf(),
-                attached: BTreeMap::new(),
-                lease,
-                fallback: None,
-            },
-            notices,
-        ))
+        Ok(Self {
+            control,
+            dir: dir.to_path_buf(),
+            attached: BTreeMap::new(),
+            lease,
+            fallback: None,
+        })
     }
 
     /// The process `pid` names for this controller: the model's (the one the policy classified,

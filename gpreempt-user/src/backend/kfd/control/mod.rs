@@ -3,8 +3,9 @@
 //! The kernel accepts DBG_TRAP calls (other than DISABLE) only from the target's ptrace-parent
 //! *thread*, so one dedicated OS thread owns every ptrace and DBG_TRAP call. Async code talks to
 //! it through [`Control`]: requests over a channel (an eventfd wakes the thread), replies over
-//! oneshot channels, and [`Notice`]s for what happens on its own (a target exits, a new queue,
-//! the watchdog, a fenced GPU).
+//! oneshot channels, and notices ([`crate::backend::Arrival::Notice`], into the controller's one
+//! channel) for what happens on its own (a target exits, a new queue, the watchdog, a fenced
+//! GPU).
 //!
 //! Per target: PTRACE_SEIZE (the target never stops), DBG_TRAP ENABLE with a pipe as the event
 //! fd, the target's signal-delivery-stops reaped and re-injected at once, QUEUE_NEW cleared so
@@ -36,7 +37,6 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::observe::procinfo::ProcId;
-use crate::outcome::Notice;
 use crate::outcome::OpReport;
 
 mod holds;
@@ -241,10 +241,12 @@ fn closed<T>() -> Result<T, TargetError> {
 impl Control {
     /// Opens the KFD device and starts the control thread. SIGCHLD must be blocked in every
     /// thread ([`block_sigchld`], before any thread was spawned).
+    /// Its notices go to `arrivals` (the controller's one channel from every backend).
     pub fn start(
         kfd_device: &Path,
         limits: Limits,
-    ) -> Result<(Self, tmpsc::UnboundedReceiver<Notice>)> {
+        arrivals: tmpsc::UnboundedSender<crate::backend::Arrival>,
+    ) -> Result<Self> {
         let kfd = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -281,27 +283,24 @@ impl Control {
         // SAFETY: efd is a fresh fd we own.
         let wake_fd = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
         let (tx, rx) = mpsc::channel();
-        let (ntx, nrx) = tmpsc::unbounded_channel();
         let thread_wake = wake_fd.clone();
         let turns: Turns = std::sync::Arc::new(crate::clock::monotonic_ns().into());
         let thread_turns = turns.clone();
         let thread = std::thread::Builder::new()
             .name("gpreempt-ctl".into())
             .spawn(move || {
-                let mut t = Thread::new(kfd, sigfd, thread_wake, rx, ntx, limits, thread_turns);
+                let mut t =
+                    Thread::new(kfd, sigfd, thread_wake, rx, arrivals, limits, thread_turns);
                 t.run();
                 // Drop of `t` resumes and disables whatever is left (also when unwinding).
             })
             .context("starting the control thread")?;
-        Ok((
-            Self {
-                tx: Some(tx),
-                wake: wake_fd,
-                thread: Some(thread),
-                turns,
-            },
-            nrx,
-        ))
+        Ok(Self {
+            tx: Some(tx),
+            wake: wake_fd,
+            thread: Some(thread),
+            turns,
+        })
     }
 
     /// The control thread's turns, for the lease's heartbeat.

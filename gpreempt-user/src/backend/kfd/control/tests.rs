@@ -22,10 +22,10 @@ use super::{
     holds::{self, Book, Fences, RateWindow},
     ops::{op_error, queue_op_error, seize_error},
     thread::{Target, Thread},
-    Limits, Notice, Req, TargetError,
+    Limits, Req, TargetError,
 };
 use crate::observe::procinfo::ProcId;
-use crate::outcome::{OpReport, QueueOutcome, QueueResult};
+use crate::outcome::{Notice, OpReport, QueueOutcome, QueueResult};
 
 const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
@@ -345,7 +345,7 @@ fn kernel_errors_map_to_target_errors() {
 struct Rig {
     t: Thread,
     tx: mpsc::Sender<Req>,
-    notices: tmpsc::UnboundedReceiver<Notice>,
+    notices: tmpsc::UnboundedReceiver<crate::backend::Arrival>,
 }
 
 fn rig(limits: Limits) -> Rig {
@@ -399,7 +399,12 @@ impl Rig {
     }
 
     fn notices(&mut self) -> Vec<Notice> {
-        std::iter::from_fn(|| self.notices.try_recv().ok()).collect()
+        std::iter::from_fn(|| self.notices.try_recv().ok())
+            .map(|a| match a {
+                crate::backend::Arrival::Notice(n) => n,
+                other => panic!("the control thread sends only notices: {other:?}"),
+            })
+            .collect()
     }
 }
 

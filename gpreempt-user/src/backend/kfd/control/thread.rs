@@ -23,6 +23,8 @@ use nix::{
 };
 use tokio::sync::mpsc as tmpsc;
 
+use crate::backend::Arrival;
+
 use super::{
     errno_of,
     holds::{self, Book, Fences},
@@ -49,7 +51,8 @@ pub(super) struct Thread {
     pub(super) sigfd: SignalFd,
     pub(super) wake: Arc<OwnedFd>,
     pub(super) rx: mpsc::Receiver<Req>,
-    pub(super) notices: tmpsc::UnboundedSender<Notice>,
+    /// The controller's one channel from every backend: notices go in as [`Arrival::Notice`].
+    pub(super) notices: tmpsc::UnboundedSender<Arrival>,
     pub(super) targets: std::collections::BTreeMap<u32, Target>,
     /// GPUs no longer preempted, and why.
     pub(super) fenced: Fences,
@@ -66,7 +69,7 @@ impl Thread {
         sigfd: SignalFd,
         wake: Arc<OwnedFd>,
         rx: mpsc::Receiver<Req>,
-        notices: tmpsc::UnboundedSender<Notice>,
+        notices: tmpsc::UnboundedSender<Arrival>,
         limits: Limits,
         turns: super::Turns,
     ) -> Self {
@@ -91,7 +94,7 @@ impl Thread {
     }
 
     pub(super) fn notice(&self, n: Notice) {
-        let _ = self.notices.send(n);
+        let _ = self.notices.send(Arrival::Notice(n));
     }
 
     fn books(&self) -> impl Iterator<Item = (u32, &Book)> + Clone {

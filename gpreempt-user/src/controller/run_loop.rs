@@ -1,0 +1,920 @@
+//! The controller's loop (`gpreempt-ebpf run --policy FILE`; `cmd/run.rs` wires it). The
+//! watcher keeps the host model current, the policy engine decides once per tick, the backends
+//! act; every decision can be audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
+//! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one).
+//!
+//! The NVIDIA backend acts from a worker thread: its results arrive later ([`Arrival`]) and are
+//! applied then (engine, model, audit, the socket's reply), so the loop never waits on RM.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::{mpsc, oneshot},
+};
+
+use crate::{
+    backend::kfd::control::TargetError,
+    backend::{ActError, Acted, Arrival, Backends, Ticket},
+    clock::monotonic_ns,
+    controller::{
+        daemon::{self, Request, Response, Status},
+        requests::{answer, finish, Answer, Answered},
+    },
+    observe::model::{Uncontrollable, Update},
+    observe::watch::Watcher,
+    outcome::Notice,
+    outcome::{OpReport, QueueOutcome},
+    policy::{Action, Class, Decision, Engine, Policy},
+};
+
+/// Decisions kept for the status file.
+const RECENT: usize = 32;
+
+/// An act handed to a backend's worker, waiting for its result.
+enum Pending {
+    Decision(Decision),
+    /// A socket request, answered when the result comes.
+    Request {
+        pid: u32,
+        suspend: bool,
+        reply: oneshot::Sender<Response>,
+    },
+}
+
+struct Ctx {
+    me: u32,
+    dry_run: bool,
+    /// How this host's GPUs are acted on (none in a dry run).
+    backends: Backends,
+    engine: Engine,
+    audit: Option<crate::controller::audit::Audit<std::fs::File>>,
+    recent: VecDeque<serde_json::Value>,
+    /// Processes that cannot be controlled, and why (each reported once).
+    refused: BTreeMap<u32, Uncontrollable>,
+    /// Processes the freeze fallback holds frozen, with their cgroups: not suspended, so not
+    /// in the status's `held`.
+    frozen: BTreeMap<u32, String>,
+    /// Acts whose results have not arrived yet.
+    pending: BTreeMap<Ticket, Pending>,
+    status_dirty: bool,
+    metrics_addr: Option<String>,
+    unit: Option<String>,
+    /// The metrics and the page the HTTP task serves (with --metrics).
+    metrics: Option<(
+        crate::controller::metrics::Metrics,
+        crate::controller::metrics::Page,
+    )>,
+}
+
+impl Ctx {
+    fn status(&self, w: &Watcher) -> Status {
+        Status {
+            controller_pid: self.me,
+            mode: "run".into(),
+            policy: Some(self.engine.policy().source.clone()),
+            dry_run: self.dry_run,
+            classes: w
+                .state
+                .procs
+                .values()
+                .filter_map(|p| Some((p.pid, p.class.clone()?)))
+                .collect(),
+            // A dry run holds nothing (its decisions are in `decisions`).
+            held: if self.dry_run {
+                Vec::new()
+            } else {
+                self.engine
+                    .held()
+                    .into_iter()
+                    .filter(|(pid, ..)| !self.frozen.contains_key(pid))
+                    .map(|(pid, q, g, _)| (pid, q, Some(g)))
+                    .collect()
+            },
+            frozen: self
+                .frozen
+                .iter()
+                .filter(|(pid, _)| {
+                    w.state
+                        .procs
+                        .get(pid)
+                        .is_some_and(|p| p.exited_ns.is_none())
+                })
+                .map(|(&pid, cg)| (pid, cg.clone()))
+                .collect(),
+            fenced: self.engine.fenced(),
+            refused: self
+                .refused
+                .iter()
+                .map(|(&pid, u)| (pid, u.reason.clone()))
+                .collect(),
+            uncontrollable: self.refused.clone(),
+            decisions: self.recent.iter().cloned().collect(),
+            events: w.event_counts(),
+            events_degraded: w.events_degraded(),
+            audit_failing: self.audit.as_ref().and_then(|a| {
+                a.failing()
+                    .map(|f| format!("{} ({} record(s) lost)", f.error, f.lost))
+            }),
+            timeslices: self
+                .backends
+                .list
+                .iter()
+                .flat_map(|b| b.timeslices())
+                .collect(),
+            adaptive: self.engine.adaptive_views(),
+            nv_levers: self
+                .engine
+                .lever_views()
+                .into_iter()
+                .map(Into::into)
+                .collect(),
+            metrics: self.metrics_addr.clone(),
+            unit: self.unit.clone(),
+        }
+    }
+
+    fn record(&mut self, v: serde_json::Value) {
+        if let Some((m, _)) = &mut self.metrics {
+            m.record(&v);
+        }
+        if let Some(a) = &mut self.audit {
+            if let Some(said) = a.record(&v) {
+                log::warn!("{said}");
+                self.status_dirty = true;
+            }
+        }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(v);
+        self.status_dirty = true;
+    }
+
+    /// Applies a control result to the model (our own DBG_TRAP calls are not read back from
+    /// the eBPF events: their arrays are gone by then).
+    fn apply_report(&self, w: &mut Watcher, r: &OpReport, suspend: bool) {
+        let queues = Some(r.done());
+        let (ts_ns, by, target) = (r.returned_ns, self.me, r.pid);
+        w.state
+            .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
+    }
+
+    async fn classify(&mut self, w: &mut Watcher) {
+        for (pid, class) in self.engine.classify(&w.state) {
+            log::info!(
+                "pid {pid} ({}): {class}, {} live queue(s)",
+                w.state.procs.get(&pid).map_or("?", |p| p.comm()),
+                w.state
+                    .procs
+                    .get(&pid)
+                    .map_or(0, |p| p.live_queues().count())
+            );
+            self.status_dirty = true;
+            w.state.apply(Update::Class {
+                pid,
+                class: Some(class.label().to_string()),
+            });
+            self.launch_hints(w, pid, class);
+            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
+                continue;
+            };
+            match b.classed(&w.state, pid, class).await {
+                Ok(()) => self.controllable(w, pid),
+                Err(e) => self.refuse(w, pid, e),
+            }
+        }
+    }
+
+    /// Processes refused earlier get another try (the tracer that held one may have let go);
+    /// one that is gone is dropped.
+    async fn retry_refused(&mut self, w: &mut Watcher) {
+        let pids: Vec<u32> = self.refused.keys().copied().collect();
+        for pid in pids {
+            let class = w.state.procs.get(&pid).and_then(|p| p.class.clone());
+            let live = w
+                .state
+                .procs
+                .get(&pid)
+                .is_some_and(|p| p.exited_ns.is_none());
+            let Some(class) = class.filter(|_| live).and_then(|c| Class::parse(&c)) else {
+                self.controllable(w, pid);
+                continue;
+            };
+            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
+                continue;
+            };
+            if b.classed(&w.state, pid, class).await.is_ok() {
+                log::warn!("pid {pid}: can be controlled now");
+                self.controllable(w, pid);
+            }
+        }
+    }
+
+    fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {
+        match e {
+            ActError::Target(TargetError::Reused { .. }) => {
+                // Not a process that cannot be controlled: the one the model knew is gone. Its
+                // pid's new owner is read afresh (a new process, classified anew).
+                w.recheck(pid);
+                self.status_dirty = true;
+                return;
+            }
+            ActError::Target(TargetError::Gone) => {
+                // The model may not know yet: its record goes now, not at the next reconcile,
+                // and a process that is gone is not one that cannot be controlled.
+                w.recheck(pid);
+                if w.state
+                    .procs
+                    .get(&pid)
+                    .is_none_or(|p| p.exited_ns.is_some())
+                {
+                    self.controllable(w, pid);
+                    return;
+                }
+            }
+            _ => {}
+        }
+        let text = e.to_string();
+        if self.refused.get(&pid).map(|u| &u.reason) != Some(&text) {
+            log::warn!("pid {pid}: cannot be controlled: {text}");
+            w.state.apply(Update::Warning {
+                ts_ns: monotonic_ns(),
+                text: format!("pid {pid}: cannot be controlled: {text}"),
+            });
+            let why = Uncontrollable {
+                kind: e.kind().into(),
+                reason: text,
+            };
+            w.state.apply(Update::Uncontrollable {
+                pid,
+                why: Some(why.clone()),
+            });
+            self.refused.insert(pid, why);
+            self.status_dirty = true;
+        }
+    }
+
+    /// `pid` is no longer refused (controlled now, or gone).
+    fn controllable(&mut self, w: &mut Watcher, pid: u32) {
+        if self.refused.remove(&pid).is_some() {
+            w.state.apply(Update::Uncontrollable { pid, why: None });
+            self.status_dirty = true;
+        }
+    }
+
+    /// Online processes get launch uprobes (when the policy wants hints); others lose them.
+    fn launch_hints(&mut self, w: &mut Watcher, pid: u32, class: Class) {
+        if class == Class::Online && self.engine.policy().launch_hints {
+            if let Err(e) = w.watch_launches(pid) {
+                log::info!("pid {pid}: no launch hints: {e:#}");
+            }
+        } else {
+            w.unwatch_launches(pid);
+        }
+    }
+
+    async fn tick(&mut self, w: &mut Watcher) {
+        self.classify(w).await;
+        let now = monotonic_ns();
+        let mut notices = Vec::new();
+        for b in &mut self.backends.list {
+            notices.extend(b.upkeep(&w.state, now));
+        }
+        for n in notices {
+            self.notice(w, n);
+        }
+        let decisions = self.engine.decide(&w.state, now);
+        // The NVIDIA lever tuner's changes reach the backends before the decisions made under
+        // them (the worker serves its commands in order).
+        self.lever_changes(now);
+        for d in decisions {
+            self.act(w, d).await;
+        }
+        for (gpu_id, note) in self.engine.take_notes() {
+            log::info!("GPU {gpu_id:#x}: adaptive: {note}");
+            self.record(serde_json::json!({
+                "ts_ns": now,
+                "gpu_id": gpu_id,
+                "action": "adapt",
+                "reason": note,
+                "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
+            }));
+        }
+    }
+
+    /// The lever tuner's changes (strategy `adaptive` on NVIDIA GPUs): logged, audited and
+    /// handed to the backends, which undo what the old lever did as on a reload.
+    fn lever_changes(&mut self, now: u64) {
+        for (gpu_id, c) in self.engine.take_lever_changes() {
+            log::info!(
+                "GPU {gpu_id:#x}: NVIDIA lever {} -> {} ({})",
+                c.from,
+                c.to,
+                c.reason
+            );
+            self.record(serde_json::json!({
+                "ts_ns": now,
+                "gpu": gpu_id,
+                "action": "lever",
+                "from": c.from.label(),
+                "to": c.to.label(),
+                "reason": c.reason,
+                "dry_run": self.dry_run,
+            }));
+        }
+        // Every tick, not only on a change: a reload drops the tuners without one (the
+        // backends ignore an unchanged map).
+        let levers = self.engine.nv_levers();
+        for b in &mut self.backends.list {
+            b.set_gpu_levers(&levers);
+        }
+    }
+
+    fn audit_record(&self, d: &Decision) -> serde_json::Value {
+        serde_json::json!({
+            "ts_ns": d.ts_ns,
+            "gpu_id": d.gpu_id,
+            "pid": d.pid,
+            "action": d.action,
+            "queues": d.queues,
+            "grace": d.grace,
+            "reason": d.reason,
+            "trigger_ns": d.trigger_ns,
+            "dry_run": self.dry_run,
+            "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
+        })
+    }
+
+    async fn act(&mut self, w: &mut Watcher, d: Decision) {
+        let suspend = d.action == Action::Suspend;
+        // The audit record is built after the ioctl: nothing but the decision precedes it.
+        if self.dry_run {
+            let rec = self.audit_record(&d);
+            self.engine.confirm(&d, &d.queues);
+            log::info!(
+                "dry run: would {} pid {} queues {:?} on GPU {:#x}: {}",
+                if suspend { "suspend" } else { "resume" },
+                d.pid,
+                d.queues,
+                d.gpu_id,
+                d.reason
+            );
+            self.record(rec);
+            return;
+        }
+        // One decision per process with a worker at a time: the engine decides again what it
+        // was not told is done, so acts would otherwise pile up behind a slow driver call.
+        let busy = self
+            .pending
+            .values()
+            .any(|p| matches!(p, Pending::Decision(o) if o.pid == d.pid));
+        if busy {
+            log::debug!("pid {}: an earlier act is still in flight", d.pid);
+            return;
+        }
+        let acted = match self.backends.for_pid(&w.state, d.pid) {
+            Ok(b) if suspend => {
+                b.policy_suspend(&w.state, d.pid, Some(d.queues.clone()), d.grace)
+                    .await
+            }
+            Ok(b) => b.resume(&w.state, d.pid, Some(d.queues.clone())).await,
+            Err(e) => Acted::Now(Err(e)),
+        };
+        match acted {
+            Acted::Now(r) => self.decided(w, d, r),
+            Acted::Later(t) => {
+                self.pending.insert(t, Pending::Decision(d));
+            }
+        }
+    }
+
+    /// What came of decision `d`: to the engine, the model and the audit.
+    fn decided(&mut self, w: &mut Watcher, d: Decision, r: Result<OpReport, ActError>) {
+        let suspend = d.action == Action::Suspend;
+        let mut rec = self.audit_record(&d);
+        match r {
+            Ok(report) => {
+                let done = report.done();
+                self.engine.confirm(&d, &done);
+                match (report.timeslice_us, &report.frozen) {
+                    // The NVIDIA `dynamic` lever: the queues keep running (with a short
+                    // timeslice during the episode); the model's states stay as they are.
+                    (Some(us), _) => {
+                        rec["lever"] = serde_json::json!("dynamic");
+                        rec["timeslice_us"] = serde_json::json!(us);
+                    }
+                    // The freeze fallback: the process is frozen, its queues stay mapped.
+                    (None, Some(cg)) => {
+                        rec["lever"] = serde_json::json!("freeze");
+                        rec["cgroup"] = serde_json::json!(cg);
+                        if suspend {
+                            self.frozen.insert(d.pid, cg.clone());
+                        } else {
+                            self.frozen.remove(&d.pid);
+                        }
+                        self.status_dirty = true;
+                    }
+                    (None, None) => self.apply_report(w, &report, suspend),
+                }
+                let by = |o: QueueOutcome| -> Vec<u32> {
+                    report
+                        .queues
+                        .iter()
+                        .filter(|q| q.outcome == o)
+                        .map(|q| q.queue_id)
+                        .collect()
+                };
+                rec["done"] = serde_json::json!(done);
+                rec["invalid"] = serde_json::json!(by(QueueOutcome::Invalid));
+                rec["error"] = serde_json::json!(by(QueueOutcome::Error));
+                rec["issued_ns"] = serde_json::json!(report.issued_ns);
+                rec["returned_ns"] = serde_json::json!(report.returned_ns);
+                if let Some(t) = d.trigger_ns {
+                    rec["decision_latency_ns"] =
+                        serde_json::json!(report.issued_ns.saturating_sub(t));
+                }
+                log::info!("{} ({})", report.describe(suspend), d.reason);
+            }
+            Err(e) => {
+                self.engine.confirm(&d, &[]);
+                rec["failed"] = serde_json::json!(e.to_string());
+                // Said once per pid and reason (a process another tool traces failed every
+                // decision, ~40 times a second); retried by `retry_refused`.
+                self.refuse(w, d.pid, e);
+            }
+        }
+        self.record(rec);
+    }
+
+    fn notice(&mut self, w: &mut Watcher, n: Notice) {
+        match n {
+            Notice::TargetGone { pid, start_time } => {
+                // The pid's next owner, if the model knows it already, is another process.
+                let reused = w.state.procs.get(&pid).is_some_and(|p| {
+                    p.exited_ns.is_none()
+                        && p.info.as_ref().is_some_and(|i| i.start_time != start_time)
+                });
+                if !reused {
+                    self.engine.forget(pid, None);
+                    for b in &mut self.backends.list {
+                        b.forget(pid);
+                    }
+                }
+            }
+            Notice::Acted {
+                report,
+                suspend,
+                why,
+            } => {
+                log::info!("{} ({why})", report.describe(suspend));
+                self.apply_report(w, &report, suspend);
+                if !suspend {
+                    self.engine.forget(report.pid, Some(&report.done()));
+                }
+                self.record(serde_json::json!({
+                    "ts_ns": report.returned_ns,
+                    "pid": report.pid,
+                    "action": if suspend { "suspend" } else { "resume" },
+                    "done": report.done(),
+                    "reason": why,
+                    "by": "control",
+                }));
+            }
+            Notice::Fenced { gpu_id, why } => {
+                self.engine.fence_gpu(gpu_id, &why);
+                let text = format!("GPU {gpu_id:#x}: {why}: no longer preempting it");
+                log::warn!("{text}");
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text,
+                });
+                self.status_dirty = true;
+            }
+            Notice::Problem { pid, text } => {
+                log::warn!("pid {pid}: {text}");
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text: format!("pid {pid}: {text}"),
+                });
+            }
+            Notice::Timeslice { change, why } => {
+                log::info!(
+                    "pid {}: TSG {:#x} timeslice {} -> {} us ({why})",
+                    change.pid,
+                    change.tsg,
+                    change.from_us,
+                    change.to_us
+                );
+                self.record(serde_json::json!({
+                    "ts_ns": monotonic_ns(),
+                    "pid": change.pid,
+                    "action": "timeslice",
+                    "tsg": change.tsg,
+                    "from_us": change.from_us,
+                    "to_us": change.to_us,
+                    "original_us": change.original_us,
+                    "issued_ns": change.issued_ns,
+                    "returned_ns": change.returned_ns,
+                    "reason": why,
+                    "by": "control",
+                }));
+                self.status_dirty = true;
+            }
+            Notice::LeverFailed { pid, text } => {
+                let text = format!("pid {pid}: timeslice lever failed, pausing instead: {text}");
+                log::warn!("{text}");
+                self.engine.pause_anyway(pid);
+                w.state.apply(Update::Warning {
+                    ts_ns: monotonic_ns(),
+                    text,
+                });
+            }
+        }
+    }
+
+    async fn request(&mut self, w: &mut Watcher, req: Request, reply: oneshot::Sender<Response>) {
+        // Cheap next to a driver call; computed first because the backends are borrowed below.
+        let status = self.status(w);
+        match answer(&mut self.backends, &w.state, req, || status).await {
+            Answered::Now(ans) => {
+                let _ = reply.send(self.answered(w, *ans));
+            }
+            Answered::Later {
+                ticket,
+                pid,
+                suspend,
+            } => {
+                self.pending.insert(
+                    ticket,
+                    Pending::Request {
+                        pid,
+                        suspend,
+                        reply,
+                    },
+                );
+            }
+        }
+    }
+
+    /// An operator's act, done: to the model and the audit; the response to send.
+    fn answered(&mut self, w: &mut Watcher, ans: Answer) -> Response {
+        if let Some((r, suspend)) = &ans.acted {
+            self.apply_report(w, r, *suspend);
+            self.record(serde_json::json!({
+                "ts_ns": r.returned_ns,
+                "pid": r.pid,
+                "action": if *suspend { "suspend" } else { "resume" },
+                "done": r.done(),
+                "reason": "manual request",
+                "by": "operator",
+            }));
+        }
+        ans.response
+    }
+
+    /// What a backend's worker sent: the result of an act handed over, a refusal, a notice.
+    fn arrival(&mut self, w: &mut Watcher, a: Arrival) {
+        match a {
+            Arrival::Done { ticket, result } => match self.pending.remove(&ticket) {
+                Some(Pending::Decision(d)) => self.decided(w, d, result),
+                Some(Pending::Request {
+                    pid,
+                    suspend,
+                    reply,
+                }) => {
+                    let resp = self.answered(w, finish(pid, suspend, result));
+                    let _ = reply.send(resp);
+                }
+                None => log::debug!("a result for {ticket:?}, which nothing waits for"),
+            },
+            Arrival::Refused { pid, error } => self.refuse(w, pid, error),
+            Arrival::Notice(n) => self.notice(w, n),
+        }
+    }
+}
+
+/// Who may steer this controller: root, and the policy's `[control] group` if it names one
+/// (it must exist: a typo would silently lock its members out).
+fn control_access(p: &Policy) -> Result<daemon::Access> {
+    let Some(name) = &p.control_group else {
+        return Ok(daemon::Access::default());
+    };
+    let g = nix::unistd::Group::from_name(name)
+        .with_context(|| format!("looking up group {name:?}"))?
+        .with_context(|| {
+            format!(
+                "{}: [control] group {name:?} does not exist (getent group {name})",
+                p.source
+            )
+        })?;
+    log::info!(
+        "control socket: root and group {name} (gid {}) may send requests",
+        g.gid
+    );
+    Ok(daemon::Access {
+        group: Some(g.gid.as_raw()),
+    })
+}
+
+/// The signals the controller answers, made first: from then on nothing ends the process
+/// without the cleanup at the loop's end.
+pub struct Signals {
+    pub int: Signal,
+    pub term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    pub fn new() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+}
+
+/// The metrics and the page the HTTP task serves, and the address it is bound to.
+pub type Served = (
+    crate::controller::metrics::Metrics,
+    crate::controller::metrics::Page,
+    SocketAddr,
+);
+
+/// Binds the metrics address (with --metrics); call it before any backend attaches, so a busy
+/// address fails the start with nothing to undo.
+pub async fn bind_metrics(addr: Option<SocketAddr>) -> Result<Option<Served>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let page = crate::controller::metrics::Page::default();
+    let bound = crate::controller::metrics::serve(addr, page.clone()).await?;
+    eprintln!("gpreempt-ebpf run: metrics at http://{bound}/metrics");
+    Ok(Some((
+        crate::controller::metrics::Metrics::new()?,
+        page,
+        bound,
+    )))
+}
+
+/// Each backend proves it can suspend and resume here before anything relies on it; on a
+/// failure every backend is shut down (nothing is left changed).
+pub async fn self_test(backends: &mut Backends, w: &mut Watcher) -> Result<()> {
+    let mut failed = None;
+    for b in &mut backends.list {
+        match b.self_test(w).await {
+            Ok(Some(line)) => eprintln!("{line}"),
+            Ok(None) => {}
+            Err(e) => {
+                failed = Some(crate::backend::refuse(b.vendor(), e));
+                break;
+            }
+        }
+    }
+    match failed {
+        Some(e) => {
+            backends.shutdown().await;
+            Err(e)
+        }
+        None => Ok(()),
+    }
+}
+
+/// What the loop starts from, made by `cmd/run.rs` in this order: signals, policy, lock,
+/// metrics, alarm, backends, watcher (self-tested).
+pub struct Setup {
+    pub policy: Policy,
+    /// Where SIGHUP reloads the policy from.
+    pub policy_path: PathBuf,
+    pub dry_run: bool,
+    pub audit: Option<PathBuf>,
+    pub tick: Duration,
+    /// The run directory (lock, status file, socket).
+    pub dir: PathBuf,
+    pub metrics: Option<Served>,
+    /// A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
+    pub alarm: crate::controller::alarm::Alarm,
+    pub backends: Backends,
+    pub watcher: Watcher,
+    pub signals: Signals,
+}
+
+/// SIGHUP reloads, read and parsed off the loop (a slow or huge file must not stall
+/// decisions); the old policy stays until the new one parsed.
+struct Reload {
+    tx: mpsc::UnboundedSender<Result<Policy>>,
+    rx: mpsc::UnboundedReceiver<Result<Policy>>,
+    busy: bool,
+}
+
+impl Reload {
+    fn start(&mut self, path: &Path) {
+        if self.busy {
+            eprintln!("policy reload already in progress: this SIGHUP is folded into it");
+            return;
+        }
+        self.busy = true;
+        let (path, tx) = (path.to_path_buf(), self.tx.clone());
+        tokio::task::spawn_blocking(move || {
+            let _ = tx.send(Policy::load(&path));
+        });
+    }
+}
+
+impl Ctx {
+    /// A reload read off the loop came back: the new policy, or the old one kept.
+    fn reloaded(&mut self, r: Result<Policy>) {
+        if let Some((m, _)) = &self.metrics {
+            m.reloaded(r.is_ok());
+        }
+        let p = match r {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("policy NOT reloaded, keeping the old one: {e:#}");
+                return;
+            }
+        };
+        eprintln!("policy reloaded: {}", p.summary());
+        if p.control_group != self.engine.policy().control_group {
+            eprintln!(
+                "policy: [control] group changes take effect at the next start \
+                 (the socket keeps its owner and mode)"
+            );
+        }
+        for w in p.trust_warnings() {
+            log::warn!("{w}");
+        }
+        for b in &mut self.backends.list {
+            b.set_policy(&p);
+        }
+        self.engine.set_policy(p);
+        self.status_dirty = true;
+    }
+
+    /// Every 250 ms: the NVIDIA objects journal, retries of refused processes, the status file
+    /// and the metrics page. `n`: how many publishes came before.
+    async fn publish(&mut self, w: &mut Watcher, dir: &Path, n: u32) {
+        // Written when it changed: a controller killed now loses at most 250 ms of it.
+        if let Err(e) = w.save_nv_log(dir) {
+            log::warn!("NVIDIA objects journal: {e:#}");
+        }
+        if n.is_multiple_of(8) && !self.refused.is_empty() {
+            self.retry_refused(w).await;
+        }
+        // Every second regardless: the event counters move without decisions.
+        if std::mem::take(&mut self.status_dirty) || n.is_multiple_of(4) {
+            let status = self.status(w);
+            if let Err(e) = daemon::write_status(dir, &status) {
+                log::warn!("{e:#}");
+            }
+            if let (Some((m, page)), true) = (&mut self.metrics, n.is_multiple_of(4)) {
+                let text = m.render(&w.state, &status, monotonic_ns());
+                if let Ok(mut p) = page.write() {
+                    *p = text;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the controller until a signal or an error, then resumes everything it holds.
+pub async fn run(s: Setup) -> Result<ExitCode> {
+    let Setup {
+        policy,
+        policy_path,
+        dry_run,
+        audit,
+        tick,
+        dir,
+        metrics,
+        mut alarm,
+        mut backends,
+        mut watcher,
+        mut signals,
+    } = s;
+    let mut arrivals = backends.take_arrivals();
+    let audit = match &audit {
+        Some(p) => Some(crate::controller::audit::Audit::new(
+            crate::controller::audit::open_file(p)?,
+        )),
+        None => None,
+    };
+    eprintln!(
+        "gpreempt-ebpf run: {}{}",
+        policy.summary(),
+        if dry_run {
+            " (dry run: nothing is suspended)"
+        } else {
+            ""
+        }
+    );
+    for b in &mut backends.list {
+        b.set_policy(&policy);
+    }
+    let mut ctx = Ctx {
+        me: std::process::id(),
+        dry_run,
+        backends,
+        engine: Engine::new(policy),
+        audit,
+        recent: VecDeque::new(),
+        refused: BTreeMap::new(),
+        frozen: BTreeMap::new(),
+        pending: BTreeMap::new(),
+        status_dirty: true,
+        unit: daemon::own_unit(),
+        metrics_addr: metrics.as_ref().map(|(_, _, a)| a.to_string()),
+        metrics: metrics.map(|(m, page, _)| (m, page)),
+    };
+    let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
+    let mut tick = tokio::time::interval(tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut publish = tokio::time::interval(Duration::from_millis(250));
+    let mut publishes = 0u32;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut reload = Reload {
+        tx,
+        rx,
+        busy: false,
+    };
+    let w = &mut watcher;
+    let result: Result<String> = async {
+        loop {
+            alarm.set(ctx.engine.next_deadline_ns())?;
+            tokio::select! {
+                biased;
+                _ = signals.int.recv() => return Ok("interrupted".into()),
+                _ = signals.term.recv() => return Ok("terminated".into()),
+                _ = signals.hup.recv() => reload.start(&policy_path),
+                Some(r) = reload.rx.recv() => {
+                    reload.busy = false;
+                    ctx.reloaded(r);
+                }
+                // Every backend's results and notices (none in a dry run: `None` at once).
+                Some(a) = arrivals.recv() => ctx.arrival(w, a),
+                Some((req, reply)) = requests.recv() => ctx.request(w, req, reply).await,
+                // Before the rest: cheap, and `top` / `status` must not go stale under load.
+                _ = publish.tick() => {
+                    publishes += 1;
+                    ctx.publish(w, &dir, publishes).await;
+                }
+                // At a deadline the engine named: the decision it defers is due now.
+                r = alarm.fired(), if alarm.armed() => {
+                    r?;
+                    ctx.tick(w).await;
+                }
+                // Decide right after new samples or events: the tick only drives time-based
+                // transitions (resume_after, the guards, watchdogs), so detection-to-ioctl stays short.
+                r = w.pump() => {
+                    r?;
+                    ctx.tick(w).await;
+                }
+                _ = tick.tick() => ctx.tick(w).await,
+            }
+        }
+    }
+    .await;
+    stop(ctx, w, arrivals, &dir, result).await
+}
+
+/// Every way out passes here (an unwinding panic: the KFD control thread's Drop and the panic
+/// hook; any death: the kernel on AMD, the guardian on NVIDIA): everything held is resumed.
+async fn stop(
+    mut ctx: Ctx,
+    w: &mut Watcher,
+    mut arrivals: mpsc::UnboundedReceiver<Arrival>,
+    dir: &Path,
+    result: Result<String>,
+) -> Result<ExitCode> {
+    let mut resumed = BTreeSet::new();
+    for b in std::mem::take(&mut ctx.backends.list) {
+        resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
+    }
+    // Results of acts that were in flight, so the audit and the socket hear how they ended.
+    while let Ok(a) = arrivals.try_recv() {
+        ctx.arrival(w, a);
+    }
+    if !resumed.is_empty() {
+        eprintln!(
+            "resumed and released {} process(es): {:?}",
+            resumed.len(),
+            resumed
+        );
+    }
+    let _ = daemon::write_status(dir, &Status::default());
+    match result {
+        Ok(why) => {
+            eprintln!("{why}: nothing is left suspended");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(e.context("the controller stopped; every queue was resumed")),
+    }
+}
