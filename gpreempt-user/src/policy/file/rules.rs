@@ -38,70 +38,7 @@ impl Parser<'_> {
             let mut bad = false;
             for (k, v) in t.iter() {
                 let key = k.get_ref().as_ref();
-                let ctx = format!("rule {n}: {key}");
-                let at = v.span().start;
-                let ok = match key {
-                    "class" => {
-                        class = self.class(v, &ctx);
-                        class.is_some()
-                    }
-                    "comm" | "cgroup" | "container" | "k8s_namespace" | "pod" => {
-                        let g = self.string(v, &ctx).map(|s| (s, Glob::new(s)));
-                        match g {
-                            Some((_, Ok(g))) => {
-                                *match key {
-                                    "comm" => &mut rule.comm,
-                                    "cgroup" => &mut rule.cgroup,
-                                    "k8s_namespace" => &mut rule.k8s_namespace,
-                                    "pod" => &mut rule.pod,
-                                    _ => &mut rule.container,
-                                } = Some(g);
-                                true
-                            }
-                            Some((s, Err(e))) => {
-                                self.err(at, format!("{ctx}: invalid glob {s:?}: {e}"));
-                                false
-                            }
-                            None => false,
-                        }
-                    }
-                    "cmdline" => match self.string(v, &ctx) {
-                        Some(s) => match rule_regex(s, REGEX_BUDGET - self.regex_used) {
-                            Ok((re, cost)) => {
-                                self.regex_used += cost;
-                                rule.cmdline = Some(re);
-                                true
-                            }
-                            Err(why) => {
-                                self.err(at, format!("{ctx}: {why}"));
-                                false
-                            }
-                        },
-                        None => false,
-                    },
-                    "uid" => {
-                        rule.uid = self.integer(v, &ctx).map(|n| n as u32);
-                        rule.uid.is_some()
-                    }
-                    "gid" => {
-                        rule.gid = self.integer(v, &ctx).map(|n| n as u32);
-                        rule.gid.is_some()
-                    }
-                    "pid" => {
-                        rule.pid = self.integer(v, &ctx).map(|n| n as u32);
-                        rule.pid.is_some()
-                    }
-                    other => {
-                        self.err(
-                            k.span().start,
-                            format!(
-                                "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
-                                 uid, gid, cgroup, container, k8s_namespace, pod or pid)"
-                            ),
-                        );
-                        false
-                    }
-                };
+                let ok = self.rule_key(n, key, k.span().start, v, &mut rule, &mut class);
                 bad |= !ok;
                 if ok && key != "class" {
                     matchers += 1;
@@ -130,6 +67,82 @@ impl Parser<'_> {
                 rule.class = c;
             }
             out.push(rule);
+        }
+    }
+
+    /// One key of rule `n`, into `rule` (or `class`); false when it is wrong (already said).
+    fn rule_key(
+        &mut self,
+        n: usize,
+        key: &str,
+        key_at: usize,
+        v: &Val,
+        rule: &mut Rule,
+        class: &mut Option<Class>,
+    ) -> bool {
+        let ctx = format!("rule {n}: {key}");
+        let at = v.span().start;
+        match key {
+            "class" => {
+                *class = self.class(v, &ctx);
+                class.is_some()
+            }
+            "comm" | "cgroup" | "container" | "k8s_namespace" | "pod" => {
+                let g = self.string(v, &ctx).map(|s| (s, Glob::new(s)));
+                match g {
+                    Some((_, Ok(g))) => {
+                        *match key {
+                            "comm" => &mut rule.comm,
+                            "cgroup" => &mut rule.cgroup,
+                            "k8s_namespace" => &mut rule.k8s_namespace,
+                            "pod" => &mut rule.pod,
+                            _ => &mut rule.container,
+                        } = Some(g);
+                        true
+                    }
+                    Some((s, Err(e))) => {
+                        self.err(at, format!("{ctx}: invalid glob {s:?}: {e}"));
+                        false
+                    }
+                    None => false,
+                }
+            }
+            "cmdline" => match self.string(v, &ctx) {
+                Some(s) => match rule_regex(s, REGEX_BUDGET - self.regex_used) {
+                    Ok((re, cost)) => {
+                        self.regex_used += cost;
+                        rule.cmdline = Some(re);
+                        true
+                    }
+                    Err(why) => {
+                        self.err(at, format!("{ctx}: {why}"));
+                        false
+                    }
+                },
+                None => false,
+            },
+            "uid" => {
+                rule.uid = self.integer(v, &ctx).map(|n| n as u32);
+                rule.uid.is_some()
+            }
+            "gid" => {
+                rule.gid = self.integer(v, &ctx).map(|n| n as u32);
+                rule.gid.is_some()
+            }
+            "pid" => {
+                rule.pid = self.integer(v, &ctx).map(|n| n as u32);
+                rule.pid.is_some()
+            }
+            other => {
+                self.err(
+                    key_at,
+                    format!(
+                        "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
+                         uid, gid, cgroup, container, k8s_namespace, pod or pid)"
+                    ),
+                );
+                false
+            }
         }
     }
 }
