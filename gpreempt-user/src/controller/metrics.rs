@@ -206,6 +206,19 @@ impl Metrics {
 
     /// The map and the controller's state now, as text exposition.
     pub fn render(&mut self, state: &State, status: &super::daemon::Status, now_ns: u64) -> String {
+        self.reset(status);
+        self.gpus(state, status);
+        self.processes(state, status, now_ns);
+        self.controller(state, status);
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            log::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Gauges and per-scrape counters start again from the state (gone series go).
+    fn reset(&mut self, status: &super::daemon::Status) {
         for v in [
             &self.gpu_queues,
             &self.gpu_suspended,
@@ -240,7 +253,9 @@ impl Metrics {
         for v in [&self.online_goal, &self.online_service, &self.offline_kept] {
             v.reset();
         }
-        let gpu_label = |id: u32| format!("{id:#x}");
+    }
+
+    fn gpus(&mut self, state: &State, status: &super::daemon::Status) {
         for g in &state.gpus {
             let l = [gpu_label(g.node.gpu_id)];
             let l: Vec<&str> = l.iter().map(String::as_str).collect();
@@ -260,6 +275,10 @@ impl Metrics {
                 .with_label_values(&[&gpu_label(*gpu)])
                 .set(1);
         }
+    }
+
+    /// Per process: queues, what is held, backlog, dispatches, suspensions.
+    fn processes(&mut self, state: &State, status: &super::daemon::Status, now_ns: u64) {
         let mut live = std::collections::BTreeSet::new();
         let mut seen_queues = std::collections::BTreeSet::new();
         for p in state.procs.values().filter(|p| p.exited_ns.is_none()) {
@@ -329,6 +348,10 @@ impl Metrics {
         // Exited processes and destroyed queues leave the bookkeeping too.
         self.held.retain(|pid, _| live.contains(pid));
         self.dispatched.retain(|k, _| seen_queues.contains(k));
+    }
+
+    /// What the controller publishes: timeslices, event counts, alarms, the adaptive tuner.
+    fn controller(&mut self, state: &State, status: &super::daemon::Status) {
         for (pid, tsg, original, current) in &status.timeslices {
             self.proc_timeslice
                 .with_label_values(&[&pid.to_string(), &tsg.to_string(), &original.to_string()])
@@ -371,11 +394,6 @@ impl Metrics {
                 .with_label_values(&[&g])
                 .set(a.offline_kept);
         }
-        let mut out = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
-            log::warn!("encoding metrics: {e}");
-        }
-        String::from_utf8(out).unwrap_or_default()
     }
 }
 
@@ -782,4 +800,8 @@ mod tests {
         }
         assert!(open <= MAX_PER_PEER, "{open} idle connections still open");
     }
+}
+
+fn gpu_label(id: u32) -> String {
+    format!("{id:#x}")
 }
