@@ -106,21 +106,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         },
     );
 
-    anyhow::ensure!(
-        args.launch_gap.is_finite() && args.launch_gap >= 0.0,
-        "--launch-gap must be a number of milliseconds >= 0"
-    );
-    let mut probes = Probes::attach(&ProbeOptions {
-        pid: args.pid,
-        ebpf_log: args.ebpf_log,
-        no_kernel_probes: args.no_kernel_probes,
-        launch_gap_ns: (args.launch_gap * 1e6) as u64,
-        kfd_device: g.kfd_device.clone(),
-        nvidia_devices: g.nvidia_device.clone(),
-        // A trace is what the operator asked to see: every record (losses are counted).
-        rate_limit: args.rate_limit,
-        ioctl_source: g.ioctl_source,
-    })?;
+    let mut probes = attach(g, args)?;
     let mut source = EventSource::new(probes.take_events()?, FdCheck::new(&g.kfd_device))
         .context("watching the ring buffer")?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -128,21 +114,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     let deadline = until(args);
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut launches = args.launches.then(LaunchHints::default);
-    if let Some(l) = launches.as_mut() {
-        let pids: Vec<u32> = match args.pid {
-            Some(p) => vec![p],
-            None => crate::observe::kfd::sysfs::read_procs(
-                &crate::observe::kfd::Paths::default().sysfs,
-                |_, _| None,
-            )
-            .map(|s| s.procs.iter().map(|p| p.pid).collect())
-            .unwrap_or_default(),
-        };
-        for pid in pids {
-            l.watch(&probes, pid)?;
-        }
-    }
+    let mut launches = watch_launches(args, &probes)?;
     eprintln!("gpreempt-ebpf: {}", probes.summary());
     for why in crate::observe::probe::not_live_reasons(probes.sources()) {
         eprintln!("gpreempt-ebpf: {why}");
@@ -220,10 +192,54 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     for (pid, n) in &limited {
         eprintln!("gpreempt-ebpf: pid {pid}: {n} records dropped by the rate limit");
     }
+    eprintln!("gpreempt-ebpf: {}", summary(written, &probes, &source)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The probes for a trace: every record the operator asked to see (losses are counted).
+fn attach(g: &Global, args: &Args) -> Result<Probes> {
+    anyhow::ensure!(
+        args.launch_gap.is_finite() && args.launch_gap >= 0.0,
+        "--launch-gap must be a number of milliseconds >= 0"
+    );
+    Probes::attach(&ProbeOptions {
+        pid: args.pid,
+        ebpf_log: args.ebpf_log,
+        no_kernel_probes: args.no_kernel_probes,
+        launch_gap_ns: (args.launch_gap * 1e6) as u64,
+        kfd_device: g.kfd_device.clone(),
+        nvidia_devices: g.nvidia_device.clone(),
+        rate_limit: args.rate_limit,
+        ioctl_source: g.ioctl_source,
+    })
+}
+
+/// `--launches`: launch uprobes on the traced process, or on every KFD process now.
+fn watch_launches(args: &Args, probes: &Probes) -> Result<Option<LaunchHints>> {
+    let Some(mut l) = args.launches.then(LaunchHints::default) else {
+        return Ok(None);
+    };
+    let pids: Vec<u32> = match args.pid {
+        Some(p) => vec![p],
+        None => crate::observe::kfd::sysfs::read_procs(
+            &crate::observe::kfd::Paths::default().sysfs,
+            |_, _| None,
+        )
+        .map(|s| s.procs.iter().map(|p| p.pid).collect())
+        .unwrap_or_default(),
+    };
+    for pid in pids {
+        l.watch(probes, pid)?;
+    }
+    Ok(Some(l))
+}
+
+/// The closing line: what was written, seen, lost and dropped, and why.
+fn summary(written: u64, probes: &Probes, source: &EventSource) -> Result<String> {
     let k = probes.stats()?;
     let u = source.stats;
-    eprintln!(
-        "gpreempt-ebpf: summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
+    Ok(format!(
+        "summary: written={written} seen={} lost_ringbuf_full={} lost_inflight_full={} \
          args_unreadable={} not_kfd={} unverified={} malformed={} kernel_probe_hits={} \
          launches_seen={} launch_hints={} dropped_other_file={} rate_limited={}",
         k.seen,
@@ -238,8 +254,7 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         k.launch_emitted,
         k.other_file,
         k.rate_limited
-    );
-    Ok(ExitCode::SUCCESS)
+    ))
 }
 
 /// `trace --dispatches`: the live map's sampler, streaming each packet it decodes once.
