@@ -209,6 +209,51 @@ impl Default for ChannelSampler {
     }
 }
 
+/// Reads one channel's GP_GET / GP_PUT from its USERD at `at` and advances its cursor; Err with
+/// why the channel could not be read this time. `stats`: read time (ns) and reads, counted.
+fn read_gp(
+    mem: &File,
+    at: u64,
+    c: &mut Cursor,
+    now_ns: u64,
+    stats: (&mut u64, &mut u64),
+) -> Result<(), String> {
+    let mut b = [0u8; 8];
+    let t0 = crate::clock::monotonic_ns();
+    let got = mem.read_at(&mut b, at + userd::GP_GET as u64);
+    *stats.0 += crate::clock::monotonic_ns().saturating_sub(t0);
+    *stats.1 += 1;
+    match got {
+        Ok(8) => {}
+        Ok(_) => return Err("short read of USERD".into()),
+        Err(e) => return Err(format!("USERD at {at:#x}: {e}")),
+    }
+    let get = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let put = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    if get >= c.entries || put >= c.entries {
+        // Not a USERD (or no longer): never read this address again.
+        c.userd = Err(format!(
+            "GP_GET {get} / GP_PUT {put} out of a {}-entry ring at {at:#x}",
+            c.entries
+        ));
+        c.tried_ns = now_ns.max(1);
+        return Err(c.userd.clone().err().unwrap_or_default());
+    }
+    let n = u64::from(c.entries);
+    let step = |a: u32, b: u32| (u64::from(b) + n - u64::from(a)) % n;
+    match c.last {
+        Some((g0, p0)) => {
+            c.consumed += step(g0, get);
+            c.submitted += step(p0, put);
+        }
+        // First read: what is pending now counts as submitted.
+        None => c.submitted = step(get, put),
+    }
+    c.used |= get != 0 || put != 0 || c.last.is_some_and(|l| l != (get, put));
+    c.last = Some((get, put));
+    Ok(())
+}
+
 impl ChannelSampler {
     pub fn new(check: DeviceCheck) -> Self {
         Self {
@@ -296,46 +341,12 @@ impl ChannelSampler {
                             continue;
                         }
                     };
-                    let mut b = [0u8; 8];
-                    let t0 = crate::clock::monotonic_ns();
-                    let got = mem.read_at(&mut b, at + userd::GP_GET as u64);
-                    self.read_ns += crate::clock::monotonic_ns().saturating_sub(t0);
-                    self.reads += 1;
-                    match got {
-                        Ok(8) => {}
-                        Ok(_) => {
-                            why.get_or_insert_with(|| "short read of USERD".into());
-                            continue;
-                        }
-                        Err(e) => {
-                            why.get_or_insert_with(|| format!("USERD at {at:#x}: {e}"));
-                            continue;
-                        }
-                    }
-                    let get = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    let put = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-                    if get >= c.entries || put >= c.entries {
-                        // Not a USERD (or no longer): never read this address again.
-                        c.userd = Err(format!(
-                            "GP_GET {get} / GP_PUT {put} out of a {}-entry ring at {at:#x}",
-                            c.entries
-                        ));
-                        c.tried_ns = now_ns.max(1);
-                        why.get_or_insert_with(|| c.userd.clone().err().unwrap_or_default());
+                    if let Err(e) =
+                        read_gp(mem, at, c, now_ns, (&mut self.read_ns, &mut self.reads))
+                    {
+                        why.get_or_insert(e);
                         continue;
                     }
-                    let n = u64::from(c.entries);
-                    let step = |a: u32, b: u32| (u64::from(b) + n - u64::from(a)) % n;
-                    match c.last {
-                        Some((g0, p0)) => {
-                            c.consumed += step(g0, get);
-                            c.submitted += step(p0, put);
-                        }
-                        // First read: what is pending now counts as submitted.
-                        None => c.submitted = step(get, put),
-                    }
-                    c.used |= get != 0 || put != 0 || c.last.is_some_and(|l| l != (get, put));
-                    c.last = Some((get, put));
                     read += c.consumed;
                     write += c.submitted;
                     ok += 1;
