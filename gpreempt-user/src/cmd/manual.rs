@@ -73,6 +73,31 @@ fn queues_arg(q: &[u32]) -> Option<Vec<u32>> {
     (!q.is_empty()).then(|| q.to_vec())
 }
 
+/// The backends' upkeep (the KFD lease's heartbeat), saying any problem.
+fn upkeep(backends: &mut Backends, state: &State) {
+    let now = crate::clock::monotonic_ns();
+    for b in &mut backends.list {
+        for n in b.upkeep(state, now) {
+            if let Notice::Problem { text, .. } = n {
+                eprintln!("{text}");
+            }
+        }
+    }
+}
+
+/// What ends the hold.
+fn holding_line(a: &SuspendArgs, max: std::time::Duration) -> String {
+    format!(
+        "holding them until Ctrl-C, `gpreempt-ebpf resume --pid {}`{}, or {} (watchdog)",
+        a.pid,
+        a.for_
+            .as_ref()
+            .map(|d| format!(", {} elapsed", crate::policy::fmt_ns(d.0.as_nanos() as u64)))
+            .unwrap_or_default(),
+        crate::policy::fmt_ns(max.as_nanos() as u64)
+    )
+}
+
 pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     let dir = crate::rundir::run_dir();
     let req = Request::Suspend {
@@ -137,23 +162,8 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     daemon::write_status(lock.dir(), &status(&held))?;
     // The lease is armed before the hold is announced: a stop right after the announcement is
     // then bounded by the lease, not by the guardian's start-up grace.
-    let now = crate::clock::monotonic_ns();
-    for b in &mut backends.list {
-        for n in b.upkeep(&state, now) {
-            if let Notice::Problem { text, .. } = n {
-                eprintln!("{text}");
-            }
-        }
-    }
-    println!(
-        "holding them until Ctrl-C, `gpreempt-ebpf resume --pid {}`{}, or {} (watchdog)",
-        a.pid,
-        a.for_
-            .as_ref()
-            .map(|d| format!(", {} elapsed", crate::policy::fmt_ns(d.0.as_nanos() as u64)))
-            .unwrap_or_default(),
-        crate::policy::fmt_ns(max.as_nanos() as u64)
-    );
+    upkeep(&mut backends, &state);
+    println!("{}", holding_line(a, max));
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
@@ -170,16 +180,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     let mut beat = tokio::time::interval(std::time::Duration::from_millis(100));
     let why = loop {
         tokio::select! {
-            _ = beat.tick() => {
-                let now = crate::clock::monotonic_ns();
-                for b in &mut backends.list {
-                    for n in b.upkeep(&state, now) {
-                        if let Notice::Problem { text, .. } = n {
-                            eprintln!("{text}");
-                        }
-                    }
-                }
-            }
+            _ = beat.tick() => upkeep(&mut backends, &state),
             _ = int.recv() => break "interrupted".to_string(),
             _ = term.recv() => break "terminated".to_string(),
             _ = hup.recv() => break "hangup".to_string(),
