@@ -149,43 +149,47 @@ impl State {
                 h_root,
                 h_object_old,
                 ..
-            } => {
-                if h_object_old == h_root {
-                    // The client and everything under it.
-                    if let Some(c) = self.nv_objects.remove(&(pid, h_root)) {
-                        for (h, (cl, _)) in c.objects {
-                            if cl == class::KEPLER_CHANNEL_GROUP_A {
-                                self.destroy(pid, h, ts, "NVIDIA client freed");
-                            }
-                        }
-                    }
-                    return;
-                }
-                let Some(c) = self.nv_objects.get_mut(&(pid, h_root)) else {
-                    return;
-                };
-                let Some((cl, parent)) = c.objects.remove(&h_object_old) else {
-                    return;
-                };
-                if cl == class::NV20_SUBDEVICE_0 && c.subdevices.get(&parent) == Some(&h_object_old)
-                {
-                    c.subdevices.remove(&parent);
-                }
-                if cl == class::KEPLER_CHANNEL_GROUP_A {
-                    self.destroy(pid, h_object_old, ts, "NVIDIA TSG freed");
-                } else if class::is_channel(cl) {
-                    if let Some(t) = self
-                        .procs
-                        .get_mut(&pid)
-                        .and_then(|p| p.queues.get_mut(&parent))
-                        .and_then(|q| q.nv.as_mut())
-                    {
-                        t.channels.retain(|&h| h != h_object_old);
-                        t.rings.retain(|r| r.h_channel != h_object_old);
+            } => self.nv_free(pid, h_root, h_object_old, ts),
+            NvCall::Control { .. } | NvCall::Short => {}
+        }
+    }
+
+    /// An RM free: a client takes everything under it; a TSG is destroyed; a channel leaves its
+    /// TSG.
+    fn nv_free(&mut self, pid: u32, h_root: u32, h_object_old: u32, ts: u64) {
+        use gpreempt_common::nv::class;
+        if h_object_old == h_root {
+            // The client and everything under it.
+            if let Some(c) = self.nv_objects.remove(&(pid, h_root)) {
+                for (h, (cl, _)) in c.objects {
+                    if cl == class::KEPLER_CHANNEL_GROUP_A {
+                        self.destroy(pid, h, ts, "NVIDIA client freed");
                     }
                 }
             }
-            NvCall::Control { .. } | NvCall::Short => {}
+            return;
+        }
+        let Some(c) = self.nv_objects.get_mut(&(pid, h_root)) else {
+            return;
+        };
+        let Some((cl, parent)) = c.objects.remove(&h_object_old) else {
+            return;
+        };
+        if cl == class::NV20_SUBDEVICE_0 && c.subdevices.get(&parent) == Some(&h_object_old) {
+            c.subdevices.remove(&parent);
+        }
+        if cl == class::KEPLER_CHANNEL_GROUP_A {
+            self.destroy(pid, h_object_old, ts, "NVIDIA TSG freed");
+        } else if class::is_channel(cl) {
+            if let Some(t) = self
+                .procs
+                .get_mut(&pid)
+                .and_then(|p| p.queues.get_mut(&parent))
+                .and_then(|q| q.nv.as_mut())
+            {
+                t.channels.retain(|&h| h != h_object_old);
+                t.rings.retain(|r| r.h_channel != h_object_old);
+            }
         }
     }
 }
