@@ -554,6 +554,23 @@ fn emit(json_out: bool, v: &serde_json::Value) {
     }
 }
 
+/// What ended the cycles: the line to say, the exit code, and the error kind (None: no error).
+fn ending(end: Option<Stop>, pid: u32, cycles_done: usize) -> (String, u8, Option<&'static str>) {
+    match end {
+        None => ("done".to_string(), 0u8, None),
+        Some(Stop::Signal(why, code)) => (why.to_string(), code, None),
+        Some(Stop::Gone) => (
+            format!(
+                "pid {pid} exited during cycle {cycles_done}: nothing is left suspended (its \
+                 queues went with it)"
+            ),
+            EXIT_TARGET_GONE,
+            Some("target exited"),
+        ),
+        Some(Stop::Failed(e)) => (e, 1, Some("failed")),
+    }
+}
+
 pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     anyhow::ensure!(a.cycles > 0, "--cycles must be at least 1");
     let emulated = std::env::var_os("GPREEMPT_LABEL").is_some();
@@ -664,20 +681,7 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     }
     let interval = sampler.interval_us();
     drop(sampler);
-    let (ended, code, err) = match end {
-        None => ("done".to_string(), 0u8, None),
-        Some(Stop::Signal(why, code)) => (why.to_string(), code, None),
-        Some(Stop::Gone) => (
-            format!(
-                "pid {pid} exited during cycle {}: nothing is left suspended (its queues went \
-                 with it)",
-                done.len()
-            ),
-            EXIT_TARGET_GONE,
-            Some("target exited"),
-        ),
-        Some(Stop::Failed(e)) => (e, 1, Some("failed")),
-    };
+    let (ended, code, err) = ending(end, pid, done.len());
     let summary = summary_json(pid, &done, a.cycles, interval, emulated, &ended);
     emit(a.json, &summary);
     if let Some(kind) = err {
