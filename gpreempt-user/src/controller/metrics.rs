@@ -561,6 +561,10 @@ async fn answer(
     conn.shutdown().await
 }
 
+fn gpu_label(id: u32) -> String {
+    format!("{id:#x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -800,8 +804,4 @@ mod tests {
         }
         assert!(open <= MAX_PER_PEER, "{open} idle connections still open");
     }
-}
-
-fn gpu_label(id: u32) -> String {
-    format!("{id:#x}")
 }
