@@ -67,7 +67,8 @@ impl Freezer {
         }
     }
 
-    /// The cgroup v2 directory of `pid`.
+    /// The cgroup v2 directory of `pid`. Stricter than `procinfo::cgroup_path`, which falls back
+    /// to a v1 hierarchy's line: only the unified hierarchy has `cgroup.freeze`.
     pub fn cgroup_of(&self, pid: u32) -> Result<PathBuf> {
         let text = std::fs::read_to_string(self.proc_root.join(format!("{pid}/cgroup")))
             .with_context(|| format!("reading the cgroup of pid {pid}"))?;

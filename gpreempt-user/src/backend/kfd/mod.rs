@@ -197,22 +197,26 @@ impl Backend for KfdBackend {
         grace: Option<u32>,
     ) -> BoxFut<'a, Acted> {
         Box::pin(async move {
+            // Frozen already: the kernel would refuse again; the freeze is what holds it.
             let frozen = self.fallback.as_ref().is_some_and(|f| f.is_frozen(pid));
-            let r = if frozen {
-                Err(ActError::Target(TargetError::NoDebugApi(String::new())))
+            let why = if frozen {
+                String::new()
             } else {
-                self.suspend(state, pid, queues, grace).await.now()
-            };
-            match (r, self.fallback.as_mut()) {
-                (Err(ActError::Target(TargetError::NoDebugApi(why))), Some(f)) => {
-                    Acted::Now(f.freeze(&mut self.lease, state, pid).map_err(|e| {
-                        ActError::Target(TargetError::NoDebugApi(format!(
-                            "{why}; the freeze fallback refused: {e:#}"
-                        )))
-                    }))
+                match self.suspend(state, pid, queues, grace).await.now() {
+                    Err(ActError::Target(TargetError::NoDebugApi(why)))
+                        if self.fallback.is_some() =>
+                    {
+                        why
+                    }
+                    r => return Acted::Now(r),
                 }
-                (r, _) => Acted::Now(r),
-            }
+            };
+            let Some(f) = self.fallback.as_mut() else {
+                return Acted::Now(Err(TargetError::NoDebugApi(why).into()));
+            };
+            Acted::Now(f.freeze(&mut self.lease, state, pid).map_err(|e| {
+                TargetError::NoDebugApi(format!("{why}; the freeze fallback refused: {e:#}")).into()
+            }))
         })
     }
 
