@@ -52,8 +52,12 @@ pub mod stat {
     pub const OTHER_FILE: u32 = 7;
     /// GPU driver ioctls dropped by the per-process rate limit (see [`RateState`]).
     pub const RATE_LIMITED: u32 = 8;
+    /// NVIDIA RM escapes made by the observer's own thread group ([`super::Config::own_tgid`]):
+    /// dropped in the kernel, so its own driver calls (a scan of running processes, levers,
+    /// the self-test's checks) never crowd other processes' records out of the ring.
+    pub const OWN_SKIPPED: u32 = 9;
     /// Number of statistics.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
 }
 
 /// What the ioctl programs found behind an fd ([`RecordHeader::file_kind`], [`GpuFile::kind`]).
@@ -135,6 +139,10 @@ pub mod config_flag {
     pub const NO_KFD_FILES: u32 = 8;
     /// With [`FILTER_FILES`]: likewise, no file is NVIDIA's for the tracepoints.
     pub const NO_NVIDIA_FILES: u32 = 16;
+    /// NVIDIA RM escapes by thread group [`super::Config::own_tgid`] (the controller itself)
+    /// are not recorded ([`super::stat::OWN_SKIPPED`]). Its KFD calls still are: the model learns
+    /// which queues it suspended from them.
+    pub const SKIP_OWN_RM: u32 = 32;
 }
 
 /// The programs' configuration, index 0 of the `CONFIG` array map, written by user space before attach.
@@ -150,6 +158,9 @@ pub struct Config {
     pub rate_per_s: u32,
     /// ... and bucket size.
     pub rate_burst: u32,
+    /// The observer's own thread group (used with [`config_flag::SKIP_OWN_RM`]).
+    pub own_tgid: u32,
+    pub _pad: u32,
     /// Which files are GPU devices (used with [`config_flag::FILTER_FILES`]).
     pub files: [GpuFile; MAX_GPU_FILES],
 }
@@ -280,7 +291,7 @@ const _: () = assert!(core::mem::align_of::<IoctlRecord>() == 8);
 const _: () = assert!(core::mem::size_of::<InFlight>() == 32 + ARGS_MAX);
 const _: () = assert!(core::mem::size_of::<KernelRecord>() == 40 + 16 + 48);
 const _: () = assert!(core::mem::size_of::<LaunchRecord>() == 40 + 16);
-const _: () = assert!(core::mem::size_of::<Config>() == 24 + 24 * MAX_GPU_FILES);
+const _: () = assert!(core::mem::size_of::<Config>() == 32 + 24 * MAX_GPU_FILES);
 const _: () = assert!(core::mem::size_of::<GpuFile>() == 24);
 const _: () = assert!(core::mem::size_of::<RateState>() == 16);
 

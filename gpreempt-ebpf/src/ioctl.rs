@@ -232,6 +232,9 @@ fn enter(ctx: &TracePointContext) {
     if file == file_kind::UNCHECKED && is_kfd && cfg.flags & config_flag::KFD_BY_KPROBE != 0 {
         return;
     }
+    if !is_kfd && own_rm(cfg, pid_tgid) {
+        return;
+    }
     begin(
         ctx,
         cfg,
@@ -326,6 +329,17 @@ pub fn nv_ioctl_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// Whether an RM escape is the observer's own ([`config_flag::SKIP_OWN_RM`]): counted and
+/// dropped here, before it takes an in-flight slot or ring space.
+#[inline(always)]
+fn own_rm(cfg: &Config, pid_tgid: u64) -> bool {
+    let own = cfg.flags & config_flag::SKIP_OWN_RM != 0 && cfg.own_tgid == (pid_tgid >> 32) as u32;
+    if own {
+        count(stat::OWN_SKIPPED);
+    }
+    own
+}
+
 /// Entry to `nvidia_unlocked_ioctl`, from either pair: RM escapes only, the pid filter, then
 /// [`begin`]. The function has the file, not the fd the process used; the model needs the fd
 /// only where a client is created (the RM ties a client to its file, and the controller
@@ -339,6 +353,9 @@ fn nv_entry<C: EbpfContext>(ctx: &C, file: u64, cmd: u32, arg: u64) {
     let Some(cfg) = config() else { return };
     let pid_tgid = bpf_get_current_pid_tgid();
     if cfg.flags & config_flag::FILTER_TGID != 0 && cfg.tgid != (pid_tgid >> 32) as u32 {
+        return;
+    }
+    if own_rm(cfg, pid_tgid) {
         return;
     }
     let mut fd = -1;

@@ -74,6 +74,9 @@ pub struct WorkloadOptions {
     pub gpu: usize,
     /// Create a second (idle) queue this long after the start, as a runtime adding a stream.
     pub second_queue_after: Option<Duration>,
+    /// Idle queues made at the start beside the working one (streams a runtime made and left
+    /// idle; many of them make a busy host for the controller to start into).
+    pub idle_queues: u32,
 }
 
 #[derive(Serialize, Debug)]
@@ -645,6 +648,10 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
     // Loaded before hsa_init, as a HIP program's code objects register at start-up.
     let code = load_kernels(&p)?;
     let mut q = AqlQueue::open(device, opts.gpu, opts.priority)?;
+    let idle = (0..opts.idle_queues)
+        .map(|_| AqlQueue::create(q.fd.try_clone()?, q.gpu_id, opts.priority))
+        .collect::<Result<Vec<_>>>()
+        .context("creating the idle queues")?;
     // Resident model + activations, roughly proportional to the work per iteration.
     q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(16 << 30))?;
     eprintln!(
@@ -758,6 +765,7 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
             Err(_) => anyhow::bail!("the second queue's thread panicked"),
         }
     }
+    drop(idle);
     drop(q);
     drop(code);
     Ok(report)

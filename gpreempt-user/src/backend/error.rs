@@ -70,3 +70,17 @@ impl From<anyhow::Error> for ActError {
         Self::Driver(format!("{e:#}"))
     }
 }
+
+/// A self-test could not tell whether its backend can act because the host was too busy for the
+/// observer (records lost in the kernel while it waited): no verdict on the driver, so `run`
+/// tries again later instead of refusing.
+#[derive(Debug)]
+pub struct HostBusy(pub String);
+
+impl fmt::Display for HostBusy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HostBusy {}

@@ -35,7 +35,7 @@ pub mod freezer;
 pub mod guardian;
 pub mod kfd;
 pub mod nv;
-pub use error::ActError;
+pub use error::{ActError, HostBusy};
 pub use kfd::KfdBackend;
 pub use nv::NvBackend;
 

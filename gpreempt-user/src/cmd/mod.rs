@@ -53,6 +53,17 @@ pub struct Global {
         default_value_t = crate::observe::probe::IoctlSource::Auto
     )]
     pub ioctl_source: crate::observe::probe::IoctlSource,
+    /// Size of the kernel's event ring buffer in KiB (a power of two, 4 to 1048576). Records that
+    /// find it full are lost and counted; the map then leans on sysfs until losses stop.
+    #[arg(
+        long,
+        global = true,
+        env = "GPREEMPT_RING_KIB",
+        value_name = "KIB",
+        default_value_t = gpreempt_common::record::RING_BYTES / 1024,
+        value_parser = parse_ring_kib
+    )]
+    pub ring_kib: u32,
     /// More diagnostics on stderr (-v info, -vv debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -65,7 +76,21 @@ impl Global {
             kfd_device: self.kfd_device.clone(),
             nvidia_devices: self.nvidia_device.clone(),
             ioctl_source: self.ioctl_source,
+            ring_bytes: self.ring_kib * 1024,
             ..Default::default()
         }
     }
+}
+
+/// `--ring-kib`: a power of two from one page (4 KiB) to 1 GiB.
+fn parse_ring_kib(s: &str) -> Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|e| format!("{s:?}: {e} (a size in KiB, e.g. 8192)"))?;
+    if !(4..=1 << 20).contains(&v) || !v.is_power_of_two() {
+        return Err(format!(
+            "{v} KiB: the ring buffer is a power of two from 4 to 1048576 KiB"
+        ));
+    }
+    Ok(v)
 }

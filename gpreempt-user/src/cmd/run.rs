@@ -99,13 +99,16 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
             args.sample_interval,
         ),
     )?;
-    // Before the self-test and the first decision: adopted processes are classified like any.
-    if !args.dry_run && nvidiactl.exists() {
-        for line in watcher.adopt_nv(&dir, true) {
+    // Before the first decision: adopted processes are classified like any. The driver scans of
+    // processes no journal names run while the self-test does.
+    let discovery = (!args.dry_run && nvidiactl.exists()).then(|| watcher.adopt_nv_start(&dir, true));
+    let tested = run_loop::self_test(&mut backends, &mut watcher, &mut signals).await;
+    if let Some(d) = discovery {
+        for line in watcher.adopt_nv_finish(d) {
             eprintln!("gpreempt-ebpf run: {line}");
         }
     }
-    run_loop::self_test(&mut backends, &mut watcher).await?;
+    tested?;
     run_loop::run(Setup {
         policy,
         policy_path: args.policy.clone(),

@@ -83,6 +83,9 @@ pub struct WorkloadArgs {
     /// Write the JSON report here instead of stdout.
     #[arg(long)]
     pub report: Option<PathBuf>,
+    /// Idle queues to create at the start beside the working one (at most 126).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=126))]
+    pub idle_queues: u32,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -218,6 +221,7 @@ fn workload(g: &Global, w: &WorkloadArgs) -> Result<ExitCode> {
             .second_queue_after
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
+        idle_queues: w.idle_queues,
     };
     let report = gpreempt_sim::workload::run(&opts, &g.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;

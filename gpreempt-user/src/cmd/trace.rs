@@ -211,6 +211,7 @@ fn attach(g: &Global, args: &Args) -> Result<Probes> {
         nvidia_devices: g.nvidia_device.clone(),
         rate_limit: args.rate_limit,
         ioctl_source: g.ioctl_source,
+        ring_bytes: g.ring_kib * 1024,
     })
 }
 

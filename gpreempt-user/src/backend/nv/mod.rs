@@ -66,6 +66,8 @@ pub struct NvBackend<O: NvOps + Send + 'static = Rm> {
     lever_checked_ns: u64,
     /// The adaptive tuner's lever per GPU (over `policy.lever` there).
     gpu_levers: BTreeMap<u32, NvLever>,
+    /// The run directory, where a passed self-test is remembered (None: tests).
+    dir: Option<std::path::PathBuf>,
 }
 
 impl NvBackend {
@@ -74,7 +76,9 @@ impl NvBackend {
         // A hung controller is covered once the lease runs out; a live one resumes at
         // max_suspend itself.
         let lease = max_suspend.max(Duration::from_millis(500));
-        Self::with(NvControl::new(dir)?.with_lease(lease), max_suspend, out)
+        let mut b = Self::with(NvControl::new(dir)?.with_lease(lease), max_suspend, out)?;
+        b.dir = Some(dir.to_path_buf());
+        Ok(b)
     }
 }
 
@@ -122,6 +126,7 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
             known: BTreeSet::new(),
             lever_checked_ns: 0,
             gpu_levers: BTreeMap::new(),
+            dir: None,
         })
     }
 
@@ -324,7 +329,7 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
     fn self_test<'a>(&'a mut self, w: &'a mut Watcher) -> BoxFut<'a, Result<Option<String>>> {
         Box::pin(async move {
             let mut via = Via(&self.worker);
-            crate::backend::nv::startup::self_test(&mut via, w)
+            crate::backend::nv::startup::self_test(&mut via, w, self.dir.as_deref())
                 .await
                 .map(Some)
         })

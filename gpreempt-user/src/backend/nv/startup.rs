@@ -6,6 +6,7 @@
 
 use std::{
     cell::RefCell,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -13,6 +14,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 
 use crate::{
     backend::nv::selftest::{verify, Target},
+    backend::HostBusy,
     doctor::{nvidia, Root, Verdict},
     observe::model::State,
     observe::watch::Watcher,
@@ -36,6 +38,73 @@ const SEEN: Duration = Duration::from_secs(10);
 /// Each observation window of the pause check.
 const WINDOW: Duration = Duration::from_millis(150);
 
+
+/// Waits until the model holds the target's compute TSGs with their channels (their ids). Records
+/// lost meanwhile make a miss [`HostBusy`], naming who filled the ring.
+async fn wait_for_channels(w: &mut Watcher, pid: u32) -> Result<Vec<u32>> {
+    let deadline = Instant::now() + SEEN;
+    let lost0 = w.kernel_lost();
+    w.census_start();
+    loop {
+        let ready = target_tsgs(&w.state, pid);
+        if !ready.is_empty() {
+            w.census_take(0);
+            return Ok(ready);
+        }
+        if Instant::now() > deadline {
+            let lost = w.kernel_lost().saturating_sub(lost0);
+            let top = w.census_take(3);
+            if lost > 0 {
+                let who: Vec<String> = top
+                    .iter()
+                    .map(|(p, n)| format!("pid {p} ({}): {n} records", comm(p)))
+                    .collect();
+                return Err(HostBusy(format!(
+                    "the observer lost {lost} event records in the kernel while the self-test                      target (pid {pid}) started, so its channels may be among them; the most                      records came from {}",
+                    if who.is_empty() {
+                        "nobody this controller saw".to_string()
+                    } else {
+                        who.join(", ")
+                    }
+                ))
+                .into());
+            }
+            bail!(
+                "the observer saw no channel of the self-test target (pid {pid}) within {}s and                  lost no record meanwhile: its RM escapes do not reach the eBPF programs, so no                  process could be controlled",
+                SEEN.as_secs()
+            );
+        }
+        if let Ok(r) = tokio::time::timeout(Duration::from_millis(50), w.pump()).await {
+            r?;
+        }
+    }
+}
+
+/// A process's name for a message (`?` once it is gone).
+fn comm(pid: &u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map_or_else(|_| "?".into(), |c| c.trim_end().escape_debug().to_string())
+}
+
+/// The target's TSGs that the model knows with subdevice and channels, once its /proc facts are
+/// in (every act names a process by pid and start time).
+fn target_tsgs(state: &State, pid: u32) -> Vec<u32> {
+    state
+        .procs
+        .get(&pid)
+        .filter(|p| p.info.is_some())
+        .map(|p| {
+            p.live_queues()
+                .filter(|q| {
+                    q.nv.as_ref()
+                        .is_some_and(|t| t.h_subdevice.is_some() && !t.channels.is_empty())
+                })
+                .map(|q| q.queue_id)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The doctor's NVIDIA lines that forbid pausing, as one message (empty: none).
 fn blocking_findings() -> Vec<String> {
     let pidfd = nvidia::try_pidfd_getfd();
@@ -49,10 +118,116 @@ fn blocking_findings() -> Vec<String> {
         .collect()
 }
 
-/// Runs the check; Ok: one line saying what was proven.
-pub async fn self_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<String> {
+/// The file in the run directory that remembers a passed self-test ([`Memo`]).
+pub const MEMO_FILE: &str = "nv-selftest.json";
+
+/// What a passed self-test proved holds for: this boot, this driver build on these GPUs, this
+/// binary. A restart with all four unchanged (a crash, `kill -9`, a pod restart) needs no new
+/// CUDA process of our own to know that pausing works, and acts about a second sooner.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fingerprint {
+    pub boot_id: String,
+    /// /proc/driver/nvidia/version, whole (version and build).
+    pub driver: String,
+    /// The GPUs' bus ids (/proc/driver/nvidia/gpus).
+    pub gpus: Vec<String>,
+    /// Our executable: device, inode, size, mtime (s, ns).
+    pub exe: (u64, u64, u64, i64, i64),
+}
+
+impl Fingerprint {
+    pub fn now() -> Result<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let read = |p: &str| std::fs::read_to_string(p).with_context(|| format!("reading {p}"));
+        let mut gpus: Vec<String> = std::fs::read_dir("/proc/driver/nvidia/gpus")
+            .context("listing /proc/driver/nvidia/gpus")?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        gpus.sort();
+        let m = std::fs::metadata("/proc/self/exe").context("our own executable")?;
+        Ok(Self {
+            boot_id: read("/proc/sys/kernel/random/boot_id")?.trim().to_string(),
+            driver: read("/proc/driver/nvidia/version")?,
+            gpus,
+            exe: (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()),
+        })
+    }
+}
+
+/// A passed self-test as remembered (mode 0600, root's, never read through a link).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Memo {
+    pub fingerprint: Fingerprint,
+    /// The line the test printed.
+    pub line: String,
+    /// CLOCK_REALTIME seconds when it passed.
+    pub passed_s: u64,
+}
+
+/// The remembered pass in `dir` if it holds for `now` (None: none, another boot, driver or
+/// binary, or a file that is not root's regular file).
+pub fn remembered(dir: &Path, now: &Fingerprint) -> Option<Memo> {
+    use std::os::unix::fs::MetadataExt as _;
+    let f = crate::rundir::open_read(&dir.join(MEMO_FILE)).ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.uid() != 0 || m.mode() & 0o077 != 0 || m.len() > 64 << 10 {
+        return None;
+    }
+    let memo: Memo = serde_json::from_reader(f).ok()?;
+    (memo.fingerprint == *now).then_some(memo)
+}
+
+/// Remembers a pass (best effort: a failure only costs the next start its test).
+fn remember(dir: &Path, fingerprint: Fingerprint, line: &str) {
+    let memo = Memo {
+        fingerprint,
+        line: line.to_string(),
+        passed_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let r = serde_json::to_vec(&memo)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| crate::rundir::write_atomic(&dir.join(MEMO_FILE), &b, crate::rundir::PRIVATE_MODE));
+    if let Err(e) = r {
+        log::warn!("NVIDIA self-test: not remembered for the next start: {e:#}");
+    }
+}
+
+/// Runs the check, or (`memo`: the run directory) takes a pass remembered there for this boot,
+/// driver and binary; Ok: one line saying what was proven.
+pub async fn self_test(
+    nv: &mut dyn SelfTestControl,
+    w: &mut Watcher,
+    memo: Option<&Path>,
+) -> Result<String> {
     let blocking = blocking_findings();
     ensure!(blocking.is_empty(), "{}", blocking.join("; "));
+    let fingerprint = memo.and_then(|_| Fingerprint::now().ok());
+    if let (Some(dir), Some(fp)) = (memo, fingerprint.as_ref()) {
+        if let Some(m) = remembered(dir, fp) {
+            return Ok(format!(
+                "{} [remembered: passed {} s ago by this binary on this driver since boot; not \
+                 repeated (remove {} to repeat it)]",
+                m.line,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    .saturating_sub(m.passed_s),
+                dir.join(MEMO_FILE).display()
+            ));
+        }
+    }
+    let line = run_test(nv, w).await?;
+    if let (Some(dir), Some(fp)) = (memo, fingerprint) {
+        remember(dir, fp, &line);
+    }
+    Ok(line)
+}
+
+/// Spawns our own CUDA process and pauses and resumes it through the controller's path.
+async fn run_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<String> {
 
     let exe = std::env::current_exe().context("locating our own binary")?;
     let mut target = Target::spawn(&exe, TARGET_START)
@@ -60,38 +235,7 @@ pub async fn self_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<
     let pid = target.pid();
 
     // Its channels, seen the way every target's are: through the RM escapes it made.
-    let deadline = Instant::now() + SEEN;
-    let tsgs = loop {
-        let ready: Vec<u32> = w
-            .state
-            .procs
-            .get(&pid)
-            // Its /proc facts too: every act names a process by its pid and start time.
-            .filter(|p| p.info.is_some())
-            .map(|p| {
-                p.live_queues()
-                    .filter(|q| {
-                        q.nv.as_ref()
-                            .is_some_and(|t| t.h_subdevice.is_some() && !t.channels.is_empty())
-                    })
-                    .map(|q| q.queue_id)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !ready.is_empty() {
-            break ready;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the observer saw no channel of the self-test target (pid {pid}) within {}s: its \
-                 RM escapes do not reach the eBPF programs, so no process could be controlled",
-                SEEN.as_secs()
-            );
-        }
-        if let Ok(r) = tokio::time::timeout(Duration::from_millis(50), w.pump()).await {
-            r?;
-        }
-    };
+    let tsgs = wait_for_channels(w, pid).await?;
     let channels: usize = w.state.procs.get(&pid).map_or(0, |p| {
         p.live_queues()
             .filter_map(|q| q.nv.as_ref())

@@ -17,7 +17,7 @@ use gpreempt_common::{
 
 use super::{
     launch::Detacher,
-    load::{load_object, preflight, EBPF_OBJECT},
+    load::{load_object_sized, preflight, EBPF_OBJECT},
     pairs::{attach_fentry_pair, attach_kfd_pair, attach_nv_pair, load_kfd_pair, source_name},
     HostProbeFacts, IoctlFilter, IoctlSource, Pair, ProbeOptions, Probes, SourceKind, SourceStatus,
     NV_IOCTL,
@@ -217,7 +217,7 @@ impl Probes {
     /// the launch uprobes for [`Probes::watch_launches`].
     pub fn attach(opts: &ProbeOptions) -> Result<Self> {
         preflight()?;
-        let mut ebpf = load_object(opts.ebpf_log)?;
+        let mut ebpf = load_object_sized(opts.ebpf_log, opts.ring_bytes)?;
         // Before the log reader takes its map out of `ebpf`: the tracing programs need them all.
         let programs = Programs::of(&ebpf, EBPF_OBJECT).map_err(|e| format!("{e:#}"));
         let logger = if opts.ebpf_log {
@@ -261,11 +261,16 @@ impl Probes {
     }
 }
 
-/// The configuration every ioctl program shares: the launch-hint gap, the pid filter and the
-/// per-process rate limit (the file rules come later, once the sources are known).
+/// The configuration every ioctl program shares: the launch-hint gap, the pid filter, the
+/// per-process rate limit (the file rules come later, once the sources are known), and our own
+/// RM escapes left out: a scan of the processes already on the GPU makes tens of thousands of
+/// driver calls, which would otherwise fill the ring that other processes' records need.
+/// `DaemonSets` run with the host's pid namespace, so our pid is the kernel's tgid.
 fn base_config(opts: &ProbeOptions) -> Config {
     let mut config = Config {
         launch_gap_ns: opts.launch_gap_ns,
+        flags: config_flag::SKIP_OWN_RM,
+        own_tgid: std::process::id(),
         ..Config::default()
     };
     if let Some(pid) = opts.pid {

@@ -68,10 +68,16 @@ fn ensure_tracefs() -> Result<()> {
 
 /// Loads the object (programs not yet loaded into the kernel), with aya-log enabled or not.
 pub fn load_object(ebpf_log: bool) -> Result<Ebpf> {
+    load_object_sized(ebpf_log, gpreempt_common::record::RING_BYTES)
+}
+
+/// [`load_object`] with the event ring buffer `ring_bytes` long (a power-of-two number of pages).
+pub fn load_object_sized(ebpf_log: bool, ring_bytes: u32) -> Result<Ebpf> {
     // aya-log statements cost one global load each while disabled (level 0).
     let level: u8 = if ebpf_log { 0xff } else { 0 };
     EbpfLoader::new()
         .override_global("AYA_LOG_LEVEL", &level, false)
+        .map_max_entries("EVENTS", ring_bytes)
         .load(EBPF_OBJECT)
         .map_err(explain_load_error)
 }

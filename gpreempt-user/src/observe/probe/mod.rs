@@ -52,6 +52,8 @@ pub struct ProbeOptions {
     pub rate_limit: Option<(u32, u32)>,
     /// Where GPU ioctl records come from (`--ioctl-source`).
     pub ioctl_source: IoctlSource,
+    /// The event ring buffer's size (`--ring-kib`).
+    pub ring_bytes: u32,
 }
 
 /// Where KFD ioctl records come from.
@@ -84,6 +86,7 @@ impl Default for ProbeOptions {
             nvidia_devices: Vec::new(),
             rate_limit: Some(RATE_LIMIT),
             ioctl_source: IoctlSource::Auto,
+            ring_bytes: gpreempt_common::record::RING_BYTES,
         }
     }
 }
@@ -220,6 +223,8 @@ pub struct KernelStats {
     pub other_file: u64,
     /// Records dropped by the per-process rate limit.
     pub rate_limited: u64,
+    /// Our own NVIDIA RM escapes, not recorded.
+    pub own_skipped: u64,
 }
 
 impl KernelStats {
@@ -323,6 +328,7 @@ impl Probes {
             launch_emitted: sum(stat::LAUNCH_EMITTED)?,
             other_file: sum(stat::OTHER_FILE)?,
             rate_limited: sum(stat::RATE_LIMITED)?,
+            own_skipped: sum(stat::OWN_SKIPPED)?,
         })
     }
 

@@ -33,6 +33,9 @@ impl Watcher {
                 Event::ProcessExit(_) => 5,
             };
             self.applied[kind] += 1;
+            if let Some(c) = self.census.as_mut() {
+                *c.entry(ev_pid(&ev)).or_default() += 1;
+            }
             if let Event::ProcessExit(x) = &ev {
                 if x.rate_limited > 0 {
                     let n = u32::try_from(x.rate_limited).unwrap_or(u32::MAX);
@@ -142,6 +145,17 @@ impl Watcher {
             }
         }
         Ok(())
+    }
+}
+
+/// The process an event is about.
+fn ev_pid(ev: &Event) -> u32 {
+    match ev {
+        Event::Ioctl(i) => i.origin.pid,
+        Event::Nv(n) => n.origin.pid,
+        Event::Kernel(k) => k.origin.pid,
+        Event::Launch(l) => l.origin.pid,
+        Event::ProcessExit(x) => x.origin.pid,
     }
 }
 

@@ -94,6 +94,8 @@ pub struct Watcher {
     pub channels: crate::observe::nv::activity::ChannelSampler,
     /// The NVIDIA objects journal (`run` only): what a restarted controller adopts.
     nv_log: Option<crate::observe::nv::adopt::ObjectLog>,
+    /// Records applied per process while a census runs ([`Self::census_start`]).
+    census: Option<std::collections::HashMap<u32, u64>>,
 }
 
 impl Watcher {
@@ -139,6 +141,7 @@ impl Watcher {
             applied: [0; APPLIED.len()],
             channels: Default::default(),
             nv_log: None,
+            census: None,
         })
     }
 
@@ -349,12 +352,34 @@ impl Watcher {
                 m.insert("kernel_lost".into(), k.lost());
                 m.insert("kernel_other_file".into(), k.other_file);
                 m.insert("kernel_rate_limited".into(), k.rate_limited);
+                m.insert("kernel_own_skipped".into(), k.own_skipped);
             }
             m.insert("dropped_other_file".into(), src.stats.not_kfd);
             m.insert("unverified_fd".into(), src.stats.unverified);
             m.insert("malformed".into(), src.stats.malformed);
         }
         m
+    }
+
+    /// Records the kernel could not deliver since the programs were attached (0 without events).
+    pub fn kernel_lost(&self) -> u64 {
+        self.events
+            .as_ref()
+            .and_then(|(p, _)| p.stats().ok())
+            .map_or(0, |k| k.lost())
+    }
+
+    /// Starts counting the records applied per process (who fills the ring while it matters).
+    pub fn census_start(&mut self) {
+        self.census = Some(Default::default());
+    }
+
+    /// Ends the census: the `n` processes with the most records, most first.
+    pub fn census_take(&mut self, n: usize) -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = self.census.take().unwrap_or_default().into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(n);
+        v
     }
 
     /// Records lost lately, for status.json and `top` (None: events are trusted).
