@@ -101,8 +101,10 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     )?;
     // Before the first decision: adopted processes are classified like any. The driver scans of
     // processes no journal names run while the self-test does.
-    let discovery = (!args.dry_run && nvidiactl.exists()).then(|| watcher.adopt_nv_start(&dir, true));
-    let tested = run_loop::self_test(&mut backends, &mut watcher, &mut signals).await;
+    let discovery =
+        (!args.dry_run && nvidiactl.exists()).then(|| watcher.adopt_nv_start(&dir, true));
+    let tested =
+        crate::controller::startup::self_test(&mut backends, &mut watcher, &mut signals).await;
     if let Some(d) = discovery {
         for line in watcher.adopt_nv_finish(d) {
             eprintln!("gpreempt-ebpf run: {line}");

@@ -1,7 +1,8 @@
 //! The acting side's shared parts: what a running controller shares with the host and other
 //! commands ([`daemon`]: lock, status file), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
-//! ([`requests`], through the backend seam), and the loop of `run` itself ([`run_loop`]).
+//! ([`requests`], through the backend seam), the loop of `run` itself ([`run_loop`])
+//! and what comes before it ([`startup`]: the self-tests).
 pub mod alarm;
 pub mod audit;
 pub mod daemon;
@@ -9,3 +10,4 @@ pub mod metrics;
 pub mod requests;
 pub mod run_loop;
 pub mod socket;
+pub mod startup;

@@ -22,7 +22,7 @@ use tokio::{
 
 use crate::{
     backend::kfd::control::TargetError,
-    backend::{ActError, Acted, Arrival, Backends, HostBusy, Ticket},
+    backend::{ActError, Acted, Arrival, Backends, Ticket},
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
@@ -663,83 +663,6 @@ pub async fn bind_metrics(addr: Option<SocketAddr>) -> Result<Option<Served>> {
         page,
         bound,
     )))
-}
-
-/// Each backend proves it can suspend and resume here before anything relies on it; on a
-/// failure every backend is shut down (nothing is left changed). A backend that could not tell
-/// because the host was busy ([`HostBusy`]) is tried again after a backoff (1 s, doubling to
-/// [`BUSY_BACKOFF_MAX`]) for as long as it stays busy, the events drained and the leases kept
-/// meanwhile; SIGINT or SIGTERM end the wait.
-pub async fn self_test(backends: &mut Backends, w: &mut Watcher, sig: &mut Signals) -> Result<()> {
-    let mut failed = None;
-    for i in 0..backends.list.len() {
-        let mut backoff = Duration::from_secs(1);
-        loop {
-            let b = &mut backends.list[i];
-            match b.self_test(w).await {
-                Ok(Some(line)) => eprintln!("{line}"),
-                Ok(None) => {}
-                Err(e) if e.downcast_ref::<HostBusy>().is_some() => {
-                    log::warn!(
-                        "{} self-test inconclusive, trying again in {} s: {e:#}",
-                        b.vendor(),
-                        backoff.as_secs()
-                    );
-                    if let Err(e) = busy_wait(backends, w, sig, backoff).await {
-                        failed = Some(e);
-                        break;
-                    }
-                    backoff = (backoff * 2).min(BUSY_BACKOFF_MAX);
-                    continue;
-                }
-                Err(e) => failed = Some(crate::backend::refuse(b.vendor(), e)),
-            }
-            break;
-        }
-        if failed.is_some() {
-            break;
-        }
-    }
-    match failed {
-        Some(e) => {
-            backends.shutdown().await;
-            Err(e)
-        }
-        None => Ok(()),
-    }
-}
-
-/// The longest wait between self-tests on a busy host.
-pub const BUSY_BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// Waits `d` between self-tests: events drained, every backend's upkeep (its lease) kept; Err on
-/// SIGINT or SIGTERM.
-async fn busy_wait(
-    backends: &mut Backends,
-    w: &mut Watcher,
-    sig: &mut Signals,
-    d: Duration,
-) -> Result<()> {
-    let until = tokio::time::Instant::now() + d;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => return Ok(()),
-            _ = sig.int.recv() => anyhow::bail!("interrupted while waiting to repeat the self-test"),
-            _ = sig.term.recv() => anyhow::bail!("terminated while waiting to repeat the self-test"),
-            r = w.pump() => r?,
-            _ = tick.tick() => {
-                let now = monotonic_ns();
-                for b in &mut backends.list {
-                    for n in b.upkeep(&w.state, now) {
-                        if let Notice::Problem { text, .. } = n {
-                            log::warn!("{text}");
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// What the loop starts from, made by `cmd/run.rs` in this order: signals, policy, lock,

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
 
 use crate::{
     backend::nv::selftest::{verify, Target},
@@ -38,7 +38,6 @@ const SEEN: Duration = Duration::from_secs(10);
 /// Each observation window of the pause check.
 const WINDOW: Duration = Duration::from_millis(150);
 
-
 /// Waits until the model holds the target's compute TSGs with their channels (their ids). Records
 /// lost meanwhile make a miss [`HostBusy`], naming who filled the ring.
 async fn wait_for_channels(w: &mut Watcher, pid: u32) -> Result<Vec<u32>> {
@@ -54,30 +53,40 @@ async fn wait_for_channels(w: &mut Watcher, pid: u32) -> Result<Vec<u32>> {
         if Instant::now() > deadline {
             let lost = w.kernel_lost().saturating_sub(lost0);
             let top = w.census_take(3);
-            if lost > 0 {
-                let who: Vec<String> = top
-                    .iter()
-                    .map(|(p, n)| format!("pid {p} ({}): {n} records", comm(p)))
-                    .collect();
-                return Err(HostBusy(format!(
-                    "the observer lost {lost} event records in the kernel while the self-test                      target (pid {pid}) started, so its channels may be among them; the most                      records came from {}",
-                    if who.is_empty() {
-                        "nobody this controller saw".to_string()
-                    } else {
-                        who.join(", ")
-                    }
-                ))
-                .into());
-            }
-            bail!(
-                "the observer saw no channel of the self-test target (pid {pid}) within {}s and                  lost no record meanwhile: its RM escapes do not reach the eBPF programs, so no                  process could be controlled",
-                SEEN.as_secs()
-            );
+            return Err(unseen(pid, lost, &top, comm));
         }
         if let Ok(r) = tokio::time::timeout(Duration::from_millis(50), w.pump()).await {
             r?;
         }
     }
+}
+
+/// Why the target's channels were not seen: [`HostBusy`] when records were lost meanwhile
+/// (naming the processes with the most records, `name` giving their names), else the observer is
+/// blind to RM escapes here.
+fn unseen(pid: u32, lost: u64, top: &[(u32, u64)], name: impl Fn(&u32) -> String) -> anyhow::Error {
+    if lost > 0 {
+        let who: Vec<String> = top
+            .iter()
+            .map(|(p, n)| format!("pid {p} ({}): {n} records", name(p)))
+            .collect();
+        return HostBusy(format!(
+            "the observer lost {lost} event records in the kernel while the self-test target \
+             (pid {pid}) started, so its channels may be among them; the most records came from {}",
+            if who.is_empty() {
+                "nobody this controller saw".to_string()
+            } else {
+                who.join(", ")
+            }
+        ))
+        .into();
+    }
+    anyhow!(
+        "the observer saw no channel of the self-test target (pid {pid}) within {}s and lost no \
+         record meanwhile: its RM escapes do not reach the eBPF programs, so no process could be \
+         controlled",
+        SEEN.as_secs()
+    )
 }
 
 /// A process's name for a message (`?` once it is gone).
@@ -155,7 +164,7 @@ impl Fingerprint {
     }
 }
 
-/// A passed self-test as remembered (mode 0600, root's, never read through a link).
+/// A passed self-test as remembered (mode 0600, ours or root's, never read through a link).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Memo {
     pub fingerprint: Fingerprint,
@@ -171,7 +180,11 @@ pub fn remembered(dir: &Path, now: &Fingerprint) -> Option<Memo> {
     use std::os::unix::fs::MetadataExt as _;
     let f = crate::rundir::open_read(&dir.join(MEMO_FILE)).ok()?;
     let m = f.metadata().ok()?;
-    if !m.is_file() || m.uid() != 0 || m.mode() & 0o077 != 0 || m.len() > 64 << 10 {
+    if !m.is_file()
+        || !crate::rundir::trusted_owner(m.uid())
+        || m.mode() & 0o077 != 0
+        || m.len() > 64 << 10
+    {
         return None;
     }
     let memo: Memo = serde_json::from_reader(f).ok()?;
@@ -189,7 +202,9 @@ fn remember(dir: &Path, fingerprint: Fingerprint, line: &str) {
     };
     let r = serde_json::to_vec(&memo)
         .map_err(anyhow::Error::from)
-        .and_then(|b| crate::rundir::write_atomic(&dir.join(MEMO_FILE), &b, crate::rundir::PRIVATE_MODE));
+        .and_then(|b| {
+            crate::rundir::write_atomic(&dir.join(MEMO_FILE), &b, crate::rundir::PRIVATE_MODE)
+        });
     if let Err(e) = r {
         log::warn!("NVIDIA self-test: not remembered for the next start: {e:#}");
     }
@@ -228,7 +243,6 @@ pub async fn self_test(
 
 /// Spawns our own CUDA process and pauses and resumes it through the controller's path.
 async fn run_test(nv: &mut dyn SelfTestControl, w: &mut Watcher) -> Result<String> {
-
     let exe = std::env::current_exe().context("locating our own binary")?;
     let mut target = Target::spawn(&exe, TARGET_START)
         .context("starting the self-test target (a CUDA process of our own)")?;
@@ -321,4 +335,83 @@ fn timeslice_check(nv: &mut dyn SelfTestControl, state: &State, pid: u32) -> Res
         "timeslice {} -> {PROBE_US} -> {back} us (read back each time)",
         c.original_us
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_unseen_while_records_were_lost_is_a_busy_host_naming_who_filled_the_ring() {
+        let e = unseen(42, 10_117, &[(7, 17_286), (8, 16_901)], |p| {
+            format!("job{p}")
+        });
+        let busy = e.downcast_ref::<HostBusy>().expect("HostBusy");
+        assert!(busy.0.contains("lost 10117 event records"), "{}", busy.0);
+        assert!(
+            busy.0
+                .contains("pid 7 (job7): 17286 records, pid 8 (job8): 16901"),
+            "{}",
+            busy.0
+        );
+    }
+
+    #[test]
+    fn channels_unseen_with_no_loss_is_a_blind_observer_and_refused() {
+        let e = unseen(42, 0, &[(7, 3)], |_| String::new());
+        assert!(e.downcast_ref::<HostBusy>().is_none());
+        assert!(
+            format!("{e}").contains("do not reach the eBPF programs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_remembered_pass_holds_only_for_the_same_boot_driver_gpus_and_binary() {
+        let dir = std::env::temp_dir().join(format!("gp-memo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fp = Fingerprint {
+            boot_id: "b".into(),
+            driver: "NVRM version: 580.159.04".into(),
+            gpus: vec!["0000:00:06.0".into()],
+            exe: (1, 2, 3, 4, 5),
+        };
+        assert!(remembered(&dir, &fp).is_none(), "nothing remembered yet");
+        remember(
+            &dir,
+            fp.clone(),
+            "NVIDIA self-test: paused our own CUDA process",
+        );
+        let m = remembered(&dir, &fp).expect("remembered");
+        assert_eq!(m.line, "NVIDIA self-test: paused our own CUDA process");
+        for other in [
+            Fingerprint {
+                boot_id: "c".into(),
+                ..fp.clone()
+            },
+            Fingerprint {
+                driver: "NVRM version: 580.160".into(),
+                ..fp.clone()
+            },
+            Fingerprint {
+                gpus: vec![],
+                ..fp.clone()
+            },
+            Fingerprint {
+                exe: (1, 2, 3, 4, 6),
+                ..fp.clone()
+            },
+        ] {
+            assert!(remembered(&dir, &other).is_none(), "{other:?}");
+        }
+        // Never a file others may read or write.
+        let f = dir.join(MEMO_FILE);
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .expect("chmod");
+        assert!(
+            remembered(&dir, &fp).is_none(),
+            "a group/other-readable memo is not trusted"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -118,6 +118,21 @@ impl Watcher {
         Ok((w.state, w.warnings))
     }
 
+    /// A watcher of nothing: no GPU, no events, no timers.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        let none = std::path::PathBuf::from("/nonexistent/gpreempt-ebpf-tests");
+        Self::without_events_kfd(
+            Paths {
+                sysfs: none.clone(),
+                debugfs: none.clone(),
+                proc: none,
+            },
+            false,
+        )
+        .expect("an empty topology")
+    }
+
     /// `require_kfd`: a missing KFD topology is an error (AMD hosts) or an empty one (NVIDIA).
     fn without_events_kfd(paths: Paths, require_kfd: bool) -> Result<Self> {
         let mut state = State::new();

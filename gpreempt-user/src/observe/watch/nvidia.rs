@@ -11,8 +11,8 @@ use anyhow::Result;
 use super::Watcher;
 use crate::{
     clock::monotonic_ns,
-    observe::nv::adopt,
     observe::model::Update,
+    observe::nv::adopt,
     observe::{events::Event, procinfo},
 };
 
@@ -181,9 +181,16 @@ impl Watcher {
 
 /// Scans every process in `rest` (none without `scan`), [`SCAN_THREADS`] at a time, in the
 /// order given.
-fn scan_all(proc_root: &Path, rest: Vec<(u32, String)>, scan: Option<&adopt::Scan>) -> Vec<Scanned> {
+fn scan_all(
+    proc_root: &Path,
+    rest: Vec<(u32, String)>,
+    scan: Option<&adopt::Scan>,
+) -> Vec<Scanned> {
     let Some(scan) = scan else {
-        return rest.into_iter().map(|(pid, why)| (pid, why, None)).collect();
+        return rest
+            .into_iter()
+            .map(|(pid, why)| (pid, why, None))
+            .collect();
     };
     let one = |pid: u32| {
         let id = procinfo::ProcId::now(proc_root, pid).ok()?;
@@ -195,7 +202,10 @@ fn scan_all(proc_root: &Path, rest: Vec<(u32, String)>, scan: Option<&adopt::Sca
     let mut out = Vec::with_capacity(rest.len());
     for chunk in rest.chunks(SCAN_THREADS) {
         let found: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunk.iter().map(|(pid, _)| s.spawn(move || one(*pid))).collect();
+            let hs: Vec<_> = chunk
+                .iter()
+                .map(|(pid, _)| s.spawn(move || one(*pid)))
+                .collect();
             hs.into_iter().map(|h| h.join().ok().flatten()).collect()
         });
         out.extend(
