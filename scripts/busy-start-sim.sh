@@ -9,10 +9,13 @@
 # Run inside the emulator: gpreempt-ebpf sim -- sh scripts/busy-start-sim.sh
 # Environment: GP (the binary), OUT (a directory), N (50), Q (20), RUN_ARGS (extra `run`
 # arguments, e.g. --ring-kib 16), FLOOD (KFD ioctls a flooding process issues while `run`
-# starts, 0: none; needs POKE, the kfd-poke binary), LIMIT (seconds to wait for control, 60).
+# starts, 0: none; needs POKE, the kfd-poke binary), LIMIT (seconds to wait for control, 60),
+# PACE (requests/s of every offline job but the first, which runs back to back; empty: all back
+# to back. A paced job is still classed offline by its name: it keeps a 2-vCPU host from being
+# only the emulator's).
 set -u
 : "${GP:?GP: the gpreempt-ebpf binary}" "${OUT:?OUT: a directory}"
-N=${N:-50}; Q=${Q:-20}; RUN_ARGS=${RUN_ARGS:-}; FLOOD=${FLOOD:-0}; LIMIT=${LIMIT:-60}
+N=${N:-50}; Q=${Q:-20}; RUN_ARGS=${RUN_ARGS:-}; FLOOD=${FLOOD:-0}; LIMIT=${LIMIT:-60}; PACE=${PACE:-}
 POLICY=$(dirname "$0")/../examples/resnet-online-offline.toml
 export GPREEMPT_RUN_DIR=$OUT/run
 mkdir -p "$OUT"
@@ -23,7 +26,9 @@ $GP sim workload --profile resnet18_b1 --rate 20 --duration 600 --priority 15 \
 WL=$!
 i=2
 while [ $i -le "$N" ]; do
-  $GP sim workload --profile resnet50_b1024 --offline --duration 600 --priority 0 \
+  mode=--offline
+  [ -n "$PACE" ] && [ $i -gt 2 ] && mode="--rate $PACE"
+  $GP sim workload --profile resnet50_b1024 $mode --duration 600 --priority 0 \
     --idle-queues $idle --report "$OUT/off$i.json" 2>"$OUT/off$i.err" &
   WL="$WL $!"
   i=$((i + 1))

@@ -14,7 +14,7 @@
 set -u
 OUT=${OUT:-./gpu-out}; GP=${GP:-.carry/gpreempt-ebpf}
 RUNDIR=/run/gpreempt-ebpf
-W=$OUT/w; mkdir -p "$W"
+W=${W:-/tmp/busy-start}; rm -rf "$W"; mkdir -p "$W" "$OUT"
 COUNTS=${*:-2 4 8}
 mono() { python3 -c 'import time; print(time.monotonic_ns())'; }
 cat > "$W/policy.toml" <<EOF
@@ -38,10 +38,10 @@ class = "offline"
 cmdline = 'offline\.py'
 uid = 0
 EOF
-# Every offline pid in $W/offline.pids has a successful act in audit $1 at or after $2: prints the
+# Every offline pid in $W/offline-pids.txt has a successful act in audit $1 at or after $2: prints the
 # last first act (ns), else nothing.
 all_acted() {
-  python3 - "$1" "$2" "$W/offline.pids" <<'EOF'
+  python3 - "$1" "$2" "$W/offline-pids.txt" <<'EOF'
 import json, sys
 audit, since = sys.argv[1], int(sys.argv[2])
 pids = {int(l) for l in open(sys.argv[3]) if l.strip()}
@@ -67,6 +67,7 @@ wait_all() { # audit since -> ms from since to all acted, or NEVER after 30 s
   echo NEVER
 }
 start_run() { # tag -> R (pid), T (start ns)
+  echo "$(date +%T) run $1 (mem avail $(awk '/MemAvailable/{print $2}' /proc/meminfo) kB)" >> "$OUT/progress.txt"
   T=$(mono)
   "$GP" -v run --policy "$W/policy.toml" --audit "$W/audit-$1.jsonl" 2> "$W/run-$1.err" &
   R=$!
@@ -74,16 +75,17 @@ start_run() { # tag -> R (pid), T (start ns)
 kill9() { kill -9 "$R"; wait "$R" 2>/dev/null; }
 echo "P first-start restart-journal restart-no-journal restarts(10:min/median/max) lost-records own-skipped" > "$W/table.txt"
 for P in $COUNTS; do
-  pkill -9 -f 'gpreempt-ebpf' 2>/dev/null; sleep 1
+  # Nothing of an earlier run: no controller, no GPU process of ours.
+  pkill -9 -x gpreempt-ebpf 2>/dev/null; pkill -9 -f 'scripts/gpu/o[nf]+line\.py' 2>/dev/null; sleep 1
   rm -rf "$RUNDIR"
   pids=()
   python3 scripts/gpu/online.py 900 30 "$W/on-$P.json" --model resnet18 > "$W/on-$P.log" 2>&1 & pids+=($!)
   python3 scripts/gpu/offline.py 900 "$W/enc-$P.json" --model encoder > "$W/enc-$P.log" 2>&1 & pids+=($!)
-  : > "$W/offline.pids"; echo "${pids[1]}" >> "$W/offline.pids"
+  : > "$W/offline-pids.txt"; echo "${pids[1]}" >> "$W/offline-pids.txt"
   for i in $(seq 3 "$P"); do
     if [ $((i % 2)) -eq 1 ]; then m=gemm; else m=resnet50_train; fi
     python3 scripts/gpu/offline.py 900 "$W/off-$P-$i.json" --model $m > "$W/off-$P-$i.log" 2>&1 & pids+=($!)
-    echo "${pids[-1]}" >> "$W/offline.pids"
+    echo "${pids[-1]}" >> "$W/offline-pids.txt"
   done
   # Every process past its warm-up (it prints "ready").
   for _ in $(seq 120); do
@@ -126,6 +128,7 @@ EOF
   { echo "P=$P guardian journals after SIGTERM:"; for f in "$RUNDIR"/nv-journal*; do echo "== $f: $(cat "$f" 2>/dev/null | head -c 300)"; done; } >> "$W/checks.txt"
   grep -h "self-test\|refusing\|inconclusive\|found through the driver\|adopted" "$W"/run-$P-*.err | sort | uniq -c | sort -rn | head -12 >> "$W/checks.txt"
   kill -TERM "${pids[@]}" 2>/dev/null; sleep 3; kill -9 "${pids[@]}" 2>/dev/null; wait 2>/dev/null
+  cp "$W/table.txt" "$W/checks.txt" "$OUT/" 2>/dev/null
+  tar czf "$OUT/all.tgz" -C "$W" .
 done
 cat "$W/table.txt" "$W/checks.txt" "$W/exits.txt"
-tar czf "$OUT/all.tgz" -C "$W" .

@@ -68,6 +68,7 @@ async fn load_policy(path: &Path, sig: &mut Signals) -> Result<Policy> {
 }
 
 pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
+    let t_start = std::time::Instant::now();
     crate::observe::probe::preflight()?;
     // Signals first: from here on nothing ends the process without the loop's cleanup.
     let mut signals = Signals::new()?;
@@ -87,6 +88,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         let max_suspend = Duration::from_nanos(policy.max_suspend_ns);
         Backends::for_host(&g.kfd_device, nvidiactl, &dir, max_suspend).await?
     };
+    let t_observer = std::time::Instant::now();
     let mut watcher = Watcher::start(
         Paths::default(),
         crate::observe::probe::ProbeOptions {
@@ -101,16 +103,24 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     )?;
     // Before the first decision: adopted processes are classified like any. The driver scans of
     // processes no journal names run while the self-test does.
+    let observer_ms = t_observer.elapsed().as_millis();
     let discovery =
         (!args.dry_run && nvidiactl.exists()).then(|| watcher.adopt_nv_start(&dir, true));
+    let t_test = std::time::Instant::now();
     let tested =
         crate::controller::startup::self_test(&mut backends, &mut watcher, &mut signals).await;
+    let test_ms = t_test.elapsed().as_millis();
     if let Some(d) = discovery {
         for line in watcher.adopt_nv_finish(d) {
             eprintln!("gpreempt-ebpf run: {line}");
         }
     }
     tested?;
+    eprintln!(
+        "gpreempt-ebpf run: started in {} ms (observer {observer_ms} ms, self-tests {test_ms} ms; \
+         driver scans of processes already running went on beside them)",
+        t_start.elapsed().as_millis()
+    );
     run_loop::run(Setup {
         policy,
         policy_path: args.policy.clone(),

@@ -448,8 +448,9 @@ pub struct Scan {
     /// of running processes are below it).
     pub client_top: u32,
     /// Object handle ranges by base (libcuda's own handles start at 0x5c000000 on driver 580,
-    /// the RM's at 0xcaf00000): each is read from its base until [`GAP`] handles in a row
-    /// answer nothing, at most [`SPAN`] handles.
+    /// the RM's at 0xcaf00000): each is read from its base until [`QUICK_GAP`] handles in a
+    /// row answer nothing, at most [`SPAN`] handles; again until [`GAP`] where that found no
+    /// compute TSG.
     pub bases: Vec<u32>,
     /// Driver calls allowed for one process (each is a few microseconds).
     pub max_calls: u64,
@@ -457,6 +458,8 @@ pub struct Scan {
 
 pub const DEFAULT_BASES: [u32; 2] = [0x5c00_0000, 0xcaf0_0000];
 pub const GAP: u32 = 0x1000;
+/// The first pass's gap ([`discover`]).
+pub const QUICK_GAP: u32 = 0x100;
 pub const SPAN: u32 = 0x1_0000;
 /// About 2 s of driver calls at the H100's ~5 us each.
 pub const MAX_CALLS: u64 = 400_000;
@@ -518,24 +521,13 @@ pub fn discover(id: ProcId, fds: &[i32], host: &mut impl Host, scan: &Scan) -> F
         for (client, c) in clients {
             out.recs
                 .push(found_rec(fd, client, client, client, c, None));
-            let mut objects: Vec<(u32, u32, u32)> = Vec::new();
-            for &base in &scan.bases {
-                let (mut h, mut miss) = (base, 0);
-                while h < base.saturating_add(SPAN) && miss < GAP && !over(out.calls) {
-                    out.calls += 1;
-                    match host.handle_info(d.as_fd(), client, h, hi::INDEX_CLASSID) {
-                        Ok(cls) => {
-                            miss = 0;
-                            out.calls += 1;
-                            let parent = host
-                                .handle_info(d.as_fd(), client, h, hi::INDEX_PARENT)
-                                .unwrap_or(0);
-                            objects.push((h, cls as u32, parent as u32));
-                        }
-                        Err(_) => miss += 1,
-                    }
-                    h += 1;
-                }
+            // A short gap first: libcuda hands out handles in sequence and makes its TSGs and
+            // channels with the context, so they sit among the first handles of a client. Only
+            // a client where that finds no compute TSG is read again with the long gap.
+            let mut objects =
+                scan_objects(host, d.as_fd(), client, scan, QUICK_GAP, &mut out.calls);
+            if !objects.iter().any(|o| class::is_compute(o.1)) && !over(out.calls) {
+                objects = scan_objects(host, d.as_fd(), client, scan, GAP, &mut out.calls);
             }
             let parent_of = |h: u32| objects.iter().find(|o| o.0 == h).map(|o| o.2);
             let compute_tsgs: BTreeSet<u32> = objects
@@ -592,6 +584,38 @@ pub fn discover(id: ProcId, fds: &[i32], host: &mut impl Host, scan: &Scan) -> F
         }
     }
     out
+}
+
+/// Every handle of `client` in the scanned ranges, read from each base until `gap` handles in
+/// a row answer nothing (at most [`SPAN`], within the budget): (handle, class, parent).
+fn scan_objects(
+    host: &mut impl Host,
+    d: BorrowedFd,
+    client: u32,
+    scan: &Scan,
+    gap: u32,
+    calls: &mut u64,
+) -> Vec<(u32, u32, u32)> {
+    let mut objects = Vec::new();
+    for &base in &scan.bases {
+        let (mut h, mut miss) = (base, 0);
+        while h < base.saturating_add(SPAN) && miss < gap && *calls < scan.max_calls {
+            *calls += 1;
+            match host.handle_info(d, client, h, hi::INDEX_CLASSID) {
+                Ok(cls) => {
+                    miss = 0;
+                    *calls += 1;
+                    let parent = host
+                        .handle_info(d, client, h, hi::INDEX_PARENT)
+                        .unwrap_or(0);
+                    objects.push((h, cls as u32, parent as u32));
+                }
+                Err(_) => miss += 1,
+            }
+            h += 1;
+        }
+    }
+    objects
 }
 
 /// A discovered object as a journal entry; `params`: one u32 of the alloc params (at, value).

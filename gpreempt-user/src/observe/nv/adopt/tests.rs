@@ -321,10 +321,45 @@ fn discovery_finds_a_running_process_objects_through_the_driver() {
         p.queues[&TSG_CE].kind,
         crate::observe::model::QueueKind::NvCopy
     );
-    // The client scan went newest first through every index below the top, the object scan
-    // stopped GAP misses after the last hit in each range.
-    assert!(f.calls >= 0x100 + 2 * u64::from(GAP));
-    assert!(f.calls < 0x100 + 2 * u64::from(GAP) + 100);
+    // The client scan went newest first through every index below the top; the compute TSG
+    // was among the first handles, so the object scan stopped QUICK_GAP misses after the last
+    // hit in each range.
+    assert!(f.calls >= 0x100 + 2 * u64::from(QUICK_GAP));
+    assert!(
+        f.calls < 0x100 + 2 * u64::from(QUICK_GAP) + 100,
+        "{}",
+        f.calls
+    );
+}
+
+#[test]
+fn a_compute_tsg_past_a_long_hole_is_found_by_the_second_pass() {
+    // A process that made and freed many objects before its context: its TSG and channel lie
+    // 0x800 handles past the rest, beyond the quick pass's gap.
+    let mut host = FakeHost::live();
+    let (tsg, ch) = (0x5c00_0900, 0x5c00_0901);
+    for k in [(8, CLIENT, TSG), (8, CLIENT, CH)] {
+        host.objects.remove(&k);
+    }
+    for (o, c, p) in [
+        (tsg, class::KEPLER_CHANNEL_GROUP_A, DEV),
+        (ch, class::HOPPER_CHANNEL_GPFIFO_A, tsg),
+        (0x5c00_0902, class::HOPPER_COMPUTE_A, ch),
+    ] {
+        host.objects.insert((8, CLIENT, o), (c, p));
+    }
+    let id = ProcId {
+        pid: PID,
+        start_time: 777,
+    };
+    let f = discover(id, &[8], &mut host, &scan());
+    assert_eq!(f.tsgs(), 1, "{:?}", f.recs);
+    assert!(f.recs.iter().any(|r| r.new == ch));
+    assert!(
+        f.calls >= 0x100 + 2 * u64::from(QUICK_GAP) + 2 * u64::from(GAP),
+        "{}",
+        f.calls
+    );
 }
 
 #[test]
