@@ -449,8 +449,8 @@ pub struct Scan {
     pub client_top: u32,
     /// Object handle ranges by base (libcuda's own handles start at 0x5c000000 on driver 580,
     /// the RM's at 0xcaf00000): each is read from its base until [`QUICK_GAP`] handles in a
-    /// row answer nothing, at most [`SPAN`] handles; again until [`GAP`] where that found no
-    /// compute TSG.
+    /// row answer nothing, at most [`SPAN`] handles; again until [`GAP`] where that found
+    /// objects but no compute TSG.
     pub bases: Vec<u32>,
     /// Driver calls allowed for one process (each is a few microseconds).
     pub max_calls: u64,
@@ -521,12 +521,15 @@ pub fn discover(id: ProcId, fds: &[i32], host: &mut impl Host, scan: &Scan) -> F
         for (client, c) in clients {
             out.recs
                 .push(found_rec(fd, client, client, client, c, None));
-            // A short gap first: libcuda hands out handles in sequence and makes its TSGs and
-            // channels with the context, so they sit among the first handles of a client. Only
-            // a client where that finds no compute TSG is read again with the long gap.
+            // A short gap first: libcuda hands out handles in sequence and makes its device,
+            // TSGs and channels with the context, so they sit among the first handles of a
+            // client. Only a client where that finds objects but no compute TSG is read again
+            // with the long gap (one with none in its first handles holds no context: libcuda's
+            // second client per process is such).
             let mut objects =
                 scan_objects(host, d.as_fd(), client, scan, QUICK_GAP, &mut out.calls);
-            if !objects.iter().any(|o| class::is_compute(o.1)) && !over(out.calls) {
+            let compute = objects.iter().any(|o| class::is_compute(o.1));
+            if !objects.is_empty() && !compute && !over(out.calls) {
                 objects = scan_objects(host, d.as_fd(), client, scan, GAP, &mut out.calls);
             }
             let parent_of = |h: u32| objects.iter().find(|o| o.0 == h).map(|o| o.2);

@@ -354,6 +354,22 @@ fn a_compute_tsg_past_a_long_hole_is_found_by_the_second_pass() {
     };
     let f = discover(id, &[8], &mut host, &scan());
     assert_eq!(f.tsgs(), 1, "{:?}", f.recs);
+    // The same file holding a second client with no object: read with the short gap only.
+    let empty = discover(
+        id,
+        &[8],
+        &mut FakeHost {
+            objects: HashMap::from([((8, CLIENT, CLIENT), (class::NV01_ROOT_CLIENT, 0))]),
+            ..FakeHost::live()
+        },
+        &scan(),
+    );
+    assert_eq!(empty.tsgs(), 0);
+    assert!(
+        empty.calls < 0x100 + 2 * u64::from(QUICK_GAP) + 10,
+        "{}",
+        empty.calls
+    );
     assert!(f.recs.iter().any(|r| r.new == ch));
     assert!(
         f.calls >= 0x100 + 2 * u64::from(QUICK_GAP) + 2 * u64::from(GAP),
