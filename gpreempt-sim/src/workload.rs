@@ -639,6 +639,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Run a workload to completion (or until `stop`), returning its report.
+/// The working queue and the idle ones beside it (`opts.idle_queues`).
+fn open_queues(opts: &WorkloadOptions, device: &Path) -> Result<(AqlQueue, Vec<AqlQueue>)> {
+    let q = AqlQueue::open(device, opts.gpu, opts.priority)?;
+    let idle = (0..opts.idle_queues)
+        .map(|_| AqlQueue::create(q.fd.try_clone()?, q.gpu_id, opts.priority))
+        .collect::<Result<Vec<_>>>()
+        .context("creating the idle queues")?;
+    Ok((q, idle))
+}
+
 pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<Report> {
     let p = profile(&opts.profile)?;
     anyhow::ensure!(
@@ -647,11 +657,7 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
     );
     // Loaded before hsa_init, as a HIP program's code objects register at start-up.
     let code = load_kernels(&p)?;
-    let mut q = AqlQueue::open(device, opts.gpu, opts.priority)?;
-    let idle = (0..opts.idle_queues)
-        .map(|_| AqlQueue::create(q.fd.try_clone()?, q.gpu_id, opts.priority))
-        .collect::<Result<Vec<_>>>()
-        .context("creating the idle queues")?;
+    let (mut q, idle) = open_queues(opts, device)?;
     // Resident model + activations, roughly proportional to the work per iteration.
     q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(16 << 30))?;
     eprintln!(

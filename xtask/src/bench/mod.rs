@@ -20,6 +20,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{root, run as run_cmd};
 
+mod busy;
 mod control;
 mod hints;
 mod launch;
@@ -60,6 +61,10 @@ pub struct BenchArgs {
     /// Seconds per controller scenario (without, then with the controller).
     #[arg(long, default_value_t = 30)]
     pub control_seconds: u32,
+    /// Run only the busy-host start-up benchmark: `run` started into 50 emulated processes with
+    /// 1,000 queues (and smaller hosts), first start and `kill -9` restart.
+    #[arg(long)]
+    pub busy_start: bool,
     /// Run only the launch-uprobe cost benchmark.
     #[arg(long)]
     pub launch_only: bool,
@@ -150,6 +155,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.control_only {
         control(args.control_seconds)?;
         return hints(args.control_seconds);
+    }
+    if args.busy_start {
+        return busy::busy_start();
     }
     if args.matrix {
         return matrix::matrix(&matrix::Matrix {

@@ -257,10 +257,20 @@ impl Watcher {
 
     /// sysfs, /proc, mqds, hqds and a sample, now.
     fn read_all(&mut self, mqds: bool) {
+        let t = std::time::Instant::now();
         self.reconcile_now(mqds);
+        let reconciled = t.elapsed();
         self.controller_now();
         self.hqds_now();
+        let hqds = t.elapsed();
         self.sample_now();
+        log::debug!(
+            "first read: sysfs, /proc{} {} ms; hqds {} ms; samples {} ms",
+            if mqds { ", mqds" } else { "" },
+            reconciled.as_millis(),
+            (hqds - reconciled).as_millis(),
+            (t.elapsed() - hqds).as_millis()
+        );
     }
 
     fn warn_once(&mut self, w: String) {
