@@ -45,24 +45,7 @@ offline_pids > "$OUT/offline.pids"
 
 # Every offline pid has a successful suspend in audit $1 (at or after $2 ns): prints the last
 # first-act time, or nothing.
-all_acted() {
-  python3 - "$1" "$2" "$OUT/offline.pids" <<'EOF'
-import json, sys
-audit, since, pids = sys.argv[1], int(sys.argv[2]), {int(l) for l in open(sys.argv[3]) if l.strip()}
-first = {}
-try:
-    for l in open(audit):
-        try: r = json.loads(l)
-        except ValueError: continue
-        t = r.get("returned_ns") or r.get("ts_ns") or 0
-        if r.get("action") == "suspend" and r.get("done") and r.get("pid") in pids and t >= since:
-            first.setdefault(r["pid"], t)
-except FileNotFoundError:
-    pass
-if pids and set(first) >= pids:
-    print(max(first.values()))
-EOF
-}
+all_acted() { python3 "$(dirname "$0")/acted.py" "$1" "$2" "$OUT/offline.pids" suspend; }
 wait_all() { # audit since -> last first-act ns, or empty after LIMIT
   k=0
   while [ $k -lt $((LIMIT * 10)) ]; do

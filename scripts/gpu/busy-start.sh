@@ -38,27 +38,9 @@ class = "offline"
 cmdline = 'offline\.py'
 uid = 0
 EOF
-# Every offline pid in $W/offline-pids.txt has a successful act in audit $1 at or after $2: prints the
-# last first act (ns), else nothing.
-all_acted() {
-  python3 - "$1" "$2" "$W/offline-pids.txt" <<'EOF'
-import json, sys
-audit, since = sys.argv[1], int(sys.argv[2])
-pids = {int(l) for l in open(sys.argv[3]) if l.strip()}
-first = {}
-try:
-    for l in open(audit):
-        try: r = json.loads(l)
-        except ValueError: continue
-        t = r.get("returned_ns") or r.get("ts_ns") or 0
-        if r.get("pid") in pids and r.get("action") in ("suspend", "timeslice") and not r.get("failed") and t >= since:
-            first.setdefault(r["pid"], t)
-except FileNotFoundError:
-    pass
-if pids and set(first) >= pids:
-    print(max(first.values()))
-EOF
-}
+# Every offline pid in $W/offline-pids.txt has a successful act in audit $1 at or after $2:
+# prints the last first act (ns), else nothing.
+all_acted() { python3 scripts/acted.py "$1" "$2" "$W/offline-pids.txt" suspend,timeslice; }
 wait_all() { # audit since -> ms from since to all acted, or NEVER after 30 s
   for _ in $(seq 300); do
     r=$(all_acted "$1" "$2"); [ -n "$r" ] && { echo $(( (r - $2) / 1000000 )); return; }
