@@ -20,8 +20,6 @@ use crate::{
 /// ([`Watcher::adopt_nv_start`]); [`Watcher::adopt_nv_finish`] applies what they found.
 pub struct Discovery {
     lines: Vec<String>,
-    log: crate::observe::nv::adopt::ObjectLog,
-    journal: bool,
     scanned: bool,
     job: Option<std::thread::JoinHandle<Vec<Scanned>>>,
 }
@@ -106,10 +104,10 @@ impl Watcher {
                 None
             }
         };
+        // Journaled from now on: a process starting while the scans run is journaled too.
+        self.nv_log = journal.then_some(log);
         Discovery {
             lines,
-            log,
-            journal,
             scanned,
             job,
         }
@@ -120,8 +118,6 @@ impl Watcher {
     pub fn adopt_nv_finish(&mut self, d: Discovery) -> Vec<String> {
         let Discovery {
             mut lines,
-            mut log,
-            journal,
             scanned,
             job,
         } = d;
@@ -147,8 +143,13 @@ impl Watcher {
                     let now = monotonic_ns();
                     self.batch
                         .extend(f.recs.iter().map(|r| Event::Nv(adopt::event(pid, r, now))));
+                    // Replayed, not observed: journaled once, as found.
+                    let mut log = self.nv_log.take();
                     self.apply_events();
-                    log.adopted(&std::collections::BTreeMap::from([(pid, f.recs)]));
+                    if let Some(log) = log.as_mut() {
+                        log.adopted(&std::collections::BTreeMap::from([(pid, f.recs)]));
+                    }
+                    self.nv_log = log;
                 }
                 other => {
                     let why = match other.and_then(|(f, _)| f.why_not) {
@@ -165,7 +166,6 @@ impl Watcher {
                 }
             }
         }
-        self.nv_log = journal.then_some(log);
         lines
     }
 
