@@ -34,7 +34,7 @@ impl Watcher {
             };
             self.applied[kind] += 1;
             if let Some(c) = self.census.as_mut() {
-                *c.entry(ev_pid(&ev)).or_default() += 1;
+                *c.entry(ev.origin().pid).or_default() += 1;
             }
             if let Event::ProcessExit(x) = &ev {
                 if x.rate_limited > 0 {
@@ -145,17 +145,6 @@ impl Watcher {
             }
         }
         Ok(())
-    }
-}
-
-/// The process an event is about.
-fn ev_pid(ev: &Event) -> u32 {
-    match ev {
-        Event::Ioctl(i) => i.origin.pid,
-        Event::Nv(n) => n.origin.pid,
-        Event::Kernel(k) => k.origin.pid,
-        Event::Launch(l) => l.origin.pid,
-        Event::ProcessExit(x) => x.origin.pid,
     }
 }
 
