@@ -14,6 +14,7 @@ pub mod controller;
 pub mod doctor;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod lever;
 pub mod observe;
 pub mod outcome;
 pub mod policy;

@@ -12,6 +12,7 @@
 //! Which backend acts on a process follows from its queues in the model ([`Process::vendor`]).
 
 use std::{
+    collections::BTreeMap,
     future::Future,
     path::Path,
     pin::Pin,
@@ -23,6 +24,7 @@ use anyhow::Result;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::{
+    lever::{Lever, Offers},
     observe::model::{State, Vendor},
     observe::watch::Watcher,
     outcome::Notice,
@@ -94,6 +96,9 @@ pub enum Arrival {
 pub trait Backend {
     fn vendor(&self) -> Vendor;
 
+    /// The levers it offers on its GPUs: the policy engine and its tuner choose among them.
+    fn offers(&self) -> Offers;
+
     /// `pid` got `class`: get ready to act on it fast (or let it go). Err: it cannot be
     /// controlled, and why.
     fn classed<'a>(
@@ -151,15 +156,11 @@ pub trait Backend {
     /// The policy (at start and after every reload): the parts a backend acts on by itself.
     fn set_policy(&mut self, _policy: &Policy) {}
 
-    /// The adaptive lever tuner's choice per GPU (NVIDIA), over the policy's `[nvidia] lever`
+    /// The lever tuner's choice per GPU (of this backend's offers), over the policy's lever
     /// there; empty: the policy's everywhere.
-    fn set_gpu_levers(
-        &mut self,
-        _levers: &std::collections::BTreeMap<u32, crate::policy::NvLever>,
-    ) {
-    }
+    fn set_gpu_levers(&mut self, _levers: &BTreeMap<u32, Lever>) {}
 
-    /// Hardware timeslices this backend changed: (pid, TSG, original us, current us).
+    /// Hardware timeslices this backend changed: (pid, queue, original us, current us).
     fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
         Vec::new()
     }
@@ -222,6 +223,16 @@ impl Backends {
         })
     }
 
+    /// What each vendor's backend offers: this host's backends', and for vendors without one
+    /// (a dry run) what their backend would offer.
+    pub fn offers(&self) -> BTreeMap<Vendor, Offers> {
+        let mut out = catalog();
+        for b in &self.list {
+            out.insert(b.vendor(), b.offers());
+        }
+        out
+    }
+
     /// Resumes everything every backend holds and lets go; the reports of what was resumed.
     pub async fn shutdown(&mut self) -> Vec<OpReport> {
         let mut out = Vec::new();
@@ -247,6 +258,11 @@ impl Backends {
             .find(|b| b.vendor() == vendor)
             .ok_or(ActError::NoDriver(vendor))
     }
+}
+
+/// What each vendor's backend offers.
+pub fn catalog() -> BTreeMap<Vendor, Offers> {
+    BTreeMap::from([(Vendor::Amd, kfd::OFFERS), (Vendor::Nvidia, nv::OFFERS)])
 }
 
 /// `anyhow` context for a backend's self-test failure.

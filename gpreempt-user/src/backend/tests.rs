@@ -20,6 +20,9 @@ impl Backend for Probe {
     fn vendor(&self) -> Vendor {
         self.0
     }
+    fn offers(&self) -> crate::lever::Offers {
+        crate::lever::Offers::UNKNOWN
+    }
     fn classed<'a>(
         &'a mut self,
         _: &'a State,

@@ -292,7 +292,7 @@ impl Ctx {
             self.notice(w, n);
         }
         let decisions = self.engine.decide(&w.state, now);
-        // The NVIDIA lever tuner's changes reach the backends before the decisions made under
+        // The lever tuner's changes reach the backends before the decisions made under
         // them (the worker serves its commands in order).
         self.lever_changes(now);
         for d in decisions {
@@ -310,12 +310,12 @@ impl Ctx {
         }
     }
 
-    /// The lever tuner's changes (strategy `adaptive` on NVIDIA GPUs): logged, audited and
+    /// The lever tuner's changes (strategy `adaptive` where a backend offers a choice): logged, audited and
     /// handed to the backends, which undo what the old lever did as on a reload.
     fn lever_changes(&mut self, now: u64) {
         for (gpu_id, c) in self.engine.take_lever_changes() {
             log::info!(
-                "GPU {gpu_id:#x}: NVIDIA lever {} -> {} ({})",
+                "GPU {gpu_id:#x}: lever {} -> {} ({})",
                 c.from,
                 c.to,
                 c.reason
@@ -332,7 +332,7 @@ impl Ctx {
         }
         // Every tick, not only on a change: a reload drops the tuners without one (the
         // backends ignore an unchanged map).
-        let levers = self.engine.nv_levers();
+        let levers = self.engine.gpu_levers();
         for b in &mut self.backends.list {
             b.set_gpu_levers(&levers);
         }
@@ -796,11 +796,12 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
     for b in &mut backends.list {
         b.set_policy(&policy);
     }
+    let engine = Engine::new(policy).with_offers(backends.offers());
     let mut ctx = Ctx {
         me: std::process::id(),
         dry_run,
         backends,
-        engine: Engine::new(policy),
+        engine,
         audit,
         recent: VecDeque::new(),
         refused: BTreeMap::new(),

@@ -112,6 +112,9 @@ mod tests {
         fn vendor(&self) -> Vendor {
             Vendor::Nvidia
         }
+        fn offers(&self) -> crate::lever::Offers {
+            crate::lever::Offers::UNKNOWN
+        }
         fn classed<'a>(
             &'a mut self,
             _: &'a State,

@@ -1,6 +1,6 @@
-//! The NVIDIA lever tuner: per GPU, which lever (`none`, `dynamic`, `timeslice`, `pause`, ...)
-//! makes offline work yield, chosen by measuring the live pair under each (strategy
-//! `adaptive` on NVIDIA GPUs).
+//! The lever tuner: per GPU, which lever (`none`, `dynamic`, `timeslice`, `pause`, ...) makes
+//! offline work yield, chosen by measuring the live pair under each (strategy `adaptive` on
+//! GPUs whose backend offers a choice: the candidates are the policy's that it offers).
 //!
 //! Why measure: on an H100 one static lever was wrong for some pair every time. The static
 //! 200 us timeslice left an eager LLM decode service 1.4x slower, made two offline jobs switch
@@ -10,8 +10,8 @@
 //! Evidence (fed by the controller; no clock, no I/O here):
 //! - [`LeverTuner::on_burst`]: one online burst on the GPU completed (online work pending from
 //!   its start until drained), and how long it took: the online service's figure;
-//! - [`LeverTuner::on_offline_progress`]: offline progress since the last call (GPFIFO entries
-//!   the GPU consumed from the offline GR channels): the offline figure, as a rate;
+//! - [`LeverTuner::on_offline_progress`]: offline progress since the last call (entries the
+//!   GPU consumed from the offline compute queues): the offline figure, as a rate;
 //! - [`LeverTuner::on_mix_change`]: a process joined, left or was reclassed on the GPU.
 //!
 //! Calibration cycles the candidate levers in interleaved epochs ([`EPOCH_NS`] each, the
@@ -36,12 +36,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Budget, LeverSet, NvLever};
+use super::{Budget, Lever, LeverSet};
 
 const MS: u64 = 1_000_000;
 /// One calibration epoch: long enough for a request service at 20/s to show 16 bursts.
 pub const EPOCH_NS: u64 = 1_000 * MS;
-/// Discarded after each switch: work queued under the old lever, TSGs still paused.
+/// Discarded after each switch: work queued under the old lever, queues still paused.
 pub const SETTLE_NS: u64 = 200 * MS;
 /// Bursts an epoch needs before its p90 means anything; fewer: it is extended.
 pub const MIN_BURSTS: usize = 8;
@@ -69,15 +69,15 @@ const WATCH_WINDOW_NS: u64 = 2 * EPOCH_NS;
 /// apply and audit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeverChange {
-    pub from: NvLever,
-    pub to: NvLever,
+    pub from: Lever,
+    pub to: Lever,
     pub reason: String,
 }
 
 /// One epoch under one lever.
 #[derive(Clone, Debug)]
 struct Epoch {
-    lever: NvLever,
+    lever: Lever,
     start_ns: u64,
     /// Durations of the bursts that started after the settling time.
     bursts: Vec<u64>,
@@ -87,7 +87,7 @@ struct Epoch {
 }
 
 impl Epoch {
-    fn new(lever: NvLever, start_ns: u64) -> Self {
+    fn new(lever: Lever, start_ns: u64) -> Self {
         Self {
             lever,
             start_ns,
@@ -116,7 +116,7 @@ impl Epoch {
 /// One epoch's figures.
 #[derive(Clone, Copy, Debug)]
 struct Stat {
-    lever: NvLever,
+    lever: Lever,
     p50: Option<u64>,
     p90: Option<u64>,
     /// Offline units per second; None: no progress reported.
@@ -126,7 +126,7 @@ struct Stat {
 /// A lever's figures over a measurement: the medians of its epochs'.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
-    pub lever: NvLever,
+    pub lever: Lever,
     pub p50_ns: u64,
     pub p90_ns: u64,
     pub rate: Option<f64>,
@@ -151,7 +151,7 @@ enum Phase {
     /// Epochs under the levers of `plan`, in order.
     Measure {
         kind: Kind,
-        plan: Vec<NvLever>,
+        plan: Vec<Lever>,
         idx: usize,
         epoch: Epoch,
         stats: Vec<Stat>,
@@ -160,7 +160,7 @@ enum Phase {
     Settled { next_check_ns: u64 },
 }
 
-/// What the status file shows per NVIDIA GPU under the adaptive strategy.
+/// What the status file shows per GPU with a lever tuner (adaptive strategy).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LeverView {
     pub gpu_id: u32,
@@ -198,14 +198,14 @@ impl From<LeverView> for crate::observe::status::LeverView {
 /// One GPU's lever tuner.
 #[derive(Clone, Debug)]
 pub struct LeverTuner {
-    candidates: Vec<NvLever>,
+    candidates: Vec<Lever>,
     budget: Budget,
     /// The lever chosen (or the starting one): applied outside measurements.
-    chosen: NvLever,
+    chosen: Lever,
     /// The lever applied now (an epoch's during a measurement).
-    applied: NvLever,
+    applied: Lever,
     /// The runner-up of the last decision (confirmed against).
-    runner_up: Option<NvLever>,
+    runner_up: Option<Lever>,
     phase: Phase,
     /// Offline progress was reported at least once: from then on it is required evidence.
     progress_seen: bool,
@@ -218,8 +218,8 @@ pub struct LeverTuner {
 impl LeverTuner {
     /// A tuner that starts from `start` (the policy's `[nvidia] lever` when it is a
     /// candidate, else the first candidate) and measures `candidates` against `budget`.
-    pub fn new(candidates: LeverSet, budget: Budget, start: NvLever, now_ns: u64) -> Self {
-        let mut c: Vec<NvLever> = candidates.iter().collect();
+    pub fn new(candidates: LeverSet, budget: Budget, start: Lever, now_ns: u64) -> Self {
+        let mut c: Vec<Lever> = candidates.iter().collect();
         if c.is_empty() {
             c.push(start);
         }
@@ -243,12 +243,12 @@ impl LeverTuner {
     }
 
     /// The lever to apply on the GPU now.
-    pub fn lever(&self) -> NvLever {
+    pub fn lever(&self) -> Lever {
         self.applied
     }
 
     /// The lever chosen (what applies outside measurements).
-    pub fn chosen(&self) -> NvLever {
+    pub fn chosen(&self) -> Lever {
         self.chosen
     }
 
@@ -306,8 +306,8 @@ impl LeverTuner {
         }
     }
 
-    /// Offline progress on the GPU since the last call (`units`: GPFIFO entries consumed by
-    /// the offline GR channels). The first call only starts the count.
+    /// Offline progress on the GPU since the last call (`units`: entries consumed from the
+    /// offline compute queues). The first call only starts the count.
     pub fn on_offline_progress(&mut self, now_ns: u64, units: u64) {
         self.progress_seen = true;
         let last = self.last_progress_ns.replace(now_ns);
@@ -372,7 +372,7 @@ impl LeverTuner {
             Kind::Calibrate => (self.candidates.clone(), ROUNDS),
             Kind::Confirm => {
                 let mut s = vec![self.chosen];
-                for l in [Some(NvLever::None), self.runner_up].into_iter().flatten() {
+                for l in [Some(Lever::None), self.runner_up].into_iter().flatten() {
                     if self.candidates.contains(&l) && !s.contains(&l) {
                         s.push(l);
                     }
@@ -388,7 +388,7 @@ impl LeverTuner {
             return self.switch(self.chosen, "the only candidate");
         }
         // Rotated per round: each lever follows a different one each time.
-        let plan: Vec<NvLever> = (0..rounds)
+        let plan: Vec<Lever> = (0..rounds)
             .flat_map(|r| {
                 let n = set.len();
                 let set = &set;
@@ -507,7 +507,7 @@ impl LeverTuner {
         }
     }
 
-    fn switch(&mut self, to: NvLever, reason: &str) -> Option<LeverChange> {
+    fn switch(&mut self, to: Lever, reason: &str) -> Option<LeverChange> {
         if to == self.applied {
             return None;
         }
@@ -551,7 +551,7 @@ fn median_f(mut v: Vec<f64>) -> Option<f64> {
 
 /// Each lever's figures: the medians over its epochs (in the order levers first appear).
 fn summarize(stats: &[Stat]) -> Vec<Summary> {
-    let mut levers: Vec<NvLever> = Vec::new();
+    let mut levers: Vec<Lever> = Vec::new();
     for s in stats {
         if !levers.contains(&s.lever) {
             levers.push(s.lever);
@@ -587,25 +587,19 @@ fn summarize(stats: &[Stat]) -> Vec<Summary> {
 /// A decision over measured levers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
-    pub lever: NvLever,
-    pub runner_up: Option<NvLever>,
+    pub lever: Lever,
+    pub runner_up: Option<Lever>,
     pub reason: String,
 }
 
 /// What it costs offline to apply a lever, in order, when nothing measured tells them apart
 /// (offline progress not reported): nothing, a timeslice per episode, for good, a pause.
-fn cost(l: NvLever) -> u8 {
-    match l {
-        NvLever::None => 0,
-        NvLever::Dynamic => 1,
-        NvLever::Timeslice => 2,
-        NvLever::Both => 3,
-        NvLever::Pause => 4,
-    }
+fn cost(l: Lever) -> u8 {
+    l.intrusion()
 }
 
 /// The rule (module comment), pure: `current` is the incumbent.
-pub fn decide(sums: &[Summary], budget: Budget, current: NvLever) -> Decision {
+pub fn decide(sums: &[Summary], budget: Budget, current: Lever) -> Decision {
     let Some(reference) = sums.iter().map(|s| s.p90_ns).min() else {
         return Decision {
             lever: current,
@@ -651,12 +645,12 @@ pub fn decide(sums: &[Summary], budget: Budget, current: NvLever) -> Decision {
             .total_cmp(&rate(a))
             .then(cost(a.lever).cmp(&cost(b.lever)))
     });
-    if let Some(none) = within.iter().find(|s| s.lever == NvLever::None) {
+    if let Some(none) = within.iter().find(|s| s.lever == Lever::None) {
         return Decision {
-            lever: NvLever::None,
+            lever: Lever::None,
             runner_up: within
                 .iter()
-                .find(|s| s.lever != NvLever::None)
+                .find(|s| s.lever != Lever::None)
                 .map(|s| s.lever),
             reason: format!(
                 "{head}: none is within it (p90 {}): nothing to remove",

@@ -18,6 +18,7 @@ use std::fmt;
 use regex::Regex;
 use serde::Serialize;
 
+pub use crate::lever::{Lever, LeverSet};
 pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use classify::{Lint, LintKind};
 pub use engine::Engine;
@@ -95,133 +96,22 @@ impl fmt::Display for Budget {
     }
 }
 
-/// How an NVIDIA offline process yields to online work (`[nvidia] lever`).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum NvLever {
-    /// Nothing: NVIDIA processes are classed, but offline work is left alone. The baseline a
-    /// lever must beat, and what the adaptive tuner keeps where no lever buys anything.
-    None,
-    /// The offline GR TSGs get the short timeslice only while online work is busy on their GPU
-    /// (the episodes that would pause them under `Pause`), and their own value back after, so
-    /// two offline processes do not switch every `offline_timeslice` between episodes.
-    Dynamic,
-    /// Its GR TSGs get a short hardware timeslice once; never paused. The GPU's scheduler then
-    /// switches to online work within that timeslice, with no call per request.
-    Timeslice,
-    /// Paused (FIFO_DISABLE_CHANNELS) while online work is busy, as on AMD.
-    Pause,
-    /// The short timeslice always, and a pause only when online work stays busy longer than
-    /// `pause_after` (the timeslice alone is not keeping up).
-    Both,
-}
-
-impl NvLever {
-    pub const ALL: [NvLever; 5] = [
-        Self::None,
-        Self::Dynamic,
-        Self::Timeslice,
-        Self::Pause,
-        Self::Both,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Dynamic => "dynamic",
-            Self::Timeslice => "timeslice",
-            Self::Pause => "pause",
-            Self::Both => "both",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|l| l.label() == s)
-    }
-
-    /// The short timeslice is set once, at classification, and kept (`timeslice`, `both`).
-    pub fn timeslice(self) -> bool {
-        matches!(self, Self::Timeslice | Self::Both)
-    }
-
-    /// The engine's suspend/resume decisions reach the process (as a pause, or for `Dynamic`
-    /// as the short timeslice and back).
-    pub fn acts_per_episode(self) -> bool {
-        matches!(self, Self::Dynamic | Self::Pause | Self::Both)
-    }
-}
-
-impl fmt::Display for NvLever {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// A set of levers (`[nvidia] levers`: the adaptive tuner's candidates). A bit mask, so that
-/// [`NvPolicy`] stays `Copy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeverSet(u8);
-
-impl LeverSet {
-    /// The tuner's default candidates: the null lever, the two timeslice levers, the pause.
-    /// `both` is left out: its pause half is the `pause` candidate's cost.
-    pub const DEFAULT: LeverSet = LeverSet::of(&[
-        NvLever::None,
-        NvLever::Dynamic,
-        NvLever::Timeslice,
-        NvLever::Pause,
-    ]);
-
-    pub const fn of(levers: &[NvLever]) -> Self {
-        let mut bits = 0u8;
-        let mut i = 0;
-        while i < levers.len() {
-            bits |= 1 << levers[i] as u8;
-            i += 1;
-        }
-        Self(bits)
-    }
-
-    pub fn contains(self, l: NvLever) -> bool {
-        self.0 & (1 << l as u8) != 0
-    }
-
-    pub fn insert(&mut self, l: NvLever) {
-        self.0 |= 1 << l as u8;
-    }
-
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    /// In the order of [`NvLever::ALL`] (`none` first: the null lever is the reference).
-    pub fn iter(self) -> impl Iterator<Item = NvLever> {
-        NvLever::ALL.into_iter().filter(move |&l| self.contains(l))
-    }
-}
-
-impl Default for LeverSet {
-    fn default() -> Self {
-        Self::DEFAULT
-    }
-}
-
-/// The `[nvidia]` table.
+/// How offline processes yield where their backend offers a choice of levers (the file's
+/// `[nvidia]` table, the backend that offers one today). A backend that does not offer `lever`
+/// acts by its own default ([`crate::lever::Offers::resolve`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct NvPolicy {
-    pub lever: NvLever,
-    /// The timeslice an offline process's GR TSGs get (microseconds).
+pub struct LeverPolicy {
+    pub lever: Lever,
+    /// The short timeslice the timeslice levers give an offline process's queues (microseconds).
     pub offline_timeslice_us: u64,
     /// With `Both`: how long an online episode lasts before offline is paused as well.
     pub pause_after_ns: u64,
-    /// `pause = "schedule"`: a pause only takes the channels off the runlist
-    /// (`bOnlyDisableScheduling`); work already running finishes its timeslice. The default,
-    /// `"preempt"`, preempts it as well.
+    /// `pause = "schedule"`: a pause only takes the queues off the runlist; work already
+    /// running finishes its timeslice. The default, `"preempt"`, preempts it as well.
     pub pause_schedule_only: bool,
-    /// `levers`: the candidates the adaptive strategy's lever tuner measures (policy/levers.rs).
-    pub levers: LeverSet,
+    /// `levers`: the candidates the adaptive strategy's lever tuner measures (policy/levers.rs),
+    /// of those the GPU's backend offers.
+    pub candidates: LeverSet,
 }
 
 /// 200 us: on an H100 it brought the seeds' online p99 from 9.5 to 5.2 ms with offline at
@@ -229,14 +119,14 @@ pub struct NvPolicy {
 pub const DEFAULT_OFFLINE_TIMESLICE_US: u64 = 200;
 pub const DEFAULT_PAUSE_AFTER_NS: u64 = 5 * MS;
 
-impl Default for NvPolicy {
+impl Default for LeverPolicy {
     fn default() -> Self {
         Self {
-            lever: NvLever::Timeslice,
+            lever: Lever::Timeslice,
             offline_timeslice_us: DEFAULT_OFFLINE_TIMESLICE_US,
             pause_after_ns: DEFAULT_PAUSE_AFTER_NS,
             pause_schedule_only: false,
-            levers: LeverSet::DEFAULT,
+            candidates: LeverSet::DEFAULT,
         }
     }
 }
@@ -295,8 +185,8 @@ pub struct Policy {
     /// Online processes' launch hints (uprobes on HIP/HSA launch entry points) count as online
     /// work, so offline queues are suspended before the online kernel reaches the GPU.
     pub launch_hints: bool,
-    /// How NVIDIA offline processes yield.
-    pub nvidia: NvPolicy,
+    /// How offline processes yield where their backend offers a choice.
+    pub levers: LeverPolicy,
     /// What to do with an offline AMD process whose runtime never enabled the KFD debug API.
     pub no_debug_api: NoDebugApi,
     /// `[control] group`: members of this group may send requests too (root always may).
@@ -343,7 +233,7 @@ impl Default for Policy {
             default_class: Class::Ignore,
             rules: Vec::new(),
             launch_hints: true,
-            nvidia: NvPolicy::default(),
+            levers: LeverPolicy::default(),
             no_debug_api: NoDebugApi::Refuse,
             control_group: None,
             control_group_line: None,
@@ -379,7 +269,7 @@ impl Policy {
         format!(
             "{}: {strategy}, window {}, resume_after {}, max_suspend {}, min_run {}, \
              min_interval {}, gpus {gpus}, {} rule(s), default {}, launch hints {}, \
-             NVIDIA lever {}{}{}",
+             lever {}{}{}",
             self.source,
             fmt_ns(self.window_ns),
             fmt_ns(self.resume_after_ns),
@@ -389,20 +279,20 @@ impl Policy {
             self.rules.len(),
             self.default_class,
             if self.launch_hints { "on" } else { "off" },
-            self.nvidia.lever.label(),
-            match self.nvidia.lever {
-                NvLever::Pause | NvLever::None => String::new(),
-                NvLever::Timeslice | NvLever::Dynamic => {
-                    format!(" ({} us)", self.nvidia.offline_timeslice_us)
+            self.levers.lever.label(),
+            match self.levers.lever {
+                Lever::Pause | Lever::None | Lever::Freeze => String::new(),
+                Lever::Timeslice | Lever::Dynamic => {
+                    format!(" ({} us)", self.levers.offline_timeslice_us)
                 }
-                NvLever::Both => format!(
+                Lever::Both => format!(
                     " ({} us, pause after {})",
-                    self.nvidia.offline_timeslice_us,
-                    fmt_ns(self.nvidia.pause_after_ns)
+                    self.levers.offline_timeslice_us,
+                    fmt_ns(self.levers.pause_after_ns)
                 ),
             },
-            if self.nvidia.pause_schedule_only
-                && matches!(self.nvidia.lever, NvLever::Pause | NvLever::Both)
+            if self.levers.pause_schedule_only
+                && matches!(self.levers.lever, Lever::Pause | Lever::Both)
             {
                 ", schedule-only pauses"
             } else {

@@ -593,7 +593,8 @@ impl World {
     fn new(policy: &str) -> Self {
         Self {
             st: State::new(),
-            e: Engine::new(Policy::parse(policy, "t.toml").unwrap()),
+            e: Engine::new(Policy::parse(policy, "t.toml").unwrap())
+                .with_offers(crate::backend::catalog()),
             log: Vec::new(),
         }
     }
@@ -1358,12 +1359,12 @@ fn launch_hints_are_ignored_when_the_policy_says_so_or_when_stale() {
 
 #[test]
 fn the_nvidia_table_sets_the_lever() {
-    use crate::policy::{NvLever, NvPolicy};
+    use crate::policy::{Lever, LeverPolicy};
     // Default: the timeslice lever at 200 us.
     let p = Policy::parse("", "p.toml").unwrap();
-    assert_eq!(p.nvidia, NvPolicy::default());
-    assert_eq!(p.nvidia.lever, NvLever::Timeslice);
-    assert_eq!(p.nvidia.offline_timeslice_us, 200);
+    assert_eq!(p.levers, LeverPolicy::default());
+    assert_eq!(p.levers.lever, Lever::Timeslice);
+    assert_eq!(p.levers.offline_timeslice_us, 200);
     let p = Policy::parse(
         "[nvidia]\nlever = \"both\"\noffline_timeslice = \"1ms\"\npause_after = \"8ms\"\n\
          pause = \"schedule\"\n",
@@ -1371,23 +1372,23 @@ fn the_nvidia_table_sets_the_lever() {
     )
     .unwrap();
     assert_eq!(
-        p.nvidia,
-        NvPolicy {
-            lever: NvLever::Both,
+        p.levers,
+        LeverPolicy {
+            lever: Lever::Both,
             offline_timeslice_us: 1000,
             pause_after_ns: 8_000_000,
             pause_schedule_only: true,
-            levers: crate::policy::LeverSet::DEFAULT,
+            candidates: crate::policy::LeverSet::DEFAULT,
         }
     );
-    assert!(!NvPolicy::default().pause_schedule_only);
+    assert!(!LeverPolicy::default().pause_schedule_only);
     assert_eq!(
         one_err("[nvidia]\npause = \"stop\"\n"),
         "policy.toml:2: pause: unknown mode \"stop\" (use \"preempt\" or \"schedule\")"
     );
     assert!(
         p.summary()
-            .contains("NVIDIA lever both (1000 us, pause after 8ms)"),
+            .contains("lever both (1000 us, pause after 8ms)"),
         "{}",
         p.summary()
     );
@@ -1409,22 +1410,18 @@ fn the_nvidia_table_sets_the_lever() {
 
 #[test]
 fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
-    use crate::policy::{LeverSet, NvLever};
+    use crate::policy::{Lever, LeverSet};
     let p = Policy::parse("[nvidia]\nlever = \"none\"\n", "p.toml").unwrap();
-    assert_eq!(p.nvidia.lever, NvLever::None);
-    assert!(
-        p.summary().ends_with("NVIDIA lever none"),
-        "{}",
-        p.summary()
-    );
+    assert_eq!(p.levers.lever, Lever::None);
+    assert!(p.summary().ends_with("lever none"), "{}", p.summary());
     let p = Policy::parse(
         "[nvidia]\nlever = \"dynamic\"\noffline_timeslice = \"100us\"\n",
         "p.toml",
     )
     .unwrap();
-    assert_eq!(p.nvidia.lever, NvLever::Dynamic);
+    assert_eq!(p.levers.lever, Lever::Dynamic);
     assert!(
-        p.summary().contains("NVIDIA lever dynamic (100 us)"),
+        p.summary().contains("lever dynamic (100 us)"),
         "{}",
         p.summary()
     );
@@ -1432,16 +1429,11 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
     assert_eq!(
         Policy::parse("", "p.toml")
             .unwrap()
-            .nvidia
             .levers
+            .candidates
             .iter()
             .collect::<Vec<_>>(),
-        vec![
-            NvLever::None,
-            NvLever::Dynamic,
-            NvLever::Timeslice,
-            NvLever::Pause
-        ]
+        vec![Lever::None, Lever::Dynamic, Lever::Timeslice, Lever::Pause]
     );
     let p = Policy::parse(
         "[nvidia]\nlevers = [\"pause\", \"none\", \"pause\"]\n",
@@ -1449,8 +1441,8 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
     )
     .unwrap();
     assert_eq!(
-        p.nvidia.levers,
-        LeverSet::of(&[NvLever::None, NvLever::Pause])
+        p.levers.candidates,
+        LeverSet::of(&[Lever::None, Lever::Pause])
     );
     assert_eq!(
         one_err("[nvidia]\nlevers = []\n"),
@@ -1462,17 +1454,22 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
          \"timeslice\", \"pause\" or \"both\")"
     );
     assert_eq!(
+        one_err("[nvidia]\nlevers = [\"freeze\"]\n"),
+        "policy.toml:2: levers: unknown lever \"freeze\" (use \"none\", \"dynamic\", \
+         \"timeslice\", \"pause\" or \"both\")"
+    );
+    assert_eq!(
         one_err("[nvidia]\nlevers = \"none\"\n"),
         "policy.toml:2: levers: expected a list of levers, e.g. [\"none\", \"dynamic\"]"
     );
     // The engine: `none` never suspends an NVIDIA process, `dynamic` decides as `pause` does
     // (the backend turns it into the short timeslice).
-    for l in NvLever::ALL {
+    for l in Lever::ALL {
         assert_eq!(
             l.acts_per_episode(),
-            matches!(l, NvLever::Dynamic | NvLever::Pause | NvLever::Both)
+            matches!(l, Lever::Dynamic | Lever::Pause | Lever::Both | Lever::Freeze)
         );
-        assert_eq!(NvLever::parse(l.label()), Some(l));
+        assert_eq!(Lever::parse(l.label()), Some(l));
     }
 }
 
@@ -1864,8 +1861,8 @@ fn the_vendor_examples_class_by_what_a_process_cannot_choose() {
 
     let p = Policy::load(&dir.join("nvidia.toml")).unwrap();
     assert_eq!(p.strategy, Strategy::Priority);
-    assert_eq!(p.nvidia.lever, NvLever::Timeslice);
-    assert_eq!(p.nvidia.offline_timeslice_us, 200);
+    assert_eq!(p.levers.lever, Lever::Timeslice);
+    assert_eq!(p.levers.offline_timeslice_us, 200);
     assert_eq!(p.classify(&svc, 1).0, Class::Online);
     assert_eq!(p.classify(&batch, 2).0, Class::Offline);
     assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);
@@ -1880,7 +1877,7 @@ fn the_vendor_examples_class_by_what_a_process_cannot_choose() {
             budget: Budget::Ratio(1.1)
         }
     );
-    assert_eq!(p.nvidia.levers, LeverSet::DEFAULT);
+    assert_eq!(p.levers.candidates, LeverSet::DEFAULT);
     assert_eq!(p.classify(&svc, 1).0, Class::Online);
     assert_eq!(p.classify(&batch, 2).0, Class::Offline);
     assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);

@@ -15,6 +15,7 @@ use super::{freezer, ActError, Acted, Arrival, Backend, BoxFut};
 use crate::{
     backend::kfd::control::TargetError,
     backend::kfd::control::{Control, ControlHandle, Limits},
+    lever::{Lever, Offer, Offers, Undo},
     observe::model::{State, Vendor},
     observe::procinfo::{self, ProcId},
     outcome::Notice,
@@ -137,9 +138,31 @@ async fn recover(control: &Control, dir: &Path) {
     let _ = rundir::write_targets(dir, &[]);
 }
 
+/// AMD: the queues are suspended through the debug API, or the process's cgroup frozen where
+/// its runtime never enabled that API (`[policy] no_debug_api = "freeze"`).
+pub const OFFERS: Offers = Offers {
+    list: &[
+        Offer {
+            lever: Lever::Pause,
+            cost: "one DBG_TRAP ioctl per act, and a runlist re-upload by the firmware (HWS)",
+            undo: Undo::ResumeByKernel,
+        },
+        Offer {
+            lever: Lever::Freeze,
+            cost: "a cgroup.freeze write per act; work already queued still runs",
+            undo: Undo::ThawByGuardian,
+        },
+    ],
+    default: Lever::Pause,
+};
+
 impl Backend for KfdBackend {
     fn vendor(&self) -> Vendor {
         Vendor::Amd
+    }
+
+    fn offers(&self) -> Offers {
+        OFFERS
     }
 
     fn classed<'a>(

@@ -24,10 +24,11 @@ use crate::{
     backend::nv::controller::{lock, NvControl, NvOps, Rm},
     backend::nv::startup::SelfTestControl,
     clock::monotonic_ns,
+    lever::{Lever, Offer, Offers, Undo},
     observe::model::{State, Vendor},
     observe::watch::Watcher,
     outcome::{Notice, OpReport, TimesliceChange},
-    policy::{Class, NvLever, NvPolicy, Policy},
+    policy::{Class, LeverPolicy, Policy},
 };
 
 pub mod controller;
@@ -57,7 +58,7 @@ pub struct NvBackend<O: NvOps + Send + 'static = Rm> {
     wedged_since: u64,
     /// How long shutdown waits for the worker: the call in flight, then the undo.
     shutdown_wait: Duration,
-    policy: NvPolicy,
+    policy: LeverPolicy,
     /// Processes classed offline: their snapshots go to the worker for the lever re-check.
     offline: BTreeSet<u32>,
     /// Processes the worker was told about (each is forgotten there when it exits).
@@ -65,7 +66,7 @@ pub struct NvBackend<O: NvOps + Send + 'static = Rm> {
     /// When the lever was last re-applied (not at every tick).
     lever_checked_ns: u64,
     /// The adaptive tuner's lever per GPU (over `policy.lever` there).
-    gpu_levers: BTreeMap<u32, NvLever>,
+    gpu_levers: BTreeMap<u32, Lever>,
     /// The run directory, where a passed self-test is remembered (None: tests).
     dir: Option<std::path::PathBuf>,
 }
@@ -121,7 +122,7 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
             beats: 0,
             wedged_since: 0,
             shutdown_wait: max_suspend + GuardianHandle::TIMEOUT,
-            policy: NvPolicy::default(),
+            policy: LeverPolicy::default(),
             offline: BTreeSet::new(),
             known: BTreeSet::new(),
             lever_checked_ns: 0,
@@ -194,9 +195,45 @@ impl<O: NvOps + Send + 'static> NvBackend<O> {
     }
 }
 
+/// NVIDIA: every lever, through the target's own RM client (nvidia-rm.md).
+pub const OFFERS: Offers = Offers {
+    list: &[
+        Offer {
+            lever: Lever::None,
+            cost: "nothing",
+            undo: Undo::Nothing,
+        },
+        Offer {
+            lever: Lever::Dynamic,
+            cost: "two SET_TIMESLICE calls per TSG and online episode",
+            undo: Undo::RestoreByGuardian,
+        },
+        Offer {
+            lever: Lever::Timeslice,
+            cost: "one SET_TIMESLICE call per TSG, at classification",
+            undo: Undo::RestoreByGuardian,
+        },
+        Offer {
+            lever: Lever::Pause,
+            cost: "one FIFO_DISABLE_CHANNELS call per act, from a worker thread",
+            undo: Undo::ResumeByGuardian,
+        },
+        Offer {
+            lever: Lever::Both,
+            cost: "the timeslice's call, and a pause per episode that outlasts pause_after",
+            undo: Undo::ResumeByGuardian,
+        },
+    ],
+    default: Lever::Timeslice,
+};
+
 impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
     fn vendor(&self) -> Vendor {
         Vendor::Nvidia
+    }
+
+    fn offers(&self) -> Offers {
+        OFFERS
     }
 
     /// Handed to the worker; a process that cannot be prepared comes back as
@@ -275,13 +312,13 @@ impl<O: NvOps + Send + 'static> Backend for NvBackend<O> {
     }
 
     fn set_policy(&mut self, policy: &Policy) {
-        self.policy = policy.nvidia;
-        self.worker.submit(Cmd::Policy(policy.nvidia));
+        self.policy = policy.levers;
+        self.worker.submit(Cmd::Policy(policy.levers));
         // A new value (or lever) reaches every offline process at the next upkeep.
         self.lever_checked_ns = 0;
     }
 
-    fn set_gpu_levers(&mut self, levers: &BTreeMap<u32, NvLever>) {
+    fn set_gpu_levers(&mut self, levers: &BTreeMap<u32, Lever>) {
         if *levers == self.gpu_levers {
             return;
         }

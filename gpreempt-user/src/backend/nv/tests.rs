@@ -135,7 +135,7 @@ fn the_nvidia_backend_applies_and_restores_the_timeslice_lever() {
     let fake = Shared::default();
     let (mut b, mut rx) = backend(&fake, Duration::from_secs(60));
     let mut p = Policy::default();
-    p.nvidia.lever = crate::policy::NvLever::Pause;
+    p.levers.lever = crate::policy::Lever::Pause;
     b.set_policy(&p);
     block_on(b.classed(&s, 7, Class::Offline)).unwrap();
     assert!(b.upkeep(&s, LEVER_RECHECK_NS).is_empty());
@@ -431,7 +431,7 @@ fn shutdown_gives_up_on_a_wedged_call_after_its_bound() {
 
 fn dynamic_policy() -> Policy {
     let mut p = Policy::default();
-    p.nvidia.lever = crate::policy::NvLever::Dynamic;
+    p.levers.lever = crate::policy::Lever::Dynamic;
     p
 }
 
@@ -547,13 +547,13 @@ fn the_dynamic_lever_is_undone_on_every_exit_path() {
     // Reload to `pause` or `none` mid-episode: back; to `timeslice`: it stays short, now for
     // good, and the engine's resume leaves it so.
     for (lever, after) in [
-        (crate::policy::NvLever::Pause, 2048),
-        (crate::policy::NvLever::None, 2048),
-        (crate::policy::NvLever::Timeslice, 200),
+        (crate::policy::Lever::Pause, 2048),
+        (crate::policy::Lever::None, 2048),
+        (crate::policy::Lever::Timeslice, 200),
     ] {
         let (fake, mut b, mut rx) = episode();
         let mut p = Policy::default();
-        p.nvidia.lever = lever;
+        p.levers.lever = lever;
         b.set_policy(&p);
         sync(&b);
         drain(&mut rx);
@@ -568,7 +568,7 @@ fn the_dynamic_lever_is_undone_on_every_exit_path() {
     // The tuner moves the GPU to `none` mid-episode: back.
     let (fake, mut b, mut rx) = episode();
     let gpu = s.procs[&7].queues[&0x20].gpu_id;
-    b.set_gpu_levers(&[(gpu, crate::policy::NvLever::None)].into());
+    b.set_gpu_levers(&[(gpu, crate::policy::Lever::None)].into());
     sync(&b);
     let n = notices(drain(&mut rx));
     assert_eq!(ts_notice(&n), (200, 2048, 2048));
@@ -629,7 +629,7 @@ fn a_refused_dynamic_timeslice_pauses_instead() {
 /// policy's lever, `none` puts it back.
 #[test]
 fn the_tuners_lever_per_gpu_reaches_the_worker() {
-    use crate::policy::NvLever;
+    use crate::policy::Lever;
     let s = host();
     let gpu = s.procs[&7].queues[&0x20].gpu_id;
     let fake = Shared::default();
@@ -640,9 +640,9 @@ fn the_tuners_lever_per_gpu_reaches_the_worker() {
     sync(&b);
     drain(&mut rx);
     assert_eq!(current(&fake), 200, "the policy's static lever");
-    let levers = |l: Option<NvLever>| l.map(|l| (gpu, l)).into_iter().collect();
+    let levers = |l: Option<Lever>| l.map(|l| (gpu, l)).into_iter().collect();
 
-    b.set_gpu_levers(&levers(Some(NvLever::Dynamic)));
+    b.set_gpu_levers(&levers(Some(Lever::Dynamic)));
     sync(&b);
     let n = notices(drain(&mut rx));
     assert_eq!(ts_notice(&n), (200, 2048, 2048));
@@ -661,7 +661,7 @@ fn the_tuners_lever_per_gpu_reaches_the_worker() {
     assert_eq!(current(&fake), 200);
 
     // Mid-episode to the static lever: stays short, now for good.
-    b.set_gpu_levers(&levers(Some(NvLever::Timeslice)));
+    b.set_gpu_levers(&levers(Some(Lever::Timeslice)));
     sync(&b);
     assert!(drain(&mut rx).is_empty());
     let (_, n) = policy_act(&mut b, &mut rx, &s, false);
@@ -676,7 +676,7 @@ fn the_tuners_lever_per_gpu_reaches_the_worker() {
     b.upkeep(&s, 3 * LEVER_RECHECK_NS);
     sync(&b);
     assert!(drain(&mut rx).is_empty());
-    b.set_gpu_levers(&levers(Some(NvLever::None)));
+    b.set_gpu_levers(&levers(Some(Lever::None)));
     sync(&b);
     assert_eq!(ts_notice(&notices(drain(&mut rx))), (200, 2048, 2048));
     assert_eq!(current(&fake), 2048);

@@ -28,7 +28,7 @@ use crate::{
     clock::monotonic_ns,
     observe::model::State,
     outcome::{Notice, OpReport, QueueOutcome, QueueResult, TimesliceChange},
-    policy::{NvLever, NvPolicy},
+    policy::{Lever, LeverPolicy},
 };
 
 /// First and longest wait after a failed pause.
@@ -63,10 +63,10 @@ pub(crate) enum Cmd<O: NvOps> {
     },
     /// Offline processes again: GR TSGs created since get the offline timeslice.
     Lever(Vec<(u32, State)>),
-    Policy(NvPolicy),
+    Policy(LeverPolicy),
     /// The adaptive tuner's lever per GPU (policy/levers.rs), in place of the policy's own
     /// lever there; GPUs not listed use the policy's.
-    GpuLevers(BTreeMap<u32, NvLever>),
+    GpuLevers(BTreeMap<u32, Lever>),
     /// The process is gone: drop its fd duplicates and the guardian's hold.
     Forget(u32),
     /// Runs on the thread (the self-test, tests).
@@ -134,7 +134,7 @@ impl<O: NvOps + Send + 'static> Worker<O> {
             nv,
             max_suspend_ns: u64::try_from(max_suspend.as_nanos()).unwrap_or(u64::MAX),
             backoff: BTreeMap::new(),
-            policy: NvPolicy::default(),
+            policy: LeverPolicy::default(),
             offline: BTreeSet::new(),
             lever_failed: BTreeSet::new(),
             gpu_levers: BTreeMap::new(),
@@ -235,13 +235,13 @@ pub(crate) struct Inner<O: NvOps> {
     /// is not asked again at the policy's pace.
     pub(crate) backoff: BTreeMap<u32, (u64, u64)>,
     /// The `[nvidia]` policy: the lever and the offline timeslice.
-    policy: NvPolicy,
+    policy: LeverPolicy,
     /// Processes classed offline (their GR TSGs carry the short timeslice).
     offline: BTreeSet<u32>,
     /// Offline processes whose timeslice could not be set: the policy pauses them instead.
     lever_failed: BTreeSet<u32>,
     /// The adaptive tuner's lever per GPU, over `policy.lever`.
-    gpu_levers: BTreeMap<u32, NvLever>,
+    gpu_levers: BTreeMap<u32, Lever>,
     /// The GPU of each known process's compute TSGs (the one whose lever applies to it).
     gpu_of: BTreeMap<u32, u32>,
     /// Offline processes whose GR TSGs the `dynamic` lever has shortened now (an online
@@ -410,7 +410,7 @@ impl<O: NvOps> Inner<O> {
     }
 
     /// The lever that applies to `pid`: its GPU's tuned one, else the policy's.
-    pub(crate) fn lever_of(&self, pid: u32) -> NvLever {
+    pub(crate) fn lever_of(&self, pid: u32) -> Lever {
         self.gpu_of
             .get(&pid)
             .and_then(|g| self.gpu_levers.get(g))
@@ -420,7 +420,7 @@ impl<O: NvOps> Inner<O> {
 
     /// Whether the engine's decisions for `pid` are timeslice changes, not pauses.
     fn dynamic(&self, pid: u32) -> bool {
-        self.lever_of(pid) == NvLever::Dynamic && !self.lever_failed.contains(&pid)
+        self.lever_of(pid) == Lever::Dynamic && !self.lever_failed.contains(&pid)
     }
 
     /// The `dynamic` lever's "suspend": the offline timeslice on `pid`'s GR TSGs for the
@@ -579,7 +579,7 @@ impl<O: NvOps> Inner<O> {
         }
     }
 
-    fn set_policy(&mut self, policy: NvPolicy) {
+    fn set_policy(&mut self, policy: LeverPolicy) {
         self.armed = true;
         self.nv.set_schedule_only(policy.pause_schedule_only);
         let before = self.levers_now();
@@ -601,14 +601,14 @@ impl<O: NvOps> Inner<O> {
         self.lever_failed.clear();
     }
 
-    fn set_gpu_levers(&mut self, levers: BTreeMap<u32, NvLever>) {
+    fn set_gpu_levers(&mut self, levers: BTreeMap<u32, Lever>) {
         let before = self.levers_now();
         self.gpu_levers = levers;
         self.switch_levers(before, "lever tuner");
     }
 
     /// The lever of every offline process now.
-    fn levers_now(&self) -> BTreeMap<u32, NvLever> {
+    fn levers_now(&self) -> BTreeMap<u32, Lever> {
         self.offline
             .iter()
             .map(|&pid| (pid, self.lever_of(pid)))
@@ -621,7 +621,7 @@ impl<O: NvOps> Inner<O> {
     /// short value anyway. A static lever's value reaches the process at the next re-check
     /// (upkeep, within [`super::LEVER_RECHECK_NS`]). Paused TSGs stay paused until the
     /// engine's resume (the episode's end, or `max_suspend`).
-    fn switch_levers(&mut self, before: BTreeMap<u32, NvLever>, why: &str) {
+    fn switch_levers(&mut self, before: BTreeMap<u32, Lever>, why: &str) {
         for (pid, old) in before {
             let new = self.lever_of(pid);
             if old == new {

@@ -2,13 +2,14 @@
 //! starvation guard), the GPUs' plans turned into RESUMEs and SUSPENDs, and the reasons the
 //! audit and the log give for each.
 
-use super::super::{fmt_ms, fmt_ns, Action, Class, Decision, NvLever, Policy, Strategy};
+use super::super::{fmt_ms, fmt_ns, Action, Class, Decision, Lever, Policy, Strategy};
 use super::{
     evidence::{BusyBy, Evidence},
     gpu::{gpu_lever, GpuMem},
     Engine, Held, Release,
 };
-use crate::observe::model::{Process, QueueState, State, Vendor};
+use crate::lever::Offers;
+use crate::observe::model::{Process, QueueState, State};
 
 impl Engine {
     /// Goes over the held queues: forgets those that are gone (nothing to resume), resumes
@@ -16,7 +17,7 @@ impl Engine {
     /// the oldest suspension, which the starvation guard reads.
     pub(super) fn review_held(&mut self, state: &State, now: u64, out: &mut Vec<Decision>) {
         let (classes, policy, gpus) = (&self.classes, &self.policy, &mut self.gpus);
-        let pause_anyway = &self.pause_anyway;
+        let (pause_anyway, offers) = (&self.pause_anyway, &self.offers);
         let mut proc: Option<&Process> = None;
         self.held.retain(|&(pid, qid), h| {
             // Held queues are in pid order: each process is looked up once.
@@ -28,13 +29,16 @@ impl Engine {
             }
             let class = classes.get(&pid).map_or(Class::Ignore, |e| e.class);
             let g = gpus.entry(h.gpu_id).or_default();
-            // An NVIDIA process held under a lever that acts per episode, on a GPU whose
-            // lever no longer does (a reload, the lever tuner): what the old lever did is
-            // undone now, not at the episode's end.
-            let lever = gpu_lever(policy, Some(g));
-            let lever_gone = (lever == NvLever::None
-                || !lever.acts_per_episode() && !pause_anyway.contains(&pid))
-                && proc.is_some_and(|p| p.vendor() == Some(Vendor::Nvidia));
+            // A process held under a lever that acts per episode, on a GPU whose lever no
+            // longer does (a reload, the lever tuner): what the old lever did is undone now,
+            // not at the episode's end.
+            let o = proc
+                .and_then(|p| p.vendor())
+                .and_then(|v| offers.get(&v))
+                .unwrap_or(&Offers::UNKNOWN);
+            let lever = gpu_lever(policy, Some(g), o);
+            let lever_gone =
+                lever == Lever::None || !lever.acts_per_episode() && !pause_anyway.contains(&pid);
             let release = match process_release(policy, class, h.gpu_id, g) {
                 None if lever_gone => Some(Release::Lever(lever)),
                 r => r,
@@ -82,7 +86,7 @@ impl Engine {
                     .classes
                     .get(&p.pid)
                     .is_some_and(|e| e.class == Class::Offline);
-            if offline && self.nvidia_may_pause(p, now) {
+            if offline && self.may_suspend(p, now) {
                 self.suspend_process(p, now, out);
             }
         }
@@ -93,31 +97,27 @@ impl Engine {
         }
     }
 
-    /// NVIDIA processes yield by the policy's lever: never suspended with `timeslice` (the
-    /// hardware timeslice does it) or `none` (left alone), suspended with `both` only once an
-    /// online episode on one of their GPUs has outlasted `pause_after`; with `dynamic` a
-    /// "suspend" is the short timeslice for the episode. Everything else may be suspended.
-    fn nvidia_may_pause(&self, p: &Process, now: u64) -> bool {
-        if p.vendor() != Some(crate::observe::model::Vendor::Nvidia) {
-            return true;
-        }
-        let nv = &self.policy.nvidia;
+    /// A process yields by its GPU's lever: never suspended with `timeslice` (the hardware
+    /// timeslice does it) or `none` (left alone), suspended with `both` only once an online
+    /// episode on one of its GPUs has outlasted `pause_after`; with `dynamic` a "suspend" is the
+    /// short timeslice for the episode, with `freeze` a frozen cgroup.
+    fn may_suspend(&self, p: &Process, now: u64) -> bool {
+        let offers = self.offers_of(p);
         let fallback = self.pause_anyway.contains(&p.pid);
-        // The lever of each GPU it is on (the lever tuner's under `adaptive`).
         p.live_queues().any(|q| {
             let g = self.gpus.get(&q.gpu_id);
-            match gpu_lever(&self.policy, g) {
+            match gpu_lever(&self.policy, g, &offers) {
                 // Nothing is done, whatever failed before.
-                NvLever::None => false,
+                Lever::None => false,
                 // Its timeslice could not be set: paused instead.
                 _ if fallback => true,
                 // Under `dynamic` the decisions reach the backend, which shortens the
-                // timeslice instead of pausing (backend/nv/worker.rs).
-                NvLever::Pause | NvLever::Dynamic => true,
-                NvLever::Timeslice => false,
-                NvLever::Both => g
+                // timeslice instead of pausing.
+                Lever::Pause | Lever::Dynamic | Lever::Freeze => true,
+                Lever::Timeslice => false,
+                Lever::Both => g
                     .and_then(|g| g.episode_start_ns)
-                    .is_some_and(|s| now.saturating_sub(s) >= nv.pause_after_ns),
+                    .is_some_and(|s| now.saturating_sub(s) >= self.policy.levers.pause_after_ns),
             }
         })
     }
@@ -251,7 +251,7 @@ fn release_reason(p: &Policy, g: &GpuMem, gpu_id: u32, r: Release) -> String {
         ),
         Release::Unmanaged => format!("gpu {gpu_id:#x} no longer managed"),
         Release::NotOffline(c) => format!("no longer offline (now {c})"),
-        Release::Lever(l) => format!("NVIDIA lever now {l}"),
+        Release::Lever(l) => format!("lever now {l}"),
     }
 }
 
@@ -275,9 +275,10 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
     };
     match (p.strategy, &g.tuner) {
         (Strategy::Adaptive { budget }, Some(t)) => format!("{}; {why}", t.reason(budget)),
-        (Strategy::Adaptive { .. }, None) if g.nv.is_some() => {
-            format!("adaptive: lever {}; {why}", gpu_lever(p, Some(g)))
-        }
+        (Strategy::Adaptive { .. }, None) => match &g.levers {
+            Some(n) => format!("adaptive: lever {}; {why}", n.tuner.lever()),
+            None => why,
+        },
         (Strategy::Timeslice { .. }, _) => format!("timeslice: online share; {why}"),
         _ => why,
     }

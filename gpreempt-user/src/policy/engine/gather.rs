@@ -1,5 +1,5 @@
 //! A tick's first phase: the live processes classified and, per GPU, the first evidence of online
-//! work, the strict evidence the adaptive tuner measures, offline activity, and the NVIDIA mix
+//! work, the strict evidence the adaptive tuner measures, offline activity, and the mix
 //! and offline progress the lever tuner is fed.
 
 use super::super::{Class, Strategy};
@@ -8,7 +8,8 @@ use super::{
     gpu::mix_term,
     Engine, Launches, Reads,
 };
-use crate::observe::model::{Activity, Process, QueueKind, SampleStatus, State, Vendor};
+use crate::lever::Offers;
+use crate::observe::model::{Activity, Process, SampleStatus, State};
 
 impl Engine {
     /// Classifies the live processes and records, per GPU, the first evidence (by pid, then
@@ -25,12 +26,15 @@ impl Engine {
             visited += 1;
             let (class, start_time) = (e.class, e.start_time);
             any_offline |= class == Class::Offline;
-            if class != Class::Ignore && p.vendor() == Some(Vendor::Nvidia) {
-                self.note_nv_mix(p, class);
+            let offers = self.offers_of(p);
+            let choice = offers.choice(self.policy.levers.candidates);
+            if class != Class::Ignore && choice {
+                self.note_mix(p, class, offers);
             }
             if class == Class::Offline {
                 self.note_offline_activity(p);
-                if matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
+                // Read only where a lever tuner can use it.
+                if choice && matches!(self.policy.strategy, Strategy::Adaptive { .. }) {
                     self.note_offline_progress(p, start_time);
                 }
                 continue;
@@ -69,21 +73,22 @@ impl Engine {
         if self.launches.len() > visited_launches {
             self.launches.retain(|_, l| l.stamp == tick);
         }
-        // TSGs gone or no longer offline (a few per process: cheap).
+        // Queues gone or no longer offline (a few per process: cheap).
         self.offline_reads.retain(|_, r| r.stamp == tick);
         any_offline
     }
 
-    /// Marks the GPUs where an NVIDIA online or offline process has live compute queues, and
-    /// folds it into their mix fingerprint.
-    fn note_nv_mix(&mut self, p: &Process, class: Class) {
+    /// Marks the GPUs where an online or offline process with a choice of levers has live
+    /// compute queues, and folds it into their mix fingerprint.
+    fn note_mix(&mut self, p: &Process, class: Class, offers: Offers) {
         let mut seen: Vec<u32> = Vec::new();
         for q in p.live_queues() {
             if q.kind.is_compute() && !seen.contains(&q.gpu_id) {
                 seen.push(q.gpu_id);
                 let g = self.gpus.entry(q.gpu_id).or_default();
-                g.nv_present = true;
-                g.nv_mix = g.nv_mix.wrapping_add(mix_term(p.pid, class));
+                g.choice = true;
+                g.offers = Some(offers);
+                g.mix = g.mix.wrapping_add(mix_term(p.pid, class));
             }
         }
     }
@@ -100,13 +105,13 @@ impl Engine {
         }
     }
 
-    /// Offline progress for the NVIDIA lever tuner: how far each offline GR TSG's read id (the
-    /// channels' GP_GET, unwrapped: nv/activity.rs) moved since its last sample, per GPU.
+    /// Offline progress for the lever tuner: how far each offline compute queue's read id (as
+    /// its vendor's reader unwraps it) moved since its last sample, per GPU.
     fn note_offline_progress(&mut self, p: &Process, start_time: u64) {
         let tick = self.tick;
         for q in p.queues.values() {
             let a = &q.activity;
-            if !q.alive() || q.kind != QueueKind::NvCompute || a.status != SampleStatus::Valid {
+            if !q.alive() || !q.kind.is_compute() || a.status != SampleStatus::Valid {
                 continue;
             }
             let Some(read) = a.read_dispatch_id else {
@@ -129,7 +134,7 @@ impl Engine {
             if prev.sample_ns != a.sample_ns {
                 let g = self.gpus.entry(q.gpu_id).or_default();
                 let moved = read.saturating_sub(prev.read);
-                g.nv_progress = Some(g.nv_progress.unwrap_or(0).saturating_add(moved));
+                g.progress = Some(g.progress.unwrap_or(0).saturating_add(moved));
             }
         }
     }

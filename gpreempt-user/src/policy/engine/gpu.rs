@@ -4,8 +4,9 @@
 
 use super::super::adaptive::Tuner;
 use super::super::levers::{LeverChange, LeverTuner};
-use super::super::{off_ns, Budget, Class, LeverSet, NvLever, Policy, Strategy};
+use super::super::{off_ns, Budget, Class, Lever, LeverSet, Policy, Strategy};
 use super::{evidence::Evidence, Release};
+use crate::lever::Offers;
 
 /// What the engine keeps per GPU.
 #[derive(Default)]
@@ -25,14 +26,14 @@ pub(super) struct GpuMem {
     pub(super) slice_start_ns: Option<u64>,
     /// Adaptive: the GPU's tuner.
     pub(super) tuner: Option<Tuner>,
-    /// Adaptive on an NVIDIA GPU: the lever tuner (policy/levers.rs), which replaces `tuner`
-    /// there: the decisions follow online episodes as under `priority`, and the lever they
+    /// Adaptive on a GPU whose backend offers a choice of levers: the lever tuner
+    /// (policy/levers.rs), which replaces `tuner` there: the decisions follow online episodes as under `priority`, and the lever they
     /// act through is measured.
-    pub(super) nv: Option<NvGpu>,
+    pub(super) levers: Option<LeverGpu>,
     /// A settled lever tuner set aside by a reload to another policy, with the candidates and
     /// budget it measured for: taken back when the policy returns to them, so that a reload does
     /// not throw away what was measured (its own re-checks and a mix change still apply).
-    pub(super) nv_parked: Option<(LeverSet, Budget, NvGpu)>,
+    pub(super) parked: Option<(LeverSet, Budget, LeverGpu)>,
     // Per tick:
     pub(super) busy: Option<Evidence>,
     /// Strict evidence of online work (first, last): a hint newer than the sample, a backlog,
@@ -40,28 +41,30 @@ pub(super) struct GpuMem {
     pub(super) work: Option<(u64, u64)>,
     /// An offline queue here has work (a backlog or a busy sample).
     pub(super) offline_active: bool,
-    /// NVIDIA online/offline processes here this tick: present, and a fingerprint of who
-    /// (pid, class) to notice a mix change.
-    pub(super) nv_present: bool,
-    pub(super) nv_mix: u64,
-    /// Offline GR TSGs' progress (GPFIFO entries) in the samples new this tick; None: no new
-    /// sample (nothing to report to the lever tuner).
-    pub(super) nv_progress: Option<u64>,
+    /// Online/offline processes whose backend offers a choice of levers are here this tick,
+    /// and a fingerprint of who (pid, class) to notice a mix change.
+    pub(super) choice: bool,
+    pub(super) mix: u64,
+    /// Offline compute queues' progress (entries read) in the samples new this tick; None: no
+    /// new sample (nothing to report to the lever tuner).
+    pub(super) progress: Option<u64>,
+    /// What the backend of the processes here offers (known once one was seen).
+    pub(super) offers: Option<Offers>,
     pub(super) holding: u32,
     pub(super) oldest_ns: u64,
     pub(super) release: Option<Release>,
     pub(super) suspend: bool,
 }
 
-/// The lever tuner of an NVIDIA GPU and what it is fed from.
-pub(super) struct NvGpu {
+/// The lever tuner of a GPU and what it is fed from.
+pub(super) struct LeverGpu {
     pub(super) tuner: LeverTuner,
     /// The mix (fingerprint) it measures.
     pub(super) mix: u64,
-    /// Bursts come from the controller ([`Engine::nv_burst`]): the engine's own estimate from
+    /// Bursts come from the controller ([`Engine::lever_burst`]): the engine's own estimate from
     /// launch hints stops.
     pub(super) external_bursts: bool,
-    /// Offline progress comes from the controller ([`Engine::nv_offline_progress`]): the
+    /// Offline progress comes from the controller ([`Engine::lever_offline_progress`]): the
     /// engine's own reading of the model's read ids stops.
     pub(super) external_progress: bool,
     /// The engine's estimate: the current burst's first and last evidence.
@@ -70,10 +73,15 @@ pub(super) struct NvGpu {
     pub(super) changes: Vec<LeverChange>,
 }
 
-impl NvGpu {
-    pub(super) fn new(p: &Policy, budget: Budget, now: u64) -> Self {
+impl LeverGpu {
+    /// Its candidates are the policy's that `offers` has (all of them where nothing is known).
+    pub(super) fn new(p: &Policy, budget: Budget, now: u64, offers: Option<&Offers>) -> Self {
+        let (candidates, start) = match offers {
+            Some(o) => (p.levers.candidates.and(o.set()), o.resolve(p.levers.lever)),
+            None => (p.levers.candidates, p.levers.lever),
+        };
         Self {
-            tuner: LeverTuner::new(p.nvidia.levers, budget, p.nvidia.lever, now),
+            tuner: LeverTuner::new(candidates, budget, start, now),
             mix: 0,
             external_bursts: false,
             external_progress: false,
@@ -89,10 +97,13 @@ impl NvGpu {
     }
 }
 
-/// The lever that NVIDIA processes on a GPU yield by: its tuner's, else the policy's.
-pub(super) fn gpu_lever(p: &Policy, g: Option<&GpuMem>) -> NvLever {
-    g.and_then(|g| g.nv.as_ref())
-        .map_or(p.nvidia.lever, |n| n.tuner.lever())
+/// The lever a process yields by on a GPU: the GPU's tuner's, else the policy's where the
+/// process's backend offers it, else that backend's default.
+pub(super) fn gpu_lever(p: &Policy, g: Option<&GpuMem>, offers: &Offers) -> Lever {
+    match g.and_then(|g| g.levers.as_ref()) {
+        Some(n) => n.tuner.lever(),
+        None => offers.resolve(p.levers.lever),
+    }
 }
 
 /// A (pid, class) pair's share of a GPU's mix fingerprint (summed, so order does not count).
@@ -108,9 +119,9 @@ impl GpuMem {
         self.busy = None;
         self.work = None;
         self.offline_active = false;
-        self.nv_present = false;
-        self.nv_mix = 0;
-        self.nv_progress = None;
+        self.choice = false;
+        self.mix = 0;
+        self.progress = None;
         self.holding = 0;
         self.oldest_ns = u64::MAX;
         self.release = None;
@@ -128,11 +139,11 @@ impl GpuMem {
             return;
         }
         if let Strategy::Adaptive { budget } = p.strategy {
-            if self.nv_present && self.nv.is_none() {
-                self.nv = Some(match self.nv_parked.take() {
+            if self.choice && self.levers.is_none() {
+                self.levers = Some(match self.parked.take() {
                     // Back to what a settled tuner measured for: its choice applies again.
-                    Some((levers, b, mut n)) if levers == p.nvidia.levers && b == budget => {
-                        let (from, to) = (p.nvidia.lever, n.tuner.lever());
+                    Some((levers, b, mut n)) if levers == p.levers.candidates && b == budget => {
+                        let (from, to) = (p.levers.lever, n.tuner.lever());
                         if from != to {
                             n.changes.push(LeverChange {
                                 from,
@@ -142,10 +153,10 @@ impl GpuMem {
                         }
                         n
                     }
-                    _ => NvGpu::new(p, budget, now),
+                    _ => LeverGpu::new(p, budget, now, self.offers.as_ref()),
                 });
             }
-            if self.nv.is_none() {
+            if self.levers.is_none() {
                 self.plan_adaptive(p, budget, now);
                 return;
             }
@@ -184,12 +195,11 @@ impl GpuMem {
         self.suspend = want && self.rate_allows_suspend(p, now);
     }
 
-    /// The NVIDIA lever tuner's tick: a mix change, the engine's own evidence (unless the
+    /// The lever tuner's tick: a mix change, the engine's own evidence (unless the
     /// controller feeds its own), then the tuner's phase. Its lever applies from this tick.
     fn feed_lever_tuner(&mut self, p: &Policy, now: u64) {
-        let (mix, present, work, progress) =
-            (self.nv_mix, self.nv_present, self.work, self.nv_progress);
-        let Some(n) = &mut self.nv else {
+        let (mix, present, work, progress) = (self.mix, self.choice, self.work, self.progress);
+        let Some(n) = &mut self.levers else {
             return;
         };
         if present && mix != n.mix {

@@ -11,14 +11,15 @@
 //! - [`gather`]: online evidence, offline activity and progress, read from the host model;
 //! - [`gpu`]: what the engine keeps per GPU, and each GPU's plan (release, or suspend more);
 //! - [`act`]: the plans turned into RESUME and SUSPEND decisions, with their reasons;
-//! - [`tuners`]: the adaptive and NVIDIA lever tuners' inputs from the controller and views;
+//! - [`tuners`]: the adaptive and lever tuners' inputs from the controller and views;
 //! - [`evidence`]: what counts as online work.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::levers::LeverChange;
-use super::{Action, Class, Decision, NvLever, Policy, Strategy};
-use crate::observe::model::{Process, State};
+use super::{Action, Class, Decision, Lever, Policy, Strategy};
+use crate::lever::Offers;
+use crate::observe::model::{Process, State, Vendor};
 
 mod act;
 mod evidence;
@@ -27,7 +28,7 @@ mod gpu;
 mod tuners;
 
 use act::sort_decisions;
-use gpu::{GpuMem, NvGpu};
+use gpu::{GpuMem, LeverGpu};
 
 /// A process's class, cached per (pid, start time) and policy generation.
 struct ClassEntry {
@@ -51,7 +52,7 @@ struct Launches {
     stamp: u64,
 }
 
-/// An offline NVIDIA GR TSG's read id at its last sample.
+/// An offline compute queue's read id at its last sample.
 struct Reads {
     start_time: u64,
     read: u64,
@@ -80,8 +81,8 @@ enum Release {
     Fenced,
     Unmanaged,
     NotOffline(Class),
-    /// NVIDIA: the GPU's lever no longer acts per episode (a reload, the lever tuner).
-    Lever(NvLever),
+    /// The GPU's lever no longer acts per episode (a reload, the lever tuner).
+    Lever(Lever),
 }
 
 /// The policy's memory between ticks.
@@ -91,12 +92,15 @@ pub struct Engine {
     tick: u64,
     classes: HashMap<u32, ClassEntry>,
     launches: HashMap<(u32, u32), Launches>,
-    /// Offline NVIDIA GR TSGs' last read ids (adaptive: the lever tuner's offline progress).
+    /// Offline compute queues' last read ids (adaptive: the lever tuner's offline progress).
     offline_reads: HashMap<(u32, u32), Reads>,
     held: BTreeMap<(u32, u32), Held>,
     gpus: BTreeMap<u32, GpuMem>,
-    /// NVIDIA processes whose timeslice lever failed: paused like `lever = "pause"`.
+    /// Processes whose timeslice lever failed: paused like `lever = "pause"`.
     pause_anyway: std::collections::BTreeSet<u32>,
+    /// What each backend offers, by the vendor of the processes it acts on (the controller's
+    /// `Backends::offers`); a process of a vendor not here is paused.
+    offers: BTreeMap<Vendor, Offers>,
     /// `now` of the last `decide`.
     last_now_ns: u64,
 }
@@ -113,8 +117,23 @@ impl Engine {
             held: BTreeMap::new(),
             gpus: BTreeMap::new(),
             pause_anyway: Default::default(),
+            offers: BTreeMap::new(),
             last_now_ns: 0,
         }
+    }
+
+    /// The levers each backend offers: the engine chooses among them.
+    pub fn with_offers(mut self, offers: BTreeMap<Vendor, Offers>) -> Self {
+        self.offers = offers;
+        self
+    }
+
+    /// What the backend of `p` offers.
+    fn offers_of(&self, p: &Process) -> Offers {
+        p.vendor()
+            .and_then(|v| self.offers.get(&v))
+            .copied()
+            .unwrap_or(Offers::UNKNOWN)
     }
 
     pub fn policy(&self) -> &Policy {
@@ -125,13 +144,13 @@ impl Engine {
     /// process is no longer offline, or its GPU no longer managed); every process is classified
     /// again; fences are lifted.
     pub fn set_policy(&mut self, p: Policy) {
-        let old_levers = self.policy.nvidia.levers;
+        let old_levers = self.policy.levers.candidates;
         let old_budget = match self.policy.strategy {
             Strategy::Adaptive { budget } => Some(budget),
             _ => None,
         };
         let cycle_changed = p.strategy != self.policy.strategy;
-        let levers_changed = cycle_changed || p.nvidia != self.policy.nvidia;
+        let levers_changed = cycle_changed || p.levers != self.policy.levers;
         self.policy = p;
         self.gen += 1;
         for g in self.gpus.values_mut() {
@@ -144,8 +163,8 @@ impl Engine {
             if levers_changed {
                 // So does the lever tuner; meanwhile the policy's lever applies (said, as a
                 // lever change, where it differs from the tuner's).
-                if let Some(n) = g.nv.take() {
-                    let (from, to) = (n.tuner.lever(), self.policy.nvidia.lever);
+                if let Some(n) = g.levers.take() {
+                    let (from, to) = (n.tuner.lever(), self.policy.levers.lever);
                     if from != to {
                         g.lever_note = Some(LeverChange {
                             from,
@@ -154,7 +173,7 @@ impl Engine {
                         });
                     }
                     if let (Some(b), true) = (old_budget, n.tuner.settled()) {
-                        g.nv_parked = Some((old_levers, b, n));
+                        g.parked = Some((old_levers, b, n));
                     }
                 }
             }

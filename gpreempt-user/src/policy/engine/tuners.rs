@@ -1,4 +1,4 @@
-//! The tuners' side of the engine: evidence the controller feeds the NVIDIA lever tuner
+//! The tuners' side of the engine: evidence the controller feeds the lever tuner
 //! (bursts, offline progress, mix changes), the lever choices and tuner views it reads back,
 //! their notes, and the next deadline at which an adaptive decision falls due.
 
@@ -6,27 +6,27 @@ use std::collections::BTreeMap;
 
 use super::super::adaptive::View;
 use super::super::levers::LeverChange;
-use super::super::{NvLever, Strategy};
-use super::{Engine, NvGpu};
+use super::super::{Lever, Strategy};
+use super::{Engine, LeverGpu};
 
 impl Engine {
-    /// Evidence for the NVIDIA lever tuner of `gpu_id` (strategy `adaptive`; ignored
+    /// Evidence for the lever tuner of `gpu_id` (strategy `adaptive`; ignored
     /// otherwise): one online burst completed at `now_ns`, `duration_ns` long (online work
-    /// pending from its start until drained, e.g. from the channels' GP_GET/GP_PUT). Once this
+    /// pending from its start until drained, e.g. from its queues' read and write pointers). Once this
     /// is called for a GPU, the engine's own estimate from launch hints stops there.
-    pub fn nv_burst(&mut self, gpu_id: u32, now_ns: u64, duration_ns: u64) {
-        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+    pub fn lever_burst(&mut self, gpu_id: u32, now_ns: u64, duration_ns: u64) {
+        if let Some(n) = self.lever_gpu(gpu_id, now_ns) {
             n.external_bursts = true;
             n.burst = None;
             n.tuner.on_burst(now_ns, duration_ns);
         }
     }
 
-    /// Evidence for the NVIDIA lever tuner of `gpu_id`: offline progress since the last call
-    /// (`units`: GPFIFO entries the GPU consumed from the offline GR channels there). Once
+    /// Evidence for the lever tuner of `gpu_id`: offline progress since the last call
+    /// (`units`: entries the GPU consumed from the offline compute queues there). Once
     /// this is called for a GPU, the engine's own reading of the model's read ids stops there.
-    pub fn nv_offline_progress(&mut self, gpu_id: u32, now_ns: u64, units: u64) {
-        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+    pub fn lever_offline_progress(&mut self, gpu_id: u32, now_ns: u64, units: u64) {
+        if let Some(n) = self.lever_gpu(gpu_id, now_ns) {
             n.external_progress = true;
             n.tuner.on_offline_progress(now_ns, units);
         }
@@ -34,36 +34,40 @@ impl Engine {
 
     /// A mix change on `gpu_id` the engine cannot see itself (it notices processes joining,
     /// leaving and reclassed on its own).
-    pub fn nv_mix_change(&mut self, gpu_id: u32, now_ns: u64) {
-        if let Some(n) = self.nv_gpu(gpu_id, now_ns) {
+    pub fn lever_mix_change(&mut self, gpu_id: u32, now_ns: u64) {
+        if let Some(n) = self.lever_gpu(gpu_id, now_ns) {
             n.tuner.on_mix_change(now_ns);
         }
     }
 
     /// The lever tuner of a GPU under the adaptive strategy, made on first use.
-    fn nv_gpu(&mut self, gpu_id: u32, now: u64) -> Option<&mut NvGpu> {
+    fn lever_gpu(&mut self, gpu_id: u32, now: u64) -> Option<&mut LeverGpu> {
         let Strategy::Adaptive { budget } = self.policy.strategy else {
             return None;
         };
         let p = &self.policy;
         let g = self.gpus.entry(gpu_id).or_default();
-        Some(g.nv.get_or_insert_with(|| NvGpu::new(p, budget, now)))
+        let offers = g.offers;
+        Some(
+            g.levers
+                .get_or_insert_with(|| LeverGpu::new(p, budget, now, offers.as_ref())),
+        )
     }
 
-    /// The lever tuners' choices per GPU (what the NVIDIA backend applies there in place of
-    /// `[nvidia] lever`); empty outside the adaptive strategy.
-    pub fn nv_levers(&self) -> BTreeMap<u32, NvLever> {
+    /// The lever tuners' choices per GPU (what the GPU's backend applies there in place of
+    /// the policy's lever); empty outside the adaptive strategy.
+    pub fn gpu_levers(&self) -> BTreeMap<u32, Lever> {
         self.gpus
             .iter()
-            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| (id, n.tuner.lever())))
+            .filter_map(|(&id, g)| g.levers.as_ref().map(|n| (id, n.tuner.lever())))
             .collect()
     }
 
-    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
+    /// Per GPU with a lever tuner (adaptive strategy): the tuner's state.
     pub fn lever_views(&self) -> Vec<super::super::LeverView> {
         self.gpus
             .iter()
-            .filter_map(|(&id, g)| g.nv.as_ref().map(|n| n.tuner.view(id)))
+            .filter_map(|(&id, g)| g.levers.as_ref().map(|n| n.tuner.view(id)))
             .collect()
     }
 
@@ -73,7 +77,7 @@ impl Engine {
         let mut out = Vec::new();
         for (&id, g) in self.gpus.iter_mut() {
             out.extend(g.lever_note.take().map(|c| (id, c)));
-            if let Some(n) = &mut g.nv {
+            if let Some(n) = &mut g.levers {
                 out.extend(n.changes.drain(..).map(|c| (id, c)));
             }
         }
@@ -87,7 +91,7 @@ impl Engine {
             if let Some(t) = &mut g.tuner {
                 out.extend(t.take_notes().into_iter().map(|n| (id, n)));
             }
-            if let Some(n) = &mut g.nv {
+            if let Some(n) = &mut g.levers {
                 out.extend(
                     n.tuner
                         .take_notes()

@@ -69,7 +69,7 @@ impl Parser<'_> {
         let slice = self.timeslice(s.timeslice, named);
         self.adaptive_table(s.adaptive, named, &mut policy);
         if let Some(t) = s.nvidia {
-            self.nvidia(t, &mut policy.nvidia);
+            self.nvidia(t, &mut policy.levers);
         }
         if let Some(t) = s.control {
             self.control(t, &mut policy);

@@ -3,7 +3,7 @@
 
 use toml::de::{DeTable, DeValue};
 
-use super::super::{fmt_ns, Budget, LeverSet, NvLever, NvPolicy, DEFAULT_BUDGET_RATIO};
+use super::super::{fmt_ns, Budget, Lever, LeverPolicy, LeverSet, DEFAULT_BUDGET_RATIO};
 use super::{Parser, Val};
 
 impl Parser<'_> {
@@ -61,7 +61,7 @@ impl Parser<'_> {
     }
 
     /// `[nvidia]`: lever, offline_timeslice, pause_after, pause.
-    pub(super) fn nvidia(&mut self, t: &DeTable, nv: &mut NvPolicy) {
+    pub(super) fn nvidia(&mut self, t: &DeTable, nv: &mut LeverPolicy) {
         for (k, v) in t.iter() {
             let key = k.get_ref().as_ref();
             let span = v.span().start;
@@ -113,8 +113,9 @@ impl Parser<'_> {
         }
     }
 
-    fn lever(&mut self, span: usize, key: &str, s: &str) -> Option<NvLever> {
-        let l = NvLever::parse(s);
+    fn lever(&mut self, span: usize, key: &str, s: &str) -> Option<Lever> {
+        // `freeze` is the no_debug_api fallback's, not a lever this table chooses.
+        let l = Lever::parse(s).filter(|l| *l != Lever::Freeze);
         if l.is_none() {
             self.err(
                 span,
@@ -128,7 +129,7 @@ impl Parser<'_> {
     }
 
     /// `levers = ["none", "dynamic", ...]`: the adaptive tuner's candidates, at least one.
-    fn levers(&mut self, v: &Val, span: usize, nv: &mut NvPolicy) {
+    fn levers(&mut self, v: &Val, span: usize, nv: &mut LeverPolicy) {
         let DeValue::Array(a) = v.get_ref() else {
             self.err(
                 span,
@@ -136,7 +137,7 @@ impl Parser<'_> {
             );
             return;
         };
-        let mut set = LeverSet::of(&[]);
+        let mut set = LeverSet::EMPTY;
         let mut ok = true;
         for e in a.iter() {
             let at = e.span().start;
@@ -158,6 +159,6 @@ impl Parser<'_> {
             );
             return;
         }
-        nv.levers = set;
+        nv.candidates = set;
     }
 }

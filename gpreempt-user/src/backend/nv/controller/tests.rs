@@ -399,7 +399,7 @@ fn a_launch_hint_of_an_online_nvidia_process_suspends_the_offline_one() {
         "policy.toml",
     )
     .unwrap();
-    let mut e = Engine::new(policy);
+    let mut e = Engine::new(policy).with_offers(crate::backend::catalog());
     let classes = e.classify(&s);
     assert_eq!(classes.len(), 2, "{classes:?}");
     let now = 5_000_000_000;
@@ -434,7 +434,8 @@ fn the_lever_decides_whether_nvidia_offline_work_is_paused() {
         ("[nvidia]\nlever = \"dynamic\"\n", Some(0)),
     ] {
         let text = format!("[policy]\nmin_interval = \"1ms\"\n{nvidia}{rules}");
-        let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap());
+        let mut e = Engine::new(Policy::parse(&text, "p.toml").unwrap())
+            .with_offers(crate::backend::catalog());
         let mut s = online_and_offline();
         e.classify(&s);
         let start = 5_000 * ms;
@@ -478,21 +479,22 @@ const ADAPTIVE_NV: &str = "[policy]\nstrategy = \"adaptive\"\nmin_interval = \"1
                            [[rule]]\nclass = \"offline\"\ncmdline = 'offline'\n";
 
 /// Strategy `adaptive` on an NVIDIA GPU: the engine runs the lever tuner from the evidence
-/// entry points (`nv_burst`, `nv_offline_progress`), reports each lever change, decides
+/// entry points (`lever_burst`, `lever_offline_progress`), reports each lever change, decides
 /// under the chosen lever, and a reload away from it releases what the old lever holds.
 #[test]
 fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
-    use crate::policy::{Action, Engine, NvLever, Policy};
+    use crate::policy::{Action, Engine, Lever, Policy};
     let ms = 1_000_000u64;
     let mut s = online_and_offline();
     let gpu = s.procs[&8].queues[&0x20].gpu_id;
-    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap())
+        .with_offers(crate::backend::catalog());
     e.classify(&s);
     // A pair where only pausing keeps the online bursts within 1.1x of the best.
-    let burst_ms = |l: NvLever| match l {
-        NvLever::None => 8.0,
-        NvLever::Dynamic => 6.0,
-        NvLever::Timeslice => 5.5,
+    let burst_ms = |l: Lever| match l {
+        Lever::None => 8.0,
+        Lever::Dynamic => 6.0,
+        Lever::Timeslice => 5.5,
         _ => 4.0,
     };
     let mut changes = Vec::new();
@@ -503,25 +505,25 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
     while now < start + 30_000 * ms {
         now += ms;
         let lever = e
-            .nv_levers()
+            .gpu_levers()
             .get(&gpu)
             .copied()
-            .unwrap_or(NvLever::Timeslice);
+            .unwrap_or(Lever::Timeslice);
         // A request every 50 ms, a progress report every 10 ms (not `is_multiple_of`: the
         // MSRV is 1.85).
         if now >= next_burst {
             next_burst += 50 * ms;
-            e.nv_burst(gpu, now, (burst_ms(lever) * 1e6) as u64);
+            e.lever_burst(gpu, now, (burst_ms(lever) * 1e6) as u64);
         }
         if now >= next_progress {
             next_progress += 10 * ms;
-            e.nv_offline_progress(gpu, now, 10);
+            e.lever_offline_progress(gpu, now, 10);
         }
         e.decide(&s, now);
         changes.extend(e.take_lever_changes());
         notes.extend(e.take_notes());
     }
-    assert_eq!(e.nv_levers().get(&gpu), Some(&NvLever::Pause), "{notes:?}");
+    assert_eq!(e.gpu_levers().get(&gpu), Some(&Lever::Pause), "{notes:?}");
     assert!(changes.iter().all(|(g, _)| *g == gpu));
     assert!(
         changes[0].1.reason.starts_with("calibrating: epoch 1"),
@@ -567,30 +569,30 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
     // is released at once.
     let text = ADAPTIVE_NV.replace("strategy = \"adaptive\"", "strategy = \"priority\"");
     let mut p = Policy::parse(&text, "p.toml").unwrap();
-    p.nvidia.lever = NvLever::None;
+    p.levers.lever = Lever::None;
     e.set_policy(p);
     let ch = e.take_lever_changes();
     assert!(
-        matches!(&ch[..], [(g, c)] if *g == gpu && c.from == NvLever::Pause && c.to == NvLever::None),
+        matches!(&ch[..], [(g, c)] if *g == gpu && c.from == Lever::Pause && c.to == Lever::None),
         "{ch:?}"
     );
-    assert!(e.nv_levers().is_empty());
+    assert!(e.gpu_levers().is_empty());
     now += ms;
     let ds = e.decide(&s, now);
     let r = ds
         .iter()
         .find(|d| d.action == Action::Resume)
         .expect("a resume");
-    assert_eq!((r.pid, r.reason.as_str()), (8, "NVIDIA lever now none"));
+    assert_eq!((r.pid, r.reason.as_str()), (8, "lever now none"));
     // Back to the same adaptive policy: what was measured applies again, without measuring.
     e.set_policy(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
     now += ms;
     e.decide(&s, now);
-    assert_eq!(e.nv_levers().get(&gpu), Some(&NvLever::Pause));
+    assert_eq!(e.gpu_levers().get(&gpu), Some(&Lever::Pause));
     let ch = e.take_lever_changes();
     assert!(
         ch.iter().any(|(g, c)| *g == gpu
-            && c.to == NvLever::Pause
+            && c.to == Lever::Pause
             && c.reason.contains("measured before")),
         "{ch:?}"
     );
@@ -618,17 +620,18 @@ fn the_adaptive_strategy_tunes_the_nvidia_lever_from_the_evidence() {
 #[test]
 fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
     use crate::observe::model::{Activity, SampleStatus};
-    use crate::policy::{Engine, NvLever, Policy};
+    use crate::policy::{Engine, Lever, Policy};
     let ms = 1_000_000u64;
     let mut s = online_and_offline();
     let gpu = s.procs[&8].queues[&0x20].gpu_id;
-    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap())
+        .with_offers(crate::backend::catalog());
     e.classify(&s);
     // (online burst ms, offline GPFIFO entries per ms) under each lever.
-    let pair = |l: NvLever| match l {
-        NvLever::None => (7, 10),
-        NvLever::Dynamic => (4, 9),
-        NvLever::Timeslice => (4, 4),
+    let pair = |l: Lever| match l {
+        Lever::None => (7, 10),
+        Lever::Dynamic => (4, 9),
+        Lever::Timeslice => (4, 4),
         _ => (4, 6),
     };
     let start = 1_000 * ms;
@@ -637,10 +640,10 @@ fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
     while now < start + 30_000 * ms {
         now += ms;
         let lever = e
-            .nv_levers()
+            .gpu_levers()
             .get(&gpu)
             .copied()
-            .unwrap_or(NvLever::Timeslice);
+            .unwrap_or(Lever::Timeslice);
         let (burst, rate) = pair(lever);
         if (now - start) % (50 * ms) == ms {
             request_end = now + burst * ms;
@@ -675,8 +678,8 @@ fn the_lever_tuner_reads_its_evidence_from_the_channel_samples() {
         notes.extend(e.take_notes());
     }
     assert_eq!(
-        e.nv_levers().get(&gpu),
-        Some(&NvLever::Dynamic),
+        e.gpu_levers().get(&gpu),
+        Some(&Lever::Dynamic),
         "{notes:#?}"
     );
     let v = e.lever_views();
@@ -709,7 +712,8 @@ fn launch_hints_feed_the_lever_tuner_and_a_joining_process_is_a_mix_change() {
     use crate::policy::{Engine, Policy};
     let ms = 1_000_000u64;
     let mut s = online_and_offline();
-    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap());
+    let mut e = Engine::new(Policy::parse(ADAPTIVE_NV, "p.toml").unwrap())
+        .with_offers(crate::backend::catalog());
     e.classify(&s);
     let start = 1_000 * ms;
     let mut changes = Vec::new();
