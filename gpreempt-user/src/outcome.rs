@@ -34,15 +34,39 @@ pub struct OpReport {
     /// CLOCK_MONOTONIC when the ioctl was issued and when it returned.
     pub issued_ns: u64,
     pub returned_ns: u64,
-    /// NVIDIA `dynamic` lever: nothing was paused or resumed; the queues' hardware timeslice
-    /// was set to this (us) instead, or put back to the original (`Some(0)`). The controller
-    /// then leaves the model's queue states alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeslice_us: Option<u64>,
-    /// The freeze fallback (`[policy] no_debug_api = "freeze"`): the queues could not be
-    /// suspended; this cgroup was frozen (or thawed) instead. The model's queue states stay.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frozen: Option<String>,
+    /// What the lever did to the queues (paused or resumed unless it says otherwise).
+    #[serde(default, skip_serializing_if = "Effect::is_paused")]
+    pub effect: Effect,
+}
+
+/// What an act did to the queues it names, by the lever it went through.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// Paused or resumed: the model's queue states follow.
+    #[default]
+    Paused,
+    /// A per-episode timeslice lever: nothing was paused or resumed; the queues' hardware
+    /// timeslice was set to this (us), or put back to their own (0). The model's queue states
+    /// stay.
+    Timeslice(u64),
+    /// The freeze lever: the queues could not be paused; this cgroup was frozen (or thawed)
+    /// instead. The model's queue states stay.
+    Frozen(String),
+}
+
+impl Effect {
+    pub fn is_paused(&self) -> bool {
+        *self == Self::Paused
+    }
+
+    /// The timeslice a timeslice lever set (0: put back).
+    pub fn timeslice_us(&self) -> Option<u64> {
+        match self {
+            Self::Timeslice(us) => Some(*us),
+            _ => None,
+        }
+    }
 }
 
 impl OpReport {
@@ -57,15 +81,15 @@ impl OpReport {
 
     /// One line per outcome for a person: what happened to which queues.
     pub fn describe(&self, suspend: bool) -> String {
-        let verb = match (self.timeslice_us, &self.frozen) {
-            // The NVIDIA `dynamic` lever: nothing paused, the timeslice changed.
-            (Some(0), _) => "put back the timeslice of".to_string(),
-            (Some(us), _) => format!("set a {us} us timeslice on"),
-            // The freeze fallback: the process stopped submitting, its queues still run.
-            (None, Some(cg)) if suspend => format!("froze cgroup {cg} (no new work) of"),
-            (None, Some(cg)) => format!("thawed cgroup {cg} of"),
-            (None, None) if suspend => "suspended".to_string(),
-            (None, None) => "resumed".to_string(),
+        let verb = match &self.effect {
+            // Nothing paused, the timeslice changed.
+            Effect::Timeslice(0) => "put back the timeslice of".to_string(),
+            Effect::Timeslice(us) => format!("set a {us} us timeslice on"),
+            // The process stopped submitting, its queues still run.
+            Effect::Frozen(cg) if suspend => format!("froze cgroup {cg} (no new work) of"),
+            Effect::Frozen(cg) => format!("thawed cgroup {cg} of"),
+            Effect::Paused if suspend => "suspended".to_string(),
+            Effect::Paused => "resumed".to_string(),
         };
         let list = |o: QueueOutcome| {
             self.queues
@@ -110,17 +134,18 @@ impl OpReport {
     }
 }
 
-/// A hardware timeslice the controller changed on one NVIDIA TSG (or put back).
+/// A hardware timeslice the controller changed on one queue (or put back).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimesliceChange {
     pub pid: u32,
-    /// The TSG (its queue id in the model).
-    pub tsg: u32,
+    /// Its id in the model (the wire name is the first driver's word for the scheduled unit).
+    #[serde(rename = "tsg")]
+    pub queue_id: u32,
     pub from_us: u64,
     pub to_us: u64,
     /// The value it had before the controller first changed it.
     pub original_us: u64,
-    /// CLOCK_MONOTONIC when the SET_TIMESLICE call was issued and when it returned (0: not
+    /// CLOCK_MONOTONIC when the driver call was issued and when it returned (0: not
     /// measured), so that its cost shows in the audit.
     #[serde(default)]
     pub issued_ns: u64,
@@ -128,8 +153,7 @@ pub struct TimesliceChange {
     pub returned_ns: u64,
 }
 
-/// What a vendor control did on its own (not asked by a decision), or needs the controller to
-/// know: the KFD control thread, the NVIDIA backend.
+/// What a backend did on its own (not asked by a decision), or needs the controller to know.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Notice {
     /// A controlled process exited (its queues went with it); its start time names which one
@@ -146,11 +170,11 @@ pub enum Notice {
     Fenced { gpu_id: u32, why: String },
     /// A problem worth telling the operator about.
     Problem { pid: u32, text: String },
-    /// NVIDIA: a TSG's hardware timeslice changed (set for an offline process, or put back).
+    /// A queue's hardware timeslice changed (set for an offline process, or put back).
     Timeslice {
         change: TimesliceChange,
         why: String,
     },
-    /// NVIDIA: the timeslice lever failed for this process; the policy pauses it instead.
+    /// The timeslice lever failed for this process; the policy pauses it instead.
     LeverFailed { pid: u32, text: String },
 }

@@ -247,7 +247,9 @@ impl Fallback {
         let pids: Vec<u32> = self.frozen.keys().copied().collect();
         for pid in pids {
             if let Some(r) = self.thaw(lease, state, pid) {
-                log::info!("pid {pid}: thawed {}", r.frozen.unwrap_or_default());
+                if let crate::outcome::Effect::Frozen(cg) = &r.effect {
+                    log::info!("pid {pid}: thawed {cg}");
+                }
             }
         }
     }
@@ -277,8 +279,7 @@ fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
         queues,
         issued_ns,
         returned_ns: monotonic_ns(),
-        timeslice_us: None,
-        frozen: Some(cg.display().to_string()),
+        effect: crate::outcome::Effect::Frozen(cg.display().to_string()),
     }
 }
 

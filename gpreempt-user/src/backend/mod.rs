@@ -32,12 +32,13 @@ use crate::{
     policy::{Class, Policy},
 };
 
-mod error;
+pub mod error;
 pub mod freezer;
 pub mod guardian;
 pub mod kfd;
 pub mod nv;
-pub use error::{ActError, HostBusy};
+pub mod queue_ids;
+pub use error::{ActError, HostBusy, TargetError};
 pub use kfd::KfdBackend;
 pub use nv::NvBackend;
 

@@ -46,8 +46,7 @@ impl Backend for Probe {
                 queues: vec![],
                 issued_ns: 0,
                 returned_ns: 0,
-                timeslice_us: None,
-                frozen: None,
+                effect: crate::outcome::Effect::Paused,
             }))
         })
     }

@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{
-    backend::kfd::control::TargetError,
+    backend::TargetError,
     backend::{ActError, Arrival, Backends},
     cmd::manual::DurationArg,
     controller::daemon,

@@ -21,7 +21,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::kfd::control::TargetError,
+    backend::TargetError,
     backend::{ActError, Acted, Arrival, Backends, Ticket},
     clock::monotonic_ns,
     controller::{
@@ -31,7 +31,7 @@ use crate::{
     observe::model::{Uncontrollable, Update},
     observe::watch::Watcher,
     outcome::Notice,
-    outcome::{OpReport, QueueOutcome},
+    outcome::{Effect, OpReport, QueueOutcome},
     policy::{Action, Class, Decision, Engine, Policy},
 };
 
@@ -130,7 +130,7 @@ impl Ctx {
                 .flat_map(|b| b.timeslices())
                 .collect(),
             adaptive: self.engine.adaptive_views(),
-            nv_levers: self
+            gpu_levers: self
                 .engine
                 .lever_views()
                 .into_iter()
@@ -404,15 +404,15 @@ impl Ctx {
             Ok(report) => {
                 let done = report.done();
                 self.engine.confirm(&d, &done);
-                match (report.timeslice_us, &report.frozen) {
-                    // The NVIDIA `dynamic` lever: the queues keep running (with a short
-                    // timeslice during the episode); the model's states stay as they are.
-                    (Some(us), _) => {
+                match &report.effect {
+                    // The `dynamic` lever: the queues keep running (with a short timeslice
+                    // during the episode); the model's states stay as they are.
+                    Effect::Timeslice(us) => {
                         rec["lever"] = serde_json::json!("dynamic");
                         rec["timeslice_us"] = serde_json::json!(us);
                     }
-                    // The freeze fallback: the process is frozen, its queues stay mapped.
-                    (None, Some(cg)) => {
+                    // The freeze lever: the process is frozen, its queues stay mapped.
+                    Effect::Frozen(cg) => {
                         rec["lever"] = serde_json::json!("freeze");
                         rec["cgroup"] = serde_json::json!(cg);
                         if suspend {
@@ -422,7 +422,7 @@ impl Ctx {
                         }
                         self.status_dirty = true;
                     }
-                    (None, None) => self.apply_report(w, &report, suspend),
+                    Effect::Paused => self.apply_report(w, &report, suspend),
                 }
                 let by = |o: QueueOutcome| -> Vec<u32> {
                     report
@@ -507,9 +507,9 @@ impl Ctx {
             }
             Notice::Timeslice { change, why } => {
                 log::info!(
-                    "pid {}: TSG {:#x} timeslice {} -> {} us ({why})",
+                    "pid {}: queue {:#x} timeslice {} -> {} us ({why})",
                     change.pid,
-                    change.tsg,
+                    change.queue_id,
                     change.from_us,
                     change.to_us
                 );
@@ -517,7 +517,7 @@ impl Ctx {
                     "ts_ns": monotonic_ns(),
                     "pid": change.pid,
                     "action": "timeslice",
-                    "tsg": change.tsg,
+                    "tsg": change.queue_id,
                     "from_us": change.from_us,
                     "to_us": change.to_us,
                     "original_us": change.original_us,

@@ -49,9 +49,9 @@ pub struct Status {
     /// Per GPU under the adaptive strategy: the online goal and what the tuner measured.
     #[serde(default)]
     pub adaptive: Vec<AdaptiveView>,
-    /// Per NVIDIA GPU under the adaptive strategy: the lever tuner's state.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nv_levers: Vec<LeverView>,
+    /// Per GPU with a lever tuner (adaptive strategy): the tuner's state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "nv_levers")]
+    pub gpu_levers: Vec<LeverView>,
     /// Where the metrics are served (`run --metrics`).
     #[serde(default)]
     pub metrics: Option<String>,

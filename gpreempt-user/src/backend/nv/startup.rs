@@ -318,9 +318,9 @@ fn timeslice_check(nv: &mut dyn SelfTestControl, state: &State, pid: u32) -> Res
     let Some(c) = changes.first().cloned() else {
         bail!("our process has no compute TSG to set a timeslice on");
     };
-    let read = nv.read_timeslice(pid, c.tsg)?;
+    let read = nv.read_timeslice(pid, c.queue_id)?;
     let restored = nv.restore_timeslices(pid);
-    let back = nv.read_timeslice(pid, c.tsg)?;
+    let back = nv.read_timeslice(pid, c.queue_id)?;
     restored?;
     ensure!(
         read == PROBE_US,

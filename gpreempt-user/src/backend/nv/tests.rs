@@ -489,12 +489,12 @@ fn the_dynamic_lever_shortens_the_timeslice_per_episode_only() {
     assert!(fake.with(|f| f.ts_calls.is_empty()));
     for _episode in 0..3 {
         let (r, n) = policy_act(&mut b, &mut rx, &s, true);
-        assert_eq!((r.done(), r.timeslice_us), (vec![0x20], Some(200)));
+        assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], Some(200)));
         assert!(r.returned_ns >= r.issued_ns);
         assert_eq!(ts_notice(&n), (1024, 200, 1024));
         assert_eq!(b.timeslices(), vec![(7, 0x20, 1024, 200)]);
         let (r, n) = policy_act(&mut b, &mut rx, &s, false);
-        assert_eq!((r.done(), r.timeslice_us), (vec![0x20], Some(0)));
+        assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], Some(0)));
         assert_eq!(ts_notice(&n), (200, 1024, 1024));
         assert!(b.timeslices().is_empty());
         assert_eq!(fake.with(|f| f.timeslices[&0x20]), 1024);
@@ -504,7 +504,7 @@ fn the_dynamic_lever_shortens_the_timeslice_per_episode_only() {
     // An operator's suspend is a pause whatever the lever.
     let t = later(block_on(b.suspend(&s, 7, Some(vec![0x20]), None)));
     let r = done(next(&mut rx), t).unwrap();
-    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None));
+    assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], None));
     assert_eq!(fake.with(|f| f.calls.len()), 1);
     block_on(Box::new(b).shutdown());
 }
@@ -522,7 +522,7 @@ fn the_dynamic_lever_is_undone_on_every_exit_path() {
         b.set_policy(&dynamic_policy());
         block_on(b.classed(&s, 7, Class::Offline)).unwrap();
         let (r, _) = policy_act(&mut b, &mut rx, &s, true);
-        assert_eq!(r.timeslice_us, Some(200));
+        assert_eq!(r.effect.timeslice_us(), Some(200));
         assert_eq!(original(&fake), 200);
         (fake, b, rx)
     };
@@ -605,16 +605,16 @@ fn a_refused_dynamic_timeslice_pauses_instead() {
     b.set_policy(&dynamic_policy());
     block_on(b.classed(&s, 7, Class::Offline)).unwrap();
     let (r, n) = policy_act(&mut b, &mut rx, &s, true);
-    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None), "paused");
+    assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], None), "paused");
     assert!(
         matches!(&n[..], [Notice::LeverFailed { pid: 7, text }] if text.contains("NV_ERR_NOT_SUPPORTED")),
         "{n:?}"
     );
     let (r, n) = policy_act(&mut b, &mut rx, &s, false);
-    assert_eq!((r.done(), r.timeslice_us), (vec![0x20], None), "resumed");
+    assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], None), "resumed");
     assert!(n.is_empty());
     let (r, n) = policy_act(&mut b, &mut rx, &s, true);
-    assert_eq!(r.timeslice_us, None);
+    assert_eq!(r.effect.timeslice_us(), None);
     assert!(n.is_empty(), "not retried: {n:?}");
     assert_eq!(
         fake.with(|f| f.calls.iter().map(|c| c.1).collect::<Vec<_>>()),
@@ -657,7 +657,7 @@ fn the_tuners_lever_per_gpu_reaches_the_worker() {
         "no static re-check under dynamic"
     );
     let (r, _) = policy_act(&mut b, &mut rx, &s, true);
-    assert_eq!(r.timeslice_us, Some(200));
+    assert_eq!(r.effect.timeslice_us(), Some(200));
     assert_eq!(current(&fake), 200);
 
     // Mid-episode to the static lever: stays short, now for good.

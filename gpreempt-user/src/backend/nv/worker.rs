@@ -690,7 +690,6 @@ fn timeslice_report(proc: &State, pid: u32, tsgs: &[u32], issued_ns: u64, us: u6
             .collect(),
         issued_ns,
         returned_ns: monotonic_ns(),
-        timeslice_us: Some(us),
-        frozen: None,
+        effect: crate::outcome::Effect::Timeslice(us),
     }
 }

@@ -16,7 +16,8 @@ struct Sections<'a, 'i> {
     policy: Option<(&'a DeTable<'i>, usize)>,
     timeslice: Option<(&'a DeTable<'i>, usize)>,
     adaptive: Option<(&'a DeTable<'i>, usize)>,
-    nvidia: Option<&'a DeTable<'i>>,
+    /// `[nvidia]`: the levers' table, named after the backend that offers a choice of them.
+    levers: Option<&'a DeTable<'i>>,
     control: Option<&'a DeTable<'i>>,
     rules: Option<&'a Val<'i>>,
 }
@@ -68,8 +69,8 @@ impl Parser<'_> {
         };
         let slice = self.timeslice(s.timeslice, named);
         self.adaptive_table(s.adaptive, named, &mut policy);
-        if let Some(t) = s.nvidia {
-            self.nvidia(t, &mut policy.levers);
+        if let Some(t) = s.levers {
+            self.lever_table(t, &mut policy.levers);
         }
         if let Some(t) = s.control {
             self.control(t, &mut policy);
@@ -111,7 +112,7 @@ impl Parser<'_> {
                     s.timeslice = self.table(v, "[timeslice]").map(|t| (t, v.span().start))
                 }
                 "adaptive" => s.adaptive = self.table(v, "[adaptive]").map(|t| (t, v.span().start)),
-                "nvidia" => s.nvidia = self.table(v, "[nvidia]"),
+                "nvidia" => s.levers = self.table(v, "[nvidia]"),
                 "control" => s.control = self.table(v, "[control]"),
                 "rule" => s.rules = Some(v),
                 other => self.err(

@@ -61,17 +61,17 @@ impl Parser<'_> {
     }
 
     /// `[nvidia]`: lever, offline_timeslice, pause_after, pause.
-    pub(super) fn nvidia(&mut self, t: &DeTable, nv: &mut LeverPolicy) {
+    pub(super) fn lever_table(&mut self, t: &DeTable, lp: &mut LeverPolicy) {
         for (k, v) in t.iter() {
             let key = k.get_ref().as_ref();
             let span = v.span().start;
             match key {
                 "lever" => {
                     if let Some(l) = self.string(v, key).and_then(|s| self.lever(span, key, s)) {
-                        nv.lever = l;
+                        lp.lever = l;
                     }
                 }
-                "levers" => self.levers(v, span, nv),
+                "levers" => self.levers(v, span, lp),
                 "offline_timeslice" => {
                     if let Some(ns) = self.duration(v, key) {
                         let us = ns / 1_000;
@@ -84,18 +84,18 @@ impl Parser<'_> {
                                 ),
                             );
                         } else {
-                            nv.offline_timeslice_us = us;
+                            lp.offline_timeslice_us = us;
                         }
                     }
                 }
                 "pause_after" => {
                     if let Some(ns) = self.duration(v, key) {
-                        nv.pause_after_ns = ns;
+                        lp.pause_after_ns = ns;
                     }
                 }
                 "pause" => match self.string(v, key) {
-                    Some("preempt") => nv.pause_schedule_only = false,
-                    Some("schedule") => nv.pause_schedule_only = true,
+                    Some("preempt") => lp.pause_schedule_only = false,
+                    Some("schedule") => lp.pause_schedule_only = true,
                     Some(other) => self.err(
                         span,
                         format!("pause: unknown mode {other:?} (use \"preempt\" or \"schedule\")"),
@@ -129,7 +129,7 @@ impl Parser<'_> {
     }
 
     /// `levers = ["none", "dynamic", ...]`: the adaptive tuner's candidates, at least one.
-    fn levers(&mut self, v: &Val, span: usize, nv: &mut LeverPolicy) {
+    fn levers(&mut self, v: &Val, span: usize, lp: &mut LeverPolicy) {
         let DeValue::Array(a) = v.get_ref() else {
             self.err(
                 span,
@@ -159,6 +159,6 @@ impl Parser<'_> {
             );
             return;
         }
-        nv.candidates = set;
+        lp.candidates = set;
     }
 }

@@ -19,7 +19,6 @@
 //! the pure bookkeeping they share (holds, watchdog deadlines, fences, the rate limit).
 
 use std::{
-    fmt,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::Path,
     sync::mpsc,
@@ -91,70 +90,7 @@ pub struct SnapQueue {
     pub suspended: bool,
 }
 
-/// Why a process cannot be controlled. Each is a per-target state, never a crash.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "detail")]
-pub enum TargetError {
-    /// The process is gone (ESRCH).
-    Gone,
-    /// The pid names another process now (a different start time): the one asked for is gone,
-    /// and the new owner is not touched.
-    Reused {
-        pid: u32,
-    },
-    /// Someone else already traces it (rocgdb, strace, gdb): it cannot be seized.
-    Traced {
-        tracer: u32,
-        comm: String,
-    },
-    /// Its GPU debug trap is already enabled by another debugger (EALREADY).
-    AlreadyDebugged,
-    /// The kernel refused (EPERM: no permission, Yama ptrace_scope, or its runtime is not
-    /// enabled yet for a suspend).
-    NotPermitted(String),
-    /// The kernel refused a queue operation because the target's GPU runtime never enabled the
-    /// KFD debug API (EPERM with its runtime disabled: ROCm before 5.7).
-    NoDebugApi(String),
-    /// The GPU or kernel cannot do it (EBUSY, ENODEV, EINVAL: e.g. GWS in use, a pre-GFX9 GPU,
-    /// no HWS).
-    Unsupported(String),
-    /// Its GPU is fenced after a preemption error.
-    Fenced(String),
-    /// Refused by the rate limit.
-    RateLimited,
-    Other(String),
-}
-
-impl fmt::Display for TargetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Gone => write!(f, "the process is gone"),
-            Self::Reused { pid } => write!(
-                f,
-                "pid {pid} was reused: the process it named is gone and another one has it now \
-                 (that one was not touched)"
-            ),
-            Self::Traced { tracer, comm } => write!(
-                f,
-                "already traced by pid {tracer} ({comm}); a process under rocgdb, gdb or strace \
-                 cannot be controlled: detach that tool first"
-            ),
-            Self::AlreadyDebugged => write!(
-                f,
-                "its GPU debug trap is already enabled by another debugger (EALREADY); \
-                 end that debugger first"
-            ),
-            Self::NotPermitted(s) => write!(f, "not permitted: {s}"),
-            Self::NoDebugApi(s) => write!(f, "not permitted: {s}"),
-            Self::Unsupported(s) => write!(f, "not supported here: {s}"),
-            Self::Fenced(s) => write!(f, "GPU fenced: {s}"),
-            Self::RateLimited => write!(f, "rate limited: too many suspends of this process"),
-            Self::Other(s) => write!(f, "{s}"),
-        }
-    }
-}
-
-impl std::error::Error for TargetError {}
+pub use crate::backend::error::TargetError;
 
 /// Every request names a process by [`ProcId`]: the control thread checks it against the pid's
 /// owner before it seizes, and against the target it holds on every later act.

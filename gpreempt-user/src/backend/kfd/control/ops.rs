@@ -489,8 +489,7 @@ impl Thread {
                 queues: Vec::new(),
                 issued_ns,
                 returned_ns: issued_ns,
-                timeslice_us: None,
-                frozen: None,
+                effect: crate::outcome::Effect::Paused,
             });
         }
         let r = if suspend {
@@ -536,8 +535,7 @@ impl Thread {
             queues,
             issued_ns,
             returned_ns,
-            timeslice_us: None,
-            frozen: None,
+            effect: crate::outcome::Effect::Paused,
         })
     }
 

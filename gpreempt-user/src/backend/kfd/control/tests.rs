@@ -54,8 +54,7 @@ fn report(pid: u32, at: u64, done: &[u32]) -> OpReport {
             .collect(),
         issued_ns: at,
         returned_ns: at,
-        timeslice_us: None,
-        frozen: None,
+        effect: crate::outcome::Effect::Paused,
     }
 }
 

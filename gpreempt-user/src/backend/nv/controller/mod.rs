@@ -330,8 +330,7 @@ impl<O: NvOps> NvControl<O> {
             queues,
             issued_ns,
             returned_ns: monotonic_ns(),
-            timeslice_us: None,
-            frozen: None,
+            effect: crate::outcome::Effect::Paused,
         })
     }
 
@@ -401,7 +400,7 @@ impl<O: NvOps> NvControl<O> {
                 c.timeslices.insert(t, (original, us));
                 out.push(TimesliceChange {
                     pid,
-                    tsg: t,
+                    queue_id: t,
                     from_us: from,
                     to_us: us,
                     original_us: original,
@@ -453,7 +452,7 @@ impl<O: NvOps> NvControl<O> {
                         }
                         out.push(TimesliceChange {
                             pid,
-                            tsg: t,
+                            queue_id: t,
                             from_us: now,
                             to_us: original,
                             original_us: original,
@@ -551,7 +550,7 @@ impl<O: NvOps> NvControl<O> {
                     for c in changes {
                         eprintln!(
                             "pid {pid}: TSG {:#x} timeslice {} -> {} us (controller exit)",
-                            c.tsg, c.from_us, c.to_us
+                            c.queue_id, c.from_us, c.to_us
                         );
                     }
                 }
