@@ -62,7 +62,12 @@ pub fn check_ids(amd: bool, live: &BTreeSet<u32>, ids: &[u32]) -> Result<(), Str
 
 /// [`check_queues`] against this host's KFD sysfs.
 pub fn check(state: &State, pid: u32, ids: &[u32]) -> Result<(), String> {
-    check_queues(state, pid, ids, &crate::observe::kfd::Paths::default().sysfs)
+    check_queues(
+        state,
+        pid,
+        ids,
+        &crate::observe::kfd::Paths::default().sysfs,
+    )
 }
 
 #[cfg(test)]

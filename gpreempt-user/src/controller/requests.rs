@@ -114,8 +114,10 @@ pub fn finish(pid: u32, suspend: bool, r: Result<OpReport, ActError>) -> Answer 
 /// The answer to a request naming a queue `pid` does not have (None: go ahead).
 fn refuse(state: &State, pid: u32, queues: &Option<Vec<u32>>) -> Option<Answer> {
     let ids = queues.as_deref()?;
-    crate::backend::queue_ids::check(state, pid, ids).err().map(|e| Answer {
-        response: Response::err(format!("pid {pid}: {e}")),
-        acted: None,
-    })
+    crate::backend::queue_ids::check(state, pid, ids)
+        .err()
+        .map(|e| Answer {
+            response: Response::err(format!("pid {pid}: {e}")),
+            acted: None,
+        })
 }

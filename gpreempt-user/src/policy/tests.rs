@@ -1467,7 +1467,10 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
     for l in Lever::ALL {
         assert_eq!(
             l.acts_per_episode(),
-            matches!(l, Lever::Dynamic | Lever::Pause | Lever::Both | Lever::Freeze)
+            matches!(
+                l,
+                Lever::Dynamic | Lever::Pause | Lever::Both | Lever::Freeze
+            )
         );
         assert_eq!(Lever::parse(l.label()), Some(l));
     }

@@ -116,7 +116,7 @@ fn the_nvidia_backend_applies_and_restores_the_timeslice_lever() {
     let n = notices(drain(&mut rx));
     assert!(
         matches!(&n[..], [Notice::Timeslice { change, .. }]
-            if change.tsg == 0x20 && change.to_us == 200 && change.from_us == 2048),
+            if change.queue_id == 0x20 && change.to_us == 200 && change.from_us == 2048),
         "{n:?}"
     );
     assert_eq!(b.timeslices(), vec![(7, 0x20, 2048, 200)]);
@@ -605,13 +605,21 @@ fn a_refused_dynamic_timeslice_pauses_instead() {
     b.set_policy(&dynamic_policy());
     block_on(b.classed(&s, 7, Class::Offline)).unwrap();
     let (r, n) = policy_act(&mut b, &mut rx, &s, true);
-    assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], None), "paused");
+    assert_eq!(
+        (r.done(), r.effect.timeslice_us()),
+        (vec![0x20], None),
+        "paused"
+    );
     assert!(
         matches!(&n[..], [Notice::LeverFailed { pid: 7, text }] if text.contains("NV_ERR_NOT_SUPPORTED")),
         "{n:?}"
     );
     let (r, n) = policy_act(&mut b, &mut rx, &s, false);
-    assert_eq!((r.done(), r.effect.timeslice_us()), (vec![0x20], None), "resumed");
+    assert_eq!(
+        (r.done(), r.effect.timeslice_us()),
+        (vec![0x20], None),
+        "resumed"
+    );
     assert!(n.is_empty());
     let (r, n) = policy_act(&mut b, &mut rx, &s, true);
     assert_eq!(r.effect.timeslice_us(), None);

@@ -223,7 +223,7 @@ fn every_dispatch_record_has_its_pinned_json_line() {
         engine_type: 1,
         channels: vec![],
         rings: vec![],
-        effect: crate::outcome::Effect::Paused,
+        timeslice_us: None,
     });
     write_sample(&mut out, 100, &tsg).unwrap();
 

@@ -147,7 +147,7 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
         ch,
         vec![TimesliceChange {
             pid: 7,
-            tsg: 0x20,
+            queue_id: 0x20,
             from_us: 1024,
             to_us: 200,
             original_us: 1024,
@@ -161,7 +161,7 @@ fn the_timeslice_lever_changes_gr_tsgs_once_and_restores_the_originals() {
     assert!(c.set_timeslices(&s, 7, 200).unwrap().is_empty());
     alloc(&mut s, 0x10, 0x40, class::KEPLER_CHANNEL_GROUP_A, 1);
     let ch = c.set_timeslices(&s, 7, 200).unwrap();
-    assert_eq!((ch.len(), ch[0].tsg, ch[0].from_us), (1, 0x40, 2048));
+    assert_eq!((ch.len(), ch[0].queue_id, ch[0].from_us), (1, 0x40, 2048));
     // A new value (policy reload) keeps the first original.
     let ch = c.set_timeslices(&s, 7, 100).unwrap();
     assert!(ch.iter().all(|c| c.to_us == 100), "{ch:?}");
