@@ -6,6 +6,7 @@
 pub mod alarm;
 pub mod audit;
 pub mod daemon;
+pub mod hold;
 pub mod metrics;
 pub mod requests;
 pub mod run_loop;
