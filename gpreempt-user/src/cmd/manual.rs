@@ -10,10 +10,10 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     backend::kfd::control::Limits,
-    backend::{Arrival, Backends},
+    backend::Arrival,
     controller::{
-        daemon::{self, Request, Response, Status},
-        requests::answer,
+        daemon::{self, Request, Response},
+        hold::{Holder, Next},
     },
     observe::model::State,
     observe::procinfo,
@@ -74,13 +74,10 @@ fn queues_arg(q: &[u32]) -> Option<Vec<u32>> {
 }
 
 /// The backends' upkeep (the KFD lease's heartbeat), saying any problem.
-fn upkeep(backends: &mut Backends, state: &State) {
-    let now = crate::clock::monotonic_ns();
-    for b in &mut backends.list {
-        for n in b.upkeep(state, now) {
-            if let Notice::Problem { text, .. } = n {
-                eprintln!("{text}");
-            }
+fn upkeep(hold: &mut Holder, state: &State) {
+    for n in hold.upkeep(state) {
+        if let Notice::Problem { text, .. } = n {
+            eprintln!("{text}");
         }
     }
 }
@@ -123,47 +120,50 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     // nothing to suspend. After the run directory's checks, which come first.
     gpu_user(a.pid, &g.kfd_device)?;
     let max = a.max_suspend.0;
-    let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max).await?;
-    let mut arrivals = backends.take_arrivals();
+    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max, "suspend").await?;
     // No observer here: the target is acted on by its pid alone.
     let state = State::new();
     // Attached ahead and recorded (targets.json), as `run` does with an offline process.
-    let ready = match backends.for_pid(&state, a.pid) {
-        Ok(b) => b.classed(&state, a.pid, Class::Offline).await,
-        Err(e) => Err(e),
-    };
-    if let Err(e) = ready {
-        backends.shutdown().await;
+    if let Err(e) = hold.classed(&state, a.pid, Class::Offline).await {
+        hold.shutdown().await;
         anyhow::bail!("pid {}: {e}", a.pid);
     }
-    let first = answer(&mut backends, &state, req, Status::default)
-        .await
-        .now();
+    let first = hold.answer(&state, req).await;
     let Some((first, _)) = first.acted else {
-        backends.shutdown().await;
+        hold.shutdown().await;
         anyhow::bail!(
             "{}",
             first.response.error.unwrap_or_else(|| "no answer".into())
         );
     };
     println!("{}", first.describe(true));
-    let mut held: std::collections::BTreeSet<u32> = first.done().into_iter().collect();
-    if held.is_empty() {
-        backends.shutdown().await;
+    if hold.held().is_empty() {
+        hold.shutdown().await;
         return Ok(ExitCode::FAILURE);
     }
-    let mut requests = daemon::serve(lock.dir(), daemon::Access::default())?;
-    let status = |held: &std::collections::BTreeSet<u32>| Status {
-        controller_pid: std::process::id(),
-        mode: "suspend".into(),
-        held: held.iter().map(|q| (a.pid, *q, None)).collect(),
-        ..Default::default()
-    };
-    daemon::write_status(lock.dir(), &status(&held))?;
+    hold.serve(daemon::Access::default())?;
+    hold.publish()?;
     // The lease is armed before the hold is announced: a stop right after the announcement is
     // then bounded by the lease, not by the guardian's start-up grace.
-    upkeep(&mut backends, &state);
+    upkeep(&mut hold, &state);
     println!("{}", holding_line(a, max));
+    let why = match hold_until_done(&mut hold, &state, a).await {
+        Ok(why) => why,
+        Err(e) => {
+            hold.shutdown().await;
+            return Err(e);
+        }
+    };
+    let reports = hold.shutdown().await;
+    for r in reports.iter().filter(|r| !r.queues.is_empty()) {
+        println!("{}", r.describe(false));
+    }
+    println!("{why}: nothing is left suspended");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Holds until a signal, `--for`, the target's exit or the last queue resumed: why it ended.
+async fn hold_until_done(hold: &mut Holder, state: &State, a: &SuspendArgs) -> Result<String> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
@@ -178,49 +178,42 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     // The KFD lease's heartbeat (kfd_lease): if this loop stops, the guardian kills us and the
     // kernel resumes the target.
     let mut beat = tokio::time::interval(std::time::Duration::from_millis(100));
-    let why = loop {
+    loop {
         tokio::select! {
-            _ = beat.tick() => upkeep(&mut backends, &state),
-            _ = int.recv() => break "interrupted".to_string(),
-            _ = term.recv() => break "terminated".to_string(),
-            _ = hup.recv() => break "hangup".to_string(),
-            _ = &mut until => break "--for elapsed".to_string(),
-            // The KFD control thread sends notices only.
-            Some(Arrival::Notice(n)) = arrivals.recv() => match n {
-                Notice::TargetGone { pid, .. } if pid == a.pid => break format!("pid {pid} exited"),
-                Notice::Acted { report, suspend, why } => {
-                    println!("{} ({why})", report.describe(suspend));
-                    for q in report.done() {
-                        if suspend { held.insert(q); } else { held.remove(&q); }
+            _ = beat.tick() => upkeep(hold, state),
+            _ = int.recv() => return Ok("interrupted".into()),
+            _ = term.recv() => return Ok("terminated".into()),
+            _ = hup.recv() => return Ok("hangup".into()),
+            _ = &mut until => return Ok("--for elapsed".into()),
+            next = hold.next() => match next {
+                // The KFD control thread sends notices only; the holder applied them.
+                Next::Arrival(Arrival::Notice(n)) => match n {
+                    Notice::TargetGone { pid, .. } if pid == a.pid => {
+                        return Ok(format!("pid {pid} exited"))
                     }
-                    let _ = daemon::write_status(lock.dir(), &status(&held));
+                    Notice::Acted { report, suspend, why } => {
+                        println!("{} ({why})", report.describe(suspend));
+                    }
+                    Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
+                    Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
+                    Notice::TargetGone { .. }
+                    | Notice::Timeslice { .. }
+                    | Notice::LeverFailed { .. } => {}
+                },
+                Next::Arrival(_) => {}
+                Next::Request((req, reply)) => {
+                    let ans = hold.answer(state, req).await;
+                    if let Some((r, suspend)) = &ans.acted {
+                        println!("{}", r.describe(*suspend));
+                    }
+                    let _ = reply.send(ans.response);
                 }
-                Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
-                Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
-                Notice::TargetGone { .. } | Notice::Timeslice { .. } | Notice::LeverFailed { .. } => {}
             },
-            Some((req, reply)) = requests.recv() => {
-                let ans = answer(&mut backends, &state, req, || status(&held)).await.now();
-                if let Some((r, suspend)) = &ans.acted {
-                    println!("{}", r.describe(*suspend));
-                    for q in r.done() {
-                        if *suspend { held.insert(q); } else { held.remove(&q); }
-                    }
-                }
-                let _ = reply.send(ans.response);
-                let _ = daemon::write_status(lock.dir(), &status(&held));
-            }
         }
-        if held.is_empty() {
-            break "every queue resumed".to_string();
+        if hold.held().is_empty() {
+            return Ok("every queue resumed".into());
         }
-    };
-    let reports = backends.shutdown().await;
-    for r in reports.iter().filter(|r| !r.queues.is_empty()) {
-        println!("{}", r.describe(false));
     }
-    println!("{why}: nothing is left suspended");
-    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
@@ -239,14 +232,10 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
         .with_context(|| format!("pid {} does not exist", a.pid))?;
     let lock = daemon::Lock::acquire(&dir)?;
     gpu_user(a.pid, &g.kfd_device)?;
-    let mut backends =
-        Backends::kfd_only(&g.kfd_device, lock.dir(), Limits::default().max_suspend).await?;
-    let state = State::new();
-    let r = match backends.for_pid(&state, a.pid) {
-        Ok(b) => b.resume(&state, a.pid, None).await.now(),
-        Err(e) => Err(e),
-    };
-    backends.shutdown().await;
+    let max = Limits::default().max_suspend;
+    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max, "resume").await?;
+    let r = hold.resume(&State::new(), a.pid, None).await;
+    hold.shutdown().await;
     match r {
         Ok(rep) => {
             // Under HWS the kernel counts every queue it found, suspended or running.
