@@ -8,10 +8,10 @@ use anyhow::Result;
 
 use crate::{
     backend::kfd::control::Limits,
-    backend::{Arrival, Backends},
+    backend::Arrival,
     controller::{
-        daemon::{self, Lock, Request, Response, Status},
-        requests::answer,
+        daemon::{self, Lock, Request, Response},
+        hold::{Holder, Next},
     },
     observe::kfd::Paths,
     observe::model::{State, Update},
@@ -36,129 +36,90 @@ pub struct Args {
     pub reconcile_interval: u64,
 }
 
-/// top's own control (the KFD backend), started on the first `s` / `r` when no controller runs.
-struct Local {
-    _lock: Lock,
-    backends: Backends,
-    arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
-    requests: tokio::sync::mpsc::Receiver<daemon::Incoming>,
-}
-
 pub struct Top {
     w: Watcher,
     kfd_device: std::path::PathBuf,
-    local: Option<Local>,
+    /// top's own control (the KFD backend), started on the first `s` / `r` when no controller
+    /// runs.
+    local: Option<Holder>,
+}
+
+/// An act of top's own control, into its model (our DBG_TRAP calls are not read back from the
+/// eBPF events).
+fn apply(w: &mut Watcher, r: &crate::outcome::OpReport, suspend: bool) {
+    let (ts_ns, by, target, queues) = (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
+    w.state
+        .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
 }
 
 impl Top {
-    fn apply(&mut self, r: &crate::outcome::OpReport, suspend: bool) {
-        let (ts_ns, by, target, queues) =
-            (r.returned_ns, std::process::id(), r.pid, Some(r.done()));
-        self.w
-            .state
-            .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
-    }
-
-    fn status(&self) -> Status {
-        Status {
-            controller_pid: std::process::id(),
-            mode: "top".into(),
-            held: self
-                .w
-                .state
-                .procs
-                .values()
-                .flat_map(|p| p.live_queues().map(move |q| (p.pid, q)))
-                .filter(|(_, q)| q.suspended_by == Some(std::process::id()))
-                .map(|(pid, q)| (pid, q.queue_id, Some(q.gpu_id)))
-                .collect(),
-            ..Default::default()
-        }
-    }
-
     async fn send(&mut self, req: Request) -> Result<Response> {
-        let dir = crate::rundir::run_dir();
         if self.local.is_none() {
+            let dir = crate::rundir::run_dir();
             if let Some(r) = daemon::ask(&dir, &req).await? {
                 return Ok(r);
             }
             let lock = Lock::acquire(&dir)?;
-            let mut backends =
-                Backends::kfd_only(&self.kfd_device, &dir, Limits::default().max_suspend).await?;
-            let arrivals = backends.take_arrivals();
-            let requests = daemon::serve(&dir, daemon::Access::default())?;
-            self.local = Some(Local {
-                _lock: lock,
-                backends,
-                arrivals,
-                requests,
-            });
+            let max = Limits::default().max_suspend;
+            let mut hold = Holder::kfd_only(lock, &self.kfd_device, max, "top").await?;
+            hold.serve(daemon::Access::default())?;
+            self.local = Some(hold);
         }
-        let Some(local) = &mut self.local else {
+        let Some(hold) = &mut self.local else {
             anyhow::bail!("no control");
         };
-        let ans = answer(&mut local.backends, &self.w.state, req, Status::default)
-            .await
-            .now();
+        let ans = hold.answer(&self.w.state, req).await;
         if let Some((r, suspend)) = &ans.acted {
-            self.apply(r, *suspend);
-            let _ = daemon::write_status(&dir, &self.status());
+            apply(&mut self.w, r, *suspend);
         }
-        let resp = ans.response;
-        Ok(resp)
+        Ok(ans.response)
     }
 }
 
 impl tui::Source for Top {
     async fn pump(&mut self) -> Result<()> {
-        let Some(local) = &mut self.local else {
+        let Some(hold) = &mut self.local else {
             return self.w.pump().await;
         };
         // The KFD lease: top holding queues must keep beating, or its guardian kills it.
-        let now = crate::clock::monotonic_ns();
-        for b in &mut local.backends.list {
-            for n in b.upkeep(&self.w.state, now) {
-                if let Notice::Problem { text, .. } = n {
-                    self.w.state.apply(Update::Warning { ts_ns: now, text });
-                }
+        for n in hold.upkeep(&self.w.state) {
+            if let Notice::Problem { text, .. } = n {
+                let ts_ns = crate::clock::monotonic_ns();
+                self.w.state.apply(Update::Warning { ts_ns, text });
             }
         }
-        enum Got {
-            Notice(Notice),
-            Request(daemon::Incoming),
-        }
-        let got = tokio::select! {
+        let next = tokio::select! {
             r = self.w.pump() => return r,
-            // The KFD control thread sends notices only.
-            Some(Arrival::Notice(n)) = local.arrivals.recv() => Got::Notice(n),
-            Some(i) = local.requests.recv() => Got::Request(i),
+            next = hold.next() => next,
         };
-        match got {
-            Got::Notice(Notice::Acted {
-                report, suspend, ..
-            }) => self.apply(&report, suspend),
-            Got::Notice(Notice::Problem { pid, text }) => self.w.state.apply(Update::Warning {
-                ts_ns: crate::clock::monotonic_ns(),
-                text: format!("pid {pid}: {text}"),
-            }),
-            Got::Notice(Notice::Fenced { gpu_id, why }) => self.w.state.apply(Update::Warning {
-                ts_ns: crate::clock::monotonic_ns(),
-                text: format!("GPU {gpu_id:#x}: {why}"),
-            }),
-            // top's own control is the KFD backend: it changes no timeslice.
-            Got::Notice(
-                Notice::TargetGone { .. } | Notice::Timeslice { .. } | Notice::LeverFailed { .. },
-            ) => {}
-            Got::Request((req, reply)) => {
-                let resp = match req {
-                    Request::Status => Response {
-                        ok: true,
-                        status: Some(self.status()),
-                        ..Default::default()
-                    },
-                    req => self.send(req).await.unwrap_or_else(Response::err),
-                };
-                let _ = reply.send(resp);
+        let warn = |text| Update::Warning {
+            ts_ns: crate::clock::monotonic_ns(),
+            text,
+        };
+        match next {
+            // The KFD control thread sends notices only; the holder applied them.
+            Next::Arrival(Arrival::Notice(n)) => match n {
+                Notice::Acted {
+                    report, suspend, ..
+                } => apply(&mut self.w, &report, suspend),
+                Notice::Problem { pid, text } => {
+                    self.w.state.apply(warn(format!("pid {pid}: {text}")))
+                }
+                Notice::Fenced { gpu_id, why } => {
+                    self.w.state.apply(warn(format!("GPU {gpu_id:#x}: {why}")))
+                }
+                // top's own control is the KFD backend: it changes no timeslice.
+                Notice::TargetGone { .. }
+                | Notice::Timeslice { .. }
+                | Notice::LeverFailed { .. } => {}
+            },
+            Next::Arrival(_) => {}
+            Next::Request((req, reply)) => {
+                let ans = hold.answer(&self.w.state, req).await;
+                if let Some((r, suspend)) = &ans.acted {
+                    apply(&mut self.w, r, *suspend);
+                }
+                let _ = reply.send(ans.response);
             }
         }
         Ok(())
@@ -222,9 +183,9 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     log::set_max_level(log::LevelFilter::Off);
     let r = tui::run(&mut top, ms(args.interval)).await;
     log::set_max_level(level);
-    if let Some(mut local) = top.local.take() {
+    if let Some(mut hold) = top.local.take() {
         // What top suspended runs again.
-        local.backends.shutdown().await;
+        hold.shutdown().await;
     }
     r?;
     Ok(ExitCode::SUCCESS)
