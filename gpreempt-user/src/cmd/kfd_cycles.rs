@@ -31,9 +31,12 @@ use serde_json::json;
 
 use crate::{
     backend::TargetError,
-    backend::{ActError, Arrival, Backends},
+    backend::{ActError, Arrival},
     cmd::manual::DurationArg,
-    controller::daemon,
+    controller::{
+        daemon,
+        hold::{Holder, Next},
+    },
     observe::kfd::{sampler, Paths},
     observe::model::{Process, QueueKind, SampleRead, State, Update},
     outcome::{Notice, OpReport, QueueOutcome},
@@ -421,23 +424,19 @@ enum Stop {
 
 /// Waits `d` while beating the lease, watching the control thread's notices and the signals.
 struct Waiter {
-    arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     pid: u32,
 }
 
 impl Waiter {
-    async fn wait(&mut self, backends: &mut Backends, d: Duration) -> Result<(), Stop> {
+    async fn wait(&mut self, hold: &mut Holder, d: Duration) -> Result<(), Stop> {
         let end = Instant::now() + d;
         let state = State::new();
         loop {
-            let now = crate::clock::monotonic_ns();
-            for b in &mut backends.list {
-                for n in b.upkeep(&state, now) {
-                    if let Notice::Problem { text, .. } = n {
-                        eprintln!("kfd-cycles: {text}");
-                    }
+            for n in hold.upkeep(&state) {
+                if let Notice::Problem { text, .. } = n {
+                    eprintln!("kfd-cycles: {text}");
                 }
             }
             let left = end.saturating_duration_since(Instant::now());
@@ -449,17 +448,20 @@ impl Waiter {
                 _ = tokio::time::sleep(step) => {}
                 _ = self.int.recv() => return Err(Stop::Signal("interrupted (SIGINT)", EXIT_SIGINT)),
                 _ = self.term.recv() => return Err(Stop::Signal("terminated (SIGTERM)", EXIT_SIGTERM)),
-                // The KFD control thread sends notices only.
-                Some(Arrival::Notice(n)) = self.arrivals.recv() => match n {
-                    Notice::TargetGone { pid, .. } if pid == self.pid => return Err(Stop::Gone),
-                    Notice::Problem { pid, text } => eprintln!("kfd-cycles: pid {pid}: {text}"),
-                    Notice::Fenced { gpu_id, why } => {
-                        return Err(Stop::Failed(format!("GPU {gpu_id:#x} fenced: {why}")))
-                    }
-                    Notice::Acted { report, suspend, why } => {
-                        eprintln!("kfd-cycles: {} ({why})", report.describe(suspend));
-                    }
-                    _ => {}
+                // The KFD control thread sends notices only; the holder applied them.
+                next = hold.next() => match next {
+                    Next::Arrival(Arrival::Notice(n)) => match n {
+                        Notice::TargetGone { pid, .. } if pid == self.pid => return Err(Stop::Gone),
+                        Notice::Problem { pid, text } => eprintln!("kfd-cycles: pid {pid}: {text}"),
+                        Notice::Fenced { gpu_id, why } => {
+                            return Err(Stop::Failed(format!("GPU {gpu_id:#x} fenced: {why}")))
+                        }
+                        Notice::Acted { report, suspend, why } => {
+                            eprintln!("kfd-cycles: {} ({why})", report.describe(suspend));
+                        }
+                        _ => {}
+                    },
+                    Next::Arrival(_) | Next::Request(_) => {}
                 },
             }
         }
@@ -602,27 +604,17 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     // lock above), the control thread's watchdog (a hold never outlives `hold` + 2 s), the lease
     // guardian.
     let max_suspend = a.hold.0 + Duration::from_secs(2);
-    let mut backends = Backends::kfd_only(&g.kfd_device, lock.dir(), max_suspend).await?;
-    let arrivals = backends.take_arrivals();
+    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max_suspend, "kfd-cycles").await?;
     let state = State::new();
-    let attached = match backends.for_pid(&state, pid) {
-        Ok(b) => b.classed(&state, pid, Class::Offline).await,
-        Err(e) => Err(e),
-    };
-    if let Err(e) = attached {
-        backends.shutdown().await;
+    if let Err(e) = hold.classed(&state, pid, Class::Offline).await {
+        hold.shutdown().await;
         bail!("pid {pid}: {e}");
     }
-    let mut w = Waiter {
-        arrivals,
-        int,
-        term,
-        pid,
-    };
+    let mut w = Waiter { int, term, pid };
     let mut done: Vec<serde_json::Value> = Vec::new();
     let mut end: Option<Stop> = None;
     // Running first: the sampler has a reference before the first SUSPEND.
-    if let Err(s) = w.wait(&mut backends, a.gap.0).await {
+    if let Err(s) = w.wait(&mut hold, a.gap.0).await {
         end = Some(s);
     }
     for cycle in 0..a.cycles {
@@ -631,22 +623,12 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
         }
         sampler.drain();
         let r = async {
-            let b = backends
-                .for_pid(&state, pid)
-                .map_err(|e| Stop::Failed(e.to_string()))?;
-            let s = judge(
-                b.suspend(&state, pid, None, a.grace).await.now(),
-                pid,
-                "suspend",
-            )
-            .await?;
-            let held = w.wait(&mut backends, a.hold.0).await;
-            let b = backends
-                .for_pid(&state, pid)
-                .map_err(|e| Stop::Failed(e.to_string()))?;
-            let r = judge(b.resume(&state, pid, None).await.now(), pid, "resume").await?;
+            let s = hold.suspend(&state, pid, None, a.grace).await;
+            let s = judge(s, pid, "suspend").await?;
+            let held = w.wait(&mut hold, a.hold.0).await;
+            let r = judge(hold.resume(&state, pid, None).await, pid, "resume").await?;
             held?;
-            w.wait(&mut backends, a.gap.0).await?;
+            w.wait(&mut hold, a.gap.0).await?;
             Ok::<_, Stop>(CycleTimes {
                 s_issued: s.issued_ns,
                 s_returned: s.returned_ns,
@@ -675,7 +657,7 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
         }
     }
     // Whatever ended the cycles: resume everything, let go, stop the guardian.
-    let resumed = backends.shutdown().await;
+    let resumed = hold.shutdown().await;
     for r in resumed.iter().filter(|r| !r.queues.is_empty()) {
         eprintln!("kfd-cycles: {}", r.describe(false));
     }
