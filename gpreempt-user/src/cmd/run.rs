@@ -10,6 +10,7 @@ use crate::{
     controller::{
         alarm::Alarm,
         daemon,
+        hold::Holder,
         run_loop::{self, Setup, Signals},
     },
     observe::kfd::Paths,
@@ -77,7 +78,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         log::warn!("{w}");
     }
     let dir = crate::rundir::run_dir();
-    let _lock = daemon::Lock::acquire(&dir)?;
+    let lock = daemon::Lock::acquire(&dir)?;
     let metrics = run_loop::bind_metrics(args.metrics).await?;
     // Made before the backends, so that failing to make it leaves nothing to undo.
     let alarm = Alarm::new()?;
@@ -130,7 +131,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         dir,
         metrics,
         alarm,
-        backends,
+        backends: Holder::new(lock, backends, "run"),
         watcher,
         signals,
     })

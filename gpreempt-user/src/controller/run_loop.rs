@@ -22,10 +22,11 @@ use tokio::{
 
 use crate::{
     backend::TargetError,
-    backend::{ActError, Acted, Arrival, Backends, Ticket},
+    backend::{ActError, Acted, Arrival, Ticket},
     clock::monotonic_ns,
     controller::{
         daemon::{self, Request, Response, Status},
+        hold::Holder,
         requests::{answer, finish, Answer, Answered},
     },
     observe::model::{Uncontrollable, Update},
@@ -52,8 +53,9 @@ enum Pending {
 struct Ctx {
     me: u32,
     dry_run: bool,
-    /// How this host's GPUs are acted on (none in a dry run).
-    backends: Backends,
+    /// How this host's GPUs are acted on (none in a dry run), under the run directory's lock:
+    /// the loop calls the backends itself (the holder derefs to them) and restores through it.
+    backends: Holder,
     engine: Engine,
     audit: Option<crate::controller::audit::Audit<std::fs::File>>,
     recent: VecDeque<serde_json::Value>,
@@ -679,7 +681,8 @@ pub struct Setup {
     pub metrics: Option<Served>,
     /// A deferred suspend falls due between ticks: the loop also wakes at the engine's deadline.
     pub alarm: crate::controller::alarm::Alarm,
-    pub backends: Backends,
+    /// The backends, with the run directory's lock (held until the loop has restored everything).
+    pub backends: Holder,
     pub watcher: Watcher,
     pub signals: Signals,
 }
@@ -872,10 +875,13 @@ async fn stop(
     dir: &Path,
     result: Result<String>,
 ) -> Result<ExitCode> {
-    let mut resumed = BTreeSet::new();
-    for b in std::mem::take(&mut ctx.backends.list) {
-        resumed.extend(b.shutdown().await.iter().map(|r| r.pid));
-    }
+    let resumed: BTreeSet<u32> = ctx
+        .backends
+        .shutdown()
+        .await
+        .iter()
+        .map(|r| r.pid)
+        .collect();
     // Results of acts that were in flight, so the audit and the socket hear how they ended.
     while let Ok(a) = arrivals.try_recv() {
         ctx.arrival(w, a);
