@@ -1,5 +1,6 @@
 //! The acting side's shared parts: what a running controller shares with the host and other
-//! commands ([`daemon`]: lock, status file), the control socket
+//! commands ([`daemon`]: lock, status file), the one acting path every controller takes
+//! ([`hold`]: lock, backends, held queues, restore), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
 //! ([`requests`], through the backend seam), the loop of `run` itself ([`run_loop`])
 //! and what comes before it ([`startup`]: the self-tests).

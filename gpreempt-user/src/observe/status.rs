@@ -13,7 +13,7 @@ use crate::rundir;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
     pub controller_pid: u32,
-    /// `run`, `suspend` or `top`.
+    /// `run`, `suspend`, `top` or `kfd-cycles`.
     pub mode: String,
     pub policy: Option<String>,
     pub dry_run: bool,
