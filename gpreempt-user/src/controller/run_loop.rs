@@ -875,13 +875,8 @@ async fn stop(
     dir: &Path,
     result: Result<String>,
 ) -> Result<ExitCode> {
-    let resumed: BTreeSet<u32> = ctx
-        .backends
-        .shutdown()
-        .await
-        .iter()
-        .map(|r| r.pid)
-        .collect();
+    let reports = ctx.backends.shutdown().await;
+    let resumed: BTreeSet<u32> = reports.iter().map(|r| r.pid).collect();
     // Results of acts that were in flight, so the audit and the socket hear how they ended.
     while let Ok(a) = arrivals.try_recv() {
         ctx.arrival(w, a);
