@@ -77,6 +77,35 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The controller of `backends` under `policy`: its engine chooses among the levers they
+    /// offer.
+    fn new(
+        policy: Policy,
+        dry_run: bool,
+        mut backends: Holder,
+        audit: Option<crate::controller::audit::Audit<std::fs::File>>,
+    ) -> Self {
+        for b in &mut backends.list {
+            b.set_policy(&policy);
+        }
+        let engine = Engine::new(policy).with_offers(backends.offers());
+        Self {
+            me: std::process::id(),
+            dry_run,
+            backends,
+            engine,
+            audit,
+            recent: VecDeque::new(),
+            refused: BTreeMap::new(),
+            frozen: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            status_dirty: true,
+            unit: daemon::own_unit(),
+            metrics_addr: None,
+            metrics: None,
+        }
+    }
+
     fn status(&self, w: &Watcher) -> Status {
         Status {
             controller_pid: self.me,
@@ -796,25 +825,9 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
             ""
         }
     );
-    for b in &mut backends.list {
-        b.set_policy(&policy);
-    }
-    let engine = Engine::new(policy).with_offers(backends.offers());
-    let mut ctx = Ctx {
-        me: std::process::id(),
-        dry_run,
-        backends,
-        engine,
-        audit,
-        recent: VecDeque::new(),
-        refused: BTreeMap::new(),
-        frozen: BTreeMap::new(),
-        pending: BTreeMap::new(),
-        status_dirty: true,
-        unit: daemon::own_unit(),
-        metrics_addr: metrics.as_ref().map(|(_, _, a)| a.to_string()),
-        metrics: metrics.map(|(m, page, _)| (m, page)),
-    };
+    let mut ctx = Ctx::new(policy, dry_run, backends, audit);
+    ctx.metrics_addr = metrics.as_ref().map(|(_, _, a)| a.to_string());
+    ctx.metrics = metrics.map(|(m, page, _)| (m, page));
     let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
     let mut tick = tokio::time::interval(tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -897,3 +910,7 @@ async fn stop(
         Err(e) => Err(e.context("the controller stopped; every queue was resumed")),
     }
 }
+
+#[cfg(test)]
+#[path = "toy_tests.rs"]
+mod toy_tests;

@@ -1,0 +1,382 @@
+//! A backend the rest of the code has never seen, in memory, with two levers (`pause` and a
+//! standing `timeslice`), driven through the real engine and controller: nothing above
+//! `backend/` names a vendor or a lever it does not get from the backend's offers.
+//!
+//! It stands in for the backend of the model's AMD queues (the model's vendors are the drivers
+//! it decodes); everything it does is its own, and its offers differ from the AMD backend's.
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet},
+    rc::Rc,
+};
+
+use super::*;
+use crate::{
+    backend::{Backend, Backends, BoxFut},
+    controller::daemon::Lock,
+    lever::{Lever, Offer, Offers, Undo},
+    observe::model::{Process, Queue, QueueKind, QueueState, SampleStatus, Source, State, Vendor},
+    observe::procinfo::ProcInfo,
+    outcome::QueueResult,
+};
+
+const GPU: u32 = 0x7a;
+const ONLINE: u32 = 4100;
+const OFFLINE: u32 = 4200;
+
+const TOY_OFFERS: Offers = Offers {
+    list: &[
+        Offer {
+            lever: Lever::Pause,
+            cost: "a map insert",
+            undo: Undo::ResumeByKernel,
+        },
+        Offer {
+            lever: Lever::Timeslice,
+            cost: "a map insert, at classification",
+            undo: Undo::RestoreByGuardian,
+        },
+    ],
+    default: Lever::Pause,
+};
+
+/// What the toy driver holds, and what the controller asked of it.
+#[derive(Default)]
+struct Driver {
+    paused: BTreeMap<u32, BTreeSet<u32>>,
+    /// pid -> the short timeslice (us) its queues have.
+    sliced: BTreeMap<u32, u64>,
+    /// The policy's lever as the toy reads it (its own configuration).
+    lever: Option<Lever>,
+    gpu_levers: Vec<BTreeMap<u32, Lever>>,
+    pauses: u32,
+}
+
+struct Toy(Rc<RefCell<Driver>>);
+
+fn report(pid: u32, queues: &[u32]) -> OpReport {
+    OpReport {
+        pid,
+        ret: Some(queues.len() as i32),
+        queues: queues
+            .iter()
+            .map(|&queue_id| QueueResult {
+                queue_id,
+                gpu_id: Some(GPU),
+                outcome: QueueOutcome::Done,
+            })
+            .collect(),
+        issued_ns: monotonic_ns(),
+        returned_ns: monotonic_ns(),
+        effect: Effect::Paused,
+    }
+}
+
+impl Toy {
+    /// The lever it acts by on `GPU`: the tuner's, else the policy's where offered.
+    fn lever(&self) -> Lever {
+        let d = self.0.borrow();
+        let tuned = d.gpu_levers.last().and_then(|m| m.get(&GPU).copied());
+        tuned.unwrap_or_else(|| TOY_OFFERS.resolve(d.lever.unwrap_or(Lever::Pause)))
+    }
+}
+
+impl Backend for Toy {
+    fn vendor(&self) -> Vendor {
+        Vendor::Amd
+    }
+
+    fn offers(&self) -> Offers {
+        TOY_OFFERS
+    }
+
+    fn classed<'a>(
+        &'a mut self,
+        _: &'a State,
+        pid: u32,
+        class: Class,
+    ) -> BoxFut<'a, Result<(), ActError>> {
+        // The standing lever is this backend's own business, at classification.
+        if class == Class::Offline && self.lever() == Lever::Timeslice {
+            self.0.borrow_mut().sliced.insert(pid, 200);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn suspend<'a>(
+        &'a mut self,
+        _: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+        _: Option<u32>,
+    ) -> BoxFut<'a, Acted> {
+        let qs = queues.unwrap_or_default();
+        let mut d = self.0.borrow_mut();
+        d.pauses += 1;
+        d.paused.entry(pid).or_default().extend(&qs);
+        Box::pin(async move { Acted::Now(Ok(report(pid, &qs))) })
+    }
+
+    fn resume<'a>(
+        &'a mut self,
+        _: &'a State,
+        pid: u32,
+        queues: Option<Vec<u32>>,
+    ) -> BoxFut<'a, Acted> {
+        let mut d = self.0.borrow_mut();
+        let held = d.paused.entry(pid).or_default();
+        let qs: Vec<u32> = match queues {
+            Some(q) => q.into_iter().filter(|q| held.remove(q)).collect(),
+            None => std::mem::take(held).into_iter().collect(),
+        };
+        Box::pin(async move { Acted::Now(Ok(report(pid, &qs))) })
+    }
+
+    fn forget(&mut self, pid: u32) {
+        self.0.borrow_mut().sliced.remove(&pid);
+    }
+
+    fn upkeep(&mut self, _: &State, _: u64) -> Vec<Notice> {
+        Vec::new()
+    }
+
+    fn set_policy(&mut self, policy: &Policy) {
+        self.0.borrow_mut().lever = Some(policy.levers.lever);
+    }
+
+    fn set_gpu_levers(&mut self, levers: &BTreeMap<u32, Lever>) {
+        let mut d = self.0.borrow_mut();
+        if d.gpu_levers.last() != Some(levers) {
+            d.gpu_levers.push(levers.clone());
+        }
+    }
+
+    fn timeslices(&self) -> Vec<(u32, u32, u64, u64)> {
+        let d = self.0.borrow();
+        d.sliced
+            .iter()
+            .map(|(&pid, &us)| (pid, 0, 2048, us))
+            .collect()
+    }
+
+    fn shutdown(self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {
+        let mut d = self.0.borrow_mut();
+        let reports: Vec<OpReport> = std::mem::take(&mut d.paused)
+            .into_iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(pid, q)| report(pid, &q.into_iter().collect::<Vec<_>>()))
+            .collect();
+        // What a standing lever changed goes back too.
+        d.sliced.clear();
+        Box::pin(async move { reports })
+    }
+}
+
+fn process(pid: u32, comm: &str, queues: &[u32]) -> Process {
+    let mut p = Process {
+        pid,
+        info: Some(ProcInfo {
+            comm: comm.into(),
+            start_time: u64::from(pid) * 7,
+            ..Default::default()
+        }),
+        class: None,
+        debugger: None,
+        source: Source::Event,
+        seen_ns: 0,
+        exited_ns: None,
+        queues: BTreeMap::new(),
+        last_event_ns: 0,
+        last_launch_ns: None,
+        launches: 0,
+        kernel_names: Default::default(),
+        unmanaged: None,
+        uncontrollable: None,
+        debug_api: None,
+    };
+    for &q in queues {
+        p.queues.insert(
+            q,
+            Queue {
+                created_ns: Some(0),
+                ..Queue::new(q, GPU, QueueKind::ComputeAql, Source::Event, 0)
+            },
+        );
+    }
+    p
+}
+
+/// Online work on `GPU` now: a backlog in a fresh sample of the online queue.
+fn online_busy(w: &mut Watcher, write: u64) {
+    if let Some(q) = w
+        .state
+        .procs
+        .get_mut(&ONLINE)
+        .and_then(|p| p.queues.get_mut(&1))
+    {
+        let a = &mut q.activity;
+        a.status = SampleStatus::Valid;
+        a.write_dispatch_id = Some(write);
+        a.read_dispatch_id = Some(write - 3);
+        a.backlog = Some(3);
+        a.busy = Some(true);
+        a.sample_ns = monotonic_ns();
+    }
+    // Offline work too, so that an offline queue has something to yield.
+    if let Some(q) = w
+        .state
+        .procs
+        .get_mut(&OFFLINE)
+        .and_then(|p| p.queues.get_mut(&2))
+    {
+        let a = &mut q.activity;
+        a.status = SampleStatus::Valid;
+        let r = a.read_dispatch_id.unwrap_or(0) + 5;
+        a.read_dispatch_id = Some(r);
+        a.write_dispatch_id = Some(r + 10);
+        a.backlog = Some(10);
+        a.busy = Some(true);
+        a.sample_ns = monotonic_ns();
+    }
+    w.state.now_ns = monotonic_ns();
+}
+
+struct Dir(std::path::PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const RULES: &str = "[[rule]]\nclass = \"online\"\ncomm = \"on\"\n\
+                     [[rule]]\nclass = \"offline\"\ncomm = \"off\"\n";
+
+/// The real controller over the toy backend under `policy`, a host with one online and one
+/// offline process on the toy's GPU.
+fn controller(policy: &str, dir: &Dir) -> (Ctx, Watcher, Rc<RefCell<Driver>>) {
+    let text = format!("[policy]\nlaunch_hints = false\nmin_interval = \"1ms\"\n{policy}{RULES}");
+    let policy = Policy::parse(&text, "toy.toml").unwrap();
+    let driver = Rc::new(RefCell::new(Driver::default()));
+    let backends = Backends::of(vec![Box::new(Toy(driver.clone()))]);
+    let hold = Holder::new(Lock::acquire(&dir.0).unwrap(), backends, "run");
+    let ctx = Ctx::new(policy, false, hold, None);
+    let mut w = Watcher::for_tests();
+    w.state.procs.insert(ONLINE, process(ONLINE, "on", &[1]));
+    w.state
+        .procs
+        .insert(OFFLINE, process(OFFLINE, "off", &[2, 3]));
+    (ctx, w, driver)
+}
+
+fn dir(name: &str) -> Dir {
+    Dir(std::env::temp_dir().join(format!("gp-toy-{name}-{}", std::process::id())))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_engine_pauses_through_a_backend_it_only_knows_by_its_offers() {
+    let d = dir("pause");
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"pause\"\n", &d);
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(
+        driver.borrow().paused.get(&OFFLINE),
+        Some(&BTreeSet::from([2, 3])),
+        "the offline queues are paused while online work is busy"
+    );
+    let q = &w.state.procs[&OFFLINE].queues;
+    assert!(q.values().all(|q| q.state == QueueState::Suspended));
+    assert!(driver.borrow().sliced.is_empty(), "no standing timeslice");
+    // The controller stops: the toy's shutdown resumes what it holds.
+    let (_, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let code = stop(ctx, &mut w, arrivals, &d.0, Ok("test".into()))
+        .await
+        .unwrap();
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(driver.borrow().paused.values().all(BTreeSet::is_empty));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_standing_lever_the_backend_offers_means_no_pause_per_episode() {
+    let d = dir("slice");
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"timeslice\"\n", &d);
+    for i in 0..5 {
+        online_busy(&mut w, 10 + i);
+        ctx.tick(&mut w).await;
+    }
+    let dr = driver.borrow();
+    assert_eq!(
+        dr.pauses, 0,
+        "the engine decided no pause under `timeslice`"
+    );
+    assert_eq!(dr.sliced.get(&OFFLINE), Some(&200), "set at classification");
+    assert!(!dr.sliced.contains_key(&ONLINE));
+    drop(dr);
+    // What the status publishes comes from the backend, not from a vendor's code.
+    assert_eq!(ctx.status(&w).timeslices, vec![(OFFLINE, 0, 2048, 200)]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lever_the_backend_does_not_offer_falls_back_to_its_default() {
+    let d = dir("fallback");
+    // `none` is not among the toy's offers: it pauses, its default (where `none` is offered,
+    // nothing would be paused).
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"none\"\n", &d);
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(driver.borrow().pauses, 1);
+    assert!(driver.borrow().sliced.is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_lever_tuner_measures_only_the_levers_the_backend_offers() {
+    let d = dir("tune");
+    let (mut ctx, mut w, driver) = controller(
+        "strategy = \"adaptive\"\n[nvidia]\nlever = \"timeslice\"\n",
+        &d,
+    );
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    // 30 s of a pair where pausing keeps online bursts shorter, on the engine's clock: a burst
+    // every 50 ms, offline progress every 10 ms, the controller's lever path each ms.
+    let ms = 1_000_000u64;
+    let start = monotonic_ns();
+    let (mut now, mut burst, mut progress) = (start, start + 50 * ms, start + 10 * ms);
+    while now < start + 30_000 * ms {
+        now += ms;
+        let lever = ctx.engine.gpu_levers().get(&GPU).copied();
+        if now >= burst {
+            burst += 50 * ms;
+            let took = if lever == Some(Lever::Pause) { 4 } else { 6 };
+            ctx.engine.lever_burst(GPU, now, took * ms);
+        }
+        if now >= progress {
+            progress += 10 * ms;
+            ctx.engine.lever_offline_progress(GPU, now, 10);
+        }
+        ctx.engine.decide(&w.state, now);
+        ctx.lever_changes(now);
+    }
+    // It measured the two levers the toy offers, and no other, and chose the pause.
+    let views = ctx.engine.lever_views();
+    assert_eq!(views.len(), 1, "{views:?}");
+    let measured: BTreeSet<Lever> = views[0].summaries.iter().map(|s| s.lever).collect();
+    assert_eq!(
+        measured,
+        BTreeSet::from([Lever::Timeslice, Lever::Pause]),
+        "{views:?}"
+    );
+    assert_eq!(ctx.engine.gpu_levers().get(&GPU), Some(&Lever::Pause));
+    // The backend heard every change, each an offered lever.
+    let seen = driver.borrow().gpu_levers.clone();
+    assert_eq!(
+        seen.last().and_then(|m| m.get(&GPU)),
+        Some(&Lever::Pause),
+        "{seen:?}"
+    );
+    assert!(seen
+        .iter()
+        .flat_map(|m| m.values())
+        .all(|l| TOY_OFFERS.set().contains(*l)));
+}
