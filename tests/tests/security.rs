@@ -8,7 +8,8 @@ use std::{
     time::Duration,
 };
 
-use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
+use gpreempt_user::controller::record::AuditRecord;
+use tests::{assert_nothing_left, audit_records, bin, require_root, serial, sim, TempDir};
 
 const OFFLINE: &str = "--profile resnet50_b1024 --offline --priority 0";
 
@@ -406,7 +407,9 @@ kill -INT $B $S; wait $B $S || true
     assert_ne!(status["classes"][s], "online", "{}", status["classes"]);
     let audit = text(&t.path("audit.jsonl"));
     assert!(
-        !audit.lines().any(|l| l.contains("\"action\":\"suspend\"")),
+        !audit_records(&audit)
+            .iter()
+            .any(|r| matches!(r, AuditRecord::Suspend(_))),
         "root's offline job was suspended for a spoofer:\n{audit}"
     );
     assert!(
@@ -650,10 +653,9 @@ kill -INT $B $S; wait $B $S || true
     let before: usize = text(&t.path("audit.lines")).trim().parse().unwrap();
     let audit = text(&t.path("audit.jsonl"));
     assert!(
-        audit.lines().skip(before).any(|l| {
-            l.contains("\"action\":\"suspend\"")
-                && l.contains(&format!("\"pid\":{pid}"))
-                && !l.contains("\"failed\"")
+        audit_records(&audit).iter().skip(before).any(|r| {
+            matches!(r, AuditRecord::Suspend(a)
+                if a.pid().to_string() == pid && a.decision().is_none_or(|d| d.failed.is_none()))
         }),
         "no suspend of {pid} after the tracer left:\n{audit}"
     );
@@ -723,24 +725,21 @@ kill -INT $A; wait $A || true
     );
     let before: usize = text(&t.path("audit.before")).trim().parse().unwrap();
     let audit = text(&t.path("audit.jsonl"));
-    let after: Vec<serde_json::Value> = audit
-        .lines()
+    let after: Vec<AuditRecord> = audit_records(&audit)
+        .into_iter()
         .skip(before)
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|r: &serde_json::Value| {
-            r["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid)
-        })
+        .filter(|r| r.pid().map(|p| p.to_string()).as_ref() == Some(&pid))
         .collect();
     assert!(
         after
             .iter()
-            .all(|r| r["action"] != "suspend" || r["done"].as_array().is_none_or(|d| d.is_empty())),
+            .all(|r| !matches!(r, AuditRecord::Suspend(a) if !a.done().is_empty())),
         "the new owner of pid {pid} was suspended: {after:#?}"
     );
     // The reuse was met: at the new owner's first GPU call, or by a stale act refused.
     let refused = after.iter().any(|r| {
-        r["failed"]
-            .as_str()
+        r.as_act()
+            .and_then(|(_, a)| a.decision()?.failed.as_deref())
             .is_some_and(|f| f.contains(&format!("pid {pid} was reused")))
     });
     let seen = err.contains(&format!("pid {pid}: a new process (started at tick"));

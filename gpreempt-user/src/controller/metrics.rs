@@ -21,6 +21,7 @@ use prometheus::{
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use super::record::AuditRecord;
 use crate::observe::model::{QueueState, State};
 
 /// Per-process labels, in order.
@@ -146,48 +147,44 @@ impl Metrics {
         Ok(m)
     }
 
-    /// One audit record as `run` writes it.
-    pub fn record(&mut self, rec: &serde_json::Value) {
-        let action = rec["action"].as_str().unwrap_or("?");
-        if !matches!(action, "suspend" | "resume") {
+    /// One audit record as `run` writes it: suspends and resumes count, the rest do not.
+    pub fn record(&mut self, rec: &AuditRecord) {
+        let Some((suspend, act)) = rec.as_act() else {
             return;
-        }
-        let outcome = if rec["dry_run"] == true {
-            "dry_run"
-        } else if rec.get("failed").is_some() {
-            "failed"
-        } else if rec["done"].as_array().is_some_and(|d| !d.is_empty()) {
-            if rec["invalid"].as_array().is_some_and(|v| !v.is_empty())
-                || rec["error"].as_array().is_some_and(|v| !v.is_empty())
+        };
+        let action = if suspend { "suspend" } else { "resume" };
+        let decision = act.decision();
+        let outcome = match decision {
+            Some(d) if d.dry_run => "dry_run",
+            Some(d) if d.failed.is_some() => "failed",
+            _ if act.done().is_empty() => "none",
+            Some(d)
+                if [&d.invalid, &d.error]
+                    .iter()
+                    .any(|v| v.as_ref().is_some_and(|v| !v.is_empty())) =>
             {
                 "partial"
-            } else {
-                "done"
             }
-        } else {
-            "none"
+            _ => "done",
         };
         self.actions.with_label_values(&[action, outcome]).inc();
-        if action == "resume"
-            && rec["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("max_suspend"))
-        {
+        if !suspend && act.reason().contains("max_suspend") {
             self.watchdog.inc();
         }
-        if let Some(ns) = rec["decision_latency_ns"].as_u64() {
+        if let Some(ns) = decision.and_then(|d| d.decision_latency_ns) {
             self.decision_latency
                 .with_label_values(&[action])
                 .observe(ns as f64 / 1e9);
         }
-        let (Some(pid), Some(ts)) = (rec["pid"].as_u64(), rec["returned_ns"].as_u64()) else {
+        // Only the policy's acts say when they returned: the suspended time runs from there.
+        let Some(ts) = decision.and_then(|d| d.returned_ns) else {
             return;
         };
         if !matches!(outcome, "done" | "partial") {
             return;
         }
-        let h = self.held.entry(pid as u32).or_default();
-        if action == "suspend" {
+        let h = self.held.entry(act.pid()).or_default();
+        if suspend {
             h.suspends += 1;
             h.since_ns.get_or_insert(ts);
         } else {
@@ -569,7 +566,7 @@ fn gpu_label(id: u32) -> String {
 mod tests {
     use super::*;
     use crate::{
-        controller::daemon::Status,
+        controller::{daemon::Status, record::DecisionAct},
         observe::events::{Event, Origin, ProcessExit},
         observe::model::Update,
         tui::app::tests::known_state,
@@ -598,15 +595,20 @@ mod tests {
             ("resume", 3_000_000_000, false),
             ("resume", 4_000_000_000, true),
         ] {
-            let mut rec = serde_json::json!({
-                "action": action, "pid": 200, "dry_run": false, "done": [0],
-                "invalid": [], "error": [], "returned_ns": ts, "decision_latency_ns": 20_000,
-            });
+            let mut rec = DecisionAct {
+                pid: 200,
+                done: Some(vec![0]),
+                invalid: Some(vec![]),
+                error: Some(vec![]),
+                returned_ns: Some(ts),
+                decision_latency_ns: Some(20_000),
+                ..DecisionAct::default()
+            };
             if failed {
-                rec["failed"] = "target gone".into();
-                rec["reason"] = "max_suspend 1s reached".into();
+                rec.failed = Some("target gone".into());
+                rec.reason = "max_suspend 1s reached".into();
             }
-            m.record(&rec);
+            m.record(&AuditRecord::act(action == "suspend", rec));
         }
         let page = m.render(&st, &status, 5_000_000_000);
         let online = "gpreempt_process_queues{class=\"online\",comm=\"python\",container=\"abcdef123456\",namespace=\"\",pid=\"100\",pod=\"\",pod_container=\"\"}";
