@@ -446,6 +446,20 @@ pub fn assert_nothing_left() {
     }
 }
 
+/// The records of an audit log's text (`run --audit`), each line read through the controller's
+/// own type: a line it cannot read fails the test.
+pub fn audit_records(text: &str) -> Vec<gpreempt_user::controller::record::AuditRecord> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line: {e}: {l}")))
+        .collect()
+}
+
+/// The records of the audit log at `p`; none when there is no file.
+pub fn audit_log(p: &Path) -> Vec<gpreempt_user::controller::record::AuditRecord> {
+    audit_records(&std::fs::read_to_string(p).unwrap_or_default())
+}
+
 /// The links of a markdown text outside fenced blocks: (1-based line, target) for every
 /// `](target)` whose target is not a URL (`scheme:`); same-page anchors (`#x`) included.
 pub fn md_links(text: &str) -> Vec<(usize, String)> {

@@ -2,11 +2,10 @@
 //! calibrates from what it measures, leaves offline work alone where that costs online nothing,
 //! and acts where it does.
 
-use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
-use tests::{assert_nothing_left, serial, sim, TempDir};
+use gpreempt_user::controller::record::{Act, AuditRecord};
+use tests::{assert_nothing_left, audit_log, serial, sim, TempDir};
 
 const ONLINE: &str = "--profile resnet18_b1 --rate 20 --priority 15";
 
@@ -30,17 +29,9 @@ class = "offline"
 cmdline = '--offline|seed_model_a'
 "#;
 
-fn audit(p: &Path) -> Vec<Value> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// `run` with the adaptive policy next to the online service and `offline` for `secs`; the
 /// audit records and the controller's stderr.
-fn run_pair(offline: &str, secs: u32) -> (Vec<Value>, String) {
+fn run_pair(offline: &str, secs: u32) -> (Vec<AuditRecord>, String) {
     let t = TempDir::new("adaptive");
     std::fs::write(t.path("policy.toml"), POLICY).unwrap();
     let d = t.0.display();
@@ -57,19 +48,27 @@ kill -INT $R; wait $R
     );
     sim(&script, Duration::from_secs(u64::from(secs) + 90));
     let err = std::fs::read_to_string(t.path("run.err")).unwrap_or_default();
-    (audit(&t.path("audit.jsonl")), err)
+    (audit_log(&t.path("audit.jsonl")), err)
 }
 
-fn notes(audit: &[Value]) -> Vec<String> {
+fn notes(audit: &[AuditRecord]) -> Vec<String> {
     audit
         .iter()
-        .filter(|a| a["action"] == "adapt")
-        .filter_map(|a| a["reason"].as_str().map(str::to_owned))
+        .filter_map(|a| match a {
+            AuditRecord::Adapt(n) => Some(n.reason.clone()),
+            _ => None,
+        })
         .collect()
 }
 
-fn suspends(audit: &[Value]) -> Vec<&Value> {
-    audit.iter().filter(|a| a["action"] == "suspend").collect()
+fn suspends(audit: &[AuditRecord]) -> Vec<&Act> {
+    audit
+        .iter()
+        .filter_map(|a| match a {
+            AuditRecord::Suspend(s) => Some(s),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
@@ -133,9 +132,7 @@ fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
     // It acts on many requests (600 in 30 s), every suspend with the tuner's reasoning.
     assert!(s.len() > 50, "{} suspends: {notes:?}", s.len());
     assert!(
-        s.iter().all(|a| a["reason"]
-            .as_str()
-            .is_some_and(|r| r.starts_with("adaptive: "))),
+        s.iter().all(|a| a.reason().starts_with("adaptive: ")),
         "{:?}",
         s.first()
     );

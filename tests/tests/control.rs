@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use gpreempt_user::controller::record::AuditRecord;
 use serde_json::Value;
-use tests::{assert_nothing_left, serial, sim, TempDir};
+use tests::{assert_nothing_left, audit_log, serial, sim, TempDir};
 
 fn json(p: &Path) -> Value {
     let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -193,15 +194,14 @@ kill -INT $R; wait $R; echo $? > {d}/run.rc
     let items = |f: &str| json(&t.path(f))["items_per_s"].as_f64().unwrap();
     let (without, with) = (p99("on0.json"), p99("on1.json"));
     let (off0, off1) = (items("off0.json"), items("off1.json"));
-    let audit = lines(&t.path("audit.jsonl"));
-    let suspends = audit
-        .iter()
-        .filter(|a| a["action"] == "suspend" && a["done"].as_array().is_some_and(|d| !d.is_empty()))
+    let audit = audit_log(&t.path("audit.jsonl"));
+    let acts = || audit.iter().filter_map(AuditRecord::as_act);
+    let suspends = acts()
+        .filter(|(suspend, a)| *suspend && !a.done().is_empty())
         .count();
-    let mut lat: Vec<f64> = audit
-        .iter()
-        .filter_map(|a| a["decision_latency_ns"].as_f64())
-        .map(|ns| ns / 1e3)
+    let mut lat: Vec<f64> = acts()
+        .filter_map(|(_, a)| a.decision()?.decision_latency_ns)
+        .map(|ns| ns as f64 / 1e3)
         .collect();
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| {
@@ -227,22 +227,21 @@ kill -INT $R; wait $R; echo $? > {d}/run.rc
     assert!(suspends > 100, "the policy acted: {suspends} suspends");
     // Every suspend was triggered by online work the controller saw.
     assert!(
-        audit
-            .iter()
-            .filter(|a| a["action"] == "suspend")
-            .all(|a| a["trigger_ns"].as_u64().is_some()),
+        acts()
+            .filter(|(suspend, _)| *suspend)
+            .all(|(_, a)| a.decision().is_some_and(|d| d.trigger_ns.is_some())),
         "suspends without a trigger"
     );
     // How long the offline queue was held: from each suspend's return to the next resume's.
     let mut held_ns = 0u64;
     let mut since = None;
-    for a in &audit {
-        let done = a["done"].as_array().is_some_and(|d| !d.is_empty());
-        match (a["action"].as_str(), a["returned_ns"].as_u64(), done) {
-            (Some("suspend"), Some(t), true) => {
+    for (suspend, a) in acts() {
+        let returned = a.decision().and_then(|d| d.returned_ns);
+        match (suspend, returned, !a.done().is_empty()) {
+            (true, Some(t), true) => {
                 since.get_or_insert(t);
             }
-            (Some("resume"), Some(t), true) => {
+            (false, Some(t), true) => {
                 if let Some(s) = since.take() {
                     held_ns += t.saturating_sub(s);
                 }
@@ -261,7 +260,7 @@ kill -INT $R; wait $R; echo $? > {d}/run.rc
     );
     let b = num(&t.path("b.pid"));
     assert!(
-        audit.iter().all(|a| a["pid"] == b),
+        audit.iter().all(|a| a.pid() == Some(b)),
         "only the offline process is acted on"
     );
     assert_nothing_left();
@@ -444,11 +443,10 @@ kill -INT $TR; wait $TR
     let run = text(&t.path("run.err"));
     assert_eq!(num(&t.path("run.rc")), 0, "{run}");
     // Dry run: decisions are made and audited...
-    let audit = lines(&t.path("audit.jsonl"));
+    let audit = audit_log(&t.path("audit.jsonl"));
     assert!(
-        audit
-            .iter()
-            .any(|a| a["action"] == "suspend" && a["pid"] == b && a["dry_run"] == true),
+        audit.iter().any(|a| matches!(a, AuditRecord::Suspend(s)
+            if s.pid() == b && s.decision().is_some_and(|d| d.dry_run))),
         "{audit:?}"
     );
     // ...and nothing is done: no debug-trap call by the controller, the queue keeps running.
@@ -556,11 +554,14 @@ kill -INT $W; wait $W
 /// Per online request: its first launch (a burst start in an observer's launch hints: no hint in
 /// the 10 ms before) to the offline queue off the GPU (the next SUSPEND's return), in us. Requests
 /// that needed no suspend (offline already held) are left out.
-fn first_launch_to_suspended_us(hints: &[u64], audit: &[Value]) -> Vec<f64> {
+fn first_launch_to_suspended_us(hints: &[u64], audit: &[AuditRecord]) -> Vec<f64> {
     let suspends: Vec<(u64, u64)> = audit
         .iter()
-        .filter(|a| a["action"] == "suspend" && a["done"].as_array().is_some_and(|d| !d.is_empty()))
-        .filter_map(|a| Some((a["issued_ns"].as_u64()?, a["returned_ns"].as_u64()?)))
+        .filter_map(|a| match a {
+            AuditRecord::Suspend(s) if !s.done().is_empty() => s.decision(),
+            _ => None,
+        })
+        .filter_map(|d| Some((d.issued_ns?, d.returned_ns?)))
         .collect();
     let mut out = Vec::new();
     for (i, &b) in hints.iter().enumerate() {
@@ -626,16 +627,15 @@ done
             .filter(|h| h["pid"] == pid)
             .filter_map(|h| h["ts_ns"].as_u64())
             .collect();
-        let audit = lines(&t.path(&format!("audit-{mode}.jsonl")));
+        let audit = audit_log(&t.path(&format!("audit-{mode}.jsonl")));
         let by_hint = audit
             .iter()
-            .filter(|a| {
-                a["reason"]
-                    .as_str()
-                    .is_some_and(|r| r.contains("launch hint"))
-            })
+            .filter(|a| a.reason().contains("launch hint"))
             .count();
-        let suspends = audit.iter().filter(|a| a["action"] == "suspend").count();
+        let suspends = audit
+            .iter()
+            .filter(|a| matches!(a, AuditRecord::Suspend(_)))
+            .count();
         let lead = first_launch_to_suspended_us(&hints, &audit);
         assert!(
             lead.len() >= 100,

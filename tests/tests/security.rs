@@ -8,7 +8,8 @@ use std::{
     time::Duration,
 };
 
-use tests::{assert_nothing_left, bin, require_root, serial, sim, TempDir};
+use gpreempt_user::controller::record::AuditRecord;
+use tests::{assert_nothing_left, audit_records, bin, require_root, serial, sim, TempDir};
 
 const OFFLINE: &str = "--profile resnet50_b1024 --offline --priority 0";
 
@@ -406,7 +407,9 @@ kill -INT $B $S; wait $B $S || true
     assert_ne!(status["classes"][s], "online", "{}", status["classes"]);
     let audit = text(&t.path("audit.jsonl"));
     assert!(
-        !audit.lines().any(|l| l.contains("\"action\":\"suspend\"")),
+        !audit_records(&audit)
+            .iter()
+            .any(|r| matches!(r, AuditRecord::Suspend(_))),
         "root's offline job was suspended for a spoofer:\n{audit}"
     );
     assert!(
@@ -523,9 +526,9 @@ kill -INT $A $B 2>/dev/null || true; wait $A $B || true
     assert_nothing_left();
 }
 
-/// A process with no GPU: `suspend --pid` of one used to seize it (interrupting its
-/// system calls) before saying "no queues", and `resume` claimed to have resumed its queues. Both
-/// now refuse up front with the reason, and the process is never touched.
+/// A process with no GPU: `suspend --pid` and `resume --pid` of one refuse up front with the
+/// reason, and the process is never touched (seizing it would interrupt its system calls, and a
+/// resume must not claim queues it never had).
 #[test]
 fn a_process_without_a_gpu_is_refused_before_it_is_touched() {
     require_root();
@@ -650,17 +653,16 @@ kill -INT $B $S; wait $B $S || true
     let before: usize = text(&t.path("audit.lines")).trim().parse().unwrap();
     let audit = text(&t.path("audit.jsonl"));
     assert!(
-        audit.lines().skip(before).any(|l| {
-            l.contains("\"action\":\"suspend\"")
-                && l.contains(&format!("\"pid\":{pid}"))
-                && !l.contains("\"failed\"")
+        audit_records(&audit).iter().skip(before).any(|r| {
+            matches!(r, AuditRecord::Suspend(a)
+                if a.pid().to_string() == pid && a.decision().is_none_or(|d| d.failed.is_none()))
         }),
         "no suspend of {pid} after the tracer left:\n{audit}"
     );
     assert_nothing_left();
 }
 
-/// Issue 34 finding 3 (a pid is not an identity): an offline process that existed before `run`
+/// A pid is not an identity: an offline process that existed before `run`
 /// started (so no exit record of it ever comes: it made no GPU call since) is held, killed, and
 /// an unprivileged process takes its pid at once (clone3 with set_tid) and opens the GPU. The
 /// controller's model still names the old process under that pid; every act names the process by
@@ -723,24 +725,21 @@ kill -INT $A; wait $A || true
     );
     let before: usize = text(&t.path("audit.before")).trim().parse().unwrap();
     let audit = text(&t.path("audit.jsonl"));
-    let after: Vec<serde_json::Value> = audit
-        .lines()
+    let after: Vec<AuditRecord> = audit_records(&audit)
+        .into_iter()
         .skip(before)
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|r: &serde_json::Value| {
-            r["pid"].as_u64().map(|p| p.to_string()).as_ref() == Some(&pid)
-        })
+        .filter(|r| r.pid().map(|p| p.to_string()).as_ref() == Some(&pid))
         .collect();
     assert!(
         after
             .iter()
-            .all(|r| r["action"] != "suspend" || r["done"].as_array().is_none_or(|d| d.is_empty())),
+            .all(|r| !matches!(r, AuditRecord::Suspend(a) if !a.done().is_empty())),
         "the new owner of pid {pid} was suspended: {after:#?}"
     );
     // The reuse was met: at the new owner's first GPU call, or by a stale act refused.
     let refused = after.iter().any(|r| {
-        r["failed"]
-            .as_str()
+        r.as_act()
+            .and_then(|(_, a)| a.decision()?.failed.as_deref())
             .is_some_and(|f| f.contains(&format!("pid {pid} was reused")))
     });
     let seen = err.contains(&format!("pid {pid}: a new process (started at tick"));
@@ -763,14 +762,14 @@ kill -INT $A; wait $A || true
     assert_nothing_left();
 }
 
-/// Issue 34 finding 5: the lease guardian must not kill a controller that is making progress.
+/// The lease guardian must not kill a controller that is making progress.
 /// The held offline job is flooded with signals (each one a ptrace stop the controller handles)
 /// while twelve online processes with launch hints end together, so their uprobes are detached
 /// (each detach waits for an RCU grace period: about 0.25 s per process on this host, more under
 /// the flood) and the controller is then stopped with SIGINT in the middle of the flood. It
 /// lives through all of it (the guardian's lease is 2 s here), exits 0 and leaves nothing held.
-/// Before the heartbeat had a thread of its own, the detaches alone kept the loop from beating
-/// for longer than the lease. Emulated.
+/// The detaches alone keep the loop busy for longer than the lease: the heartbeat must not be
+/// the loop's. Emulated.
 #[test]
 fn a_signal_flood_and_uprobe_teardown_do_not_make_the_guardian_kill_run() {
     let _one = serial();
@@ -828,7 +827,7 @@ kill -INT $B 2>/dev/null || true; wait $B || true
     assert_nothing_left();
 }
 
-/// Issue 34 (by design until now): an offline job that runs under a tracer of its own (here
+/// An offline job that runs under a tracer of its own (here
 /// `strace -f`, started with it) cannot be seized by the controller, so it escapes control. It
 /// is not hidden: `queues` (read by an unprivileged user), `queues --json` and the metrics show
 /// it as uncontrollable with the reason, and the metrics count it by reason. Emulated.

@@ -33,7 +33,7 @@ fn build_client(exe: &Path, flags: &[&str]) {
     );
 }
 
-/// Issue 21 finding 8: a client whose every KFD ioctl carries type byte 'X' runs its whole queue
+/// A client whose every KFD ioctl carries type byte 'X' runs its whole queue
 /// lifecycle (the emulator, like amdkfd, dispatches on nr), and `trace` sees each call, decoded
 /// with the kernel's results, because the programs select calls by the file, not the type byte.
 #[test]

@@ -247,7 +247,8 @@ fn summary(written: u64, probes: &Probes, source: &EventSource) -> Result<String
         k.ringbuf_full,
         k.inflight_full,
         k.args_fault,
-        u.not_kfd,
+        // Named `not_kfd` in the line (scripts parse it), whichever device was wanted.
+        u.not_device,
         u.unverified,
         u.malformed,
         k.kernel_seen,

@@ -1,4 +1,4 @@
-//! The audit log (`run --audit FILE`): one JSON line per decision, whole or not at all.
+//! The audit log (`run --audit FILE`): one JSON line per [`AuditRecord`], whole or not at all.
 //!
 //! A write that fails part-way (a full file system) is cut back to the last whole line, the lines
 //! lost are counted, and every later record tries again: auditing resumes by itself when space
@@ -9,6 +9,8 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as
 use std::path::Path;
 
 use anyhow::{bail, Context as _};
+
+use super::record::AuditRecord;
 
 /// The audit file's mode when `run` creates it, whatever the umask: root writes, its group may
 /// read (records name processes and users).
@@ -123,13 +125,16 @@ impl<S: Sink> Audit<S> {
 
     /// Writes one record as a line. Returns what to log when auditing starts failing or
     /// resumes (once each).
-    pub fn record(&mut self, v: &serde_json::Value) -> Option<String> {
-        let mut line = v.to_string();
-        line.push('\n');
+    pub fn record(&mut self, rec: &AuditRecord) -> Option<String> {
+        let line = serde_json::to_string(rec).map(|mut l| {
+            l.push('\n');
+            l
+        });
         let before = self.sink.size();
-        let r = match &before {
-            Ok(_) => self.sink.write_all(line.as_bytes()),
-            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        let r = match (&before, line) {
+            (Ok(_), Ok(line)) => self.sink.write_all(line.as_bytes()),
+            (Err(e), _) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            (_, Err(e)) => Err(e.into()),
         };
         match (r, &mut self.failing) {
             (Ok(()), None) => None,
@@ -280,11 +285,18 @@ mod tests {
 
     #[test]
     fn a_full_disk_loses_whole_lines_counts_them_and_recovers() {
+        let rec = AuditRecord::Adapt(crate::controller::record::AdaptNote {
+            emulated: false,
+            gpu_id: 1,
+            reason: "calibrated".into(),
+            ts_ns: 1,
+        });
+        let line = serde_json::to_string(&rec).unwrap().len() + 1;
+        // Room for one line and a bit of the next.
         let mut a = Audit::new(Disk {
             data: Vec::new(),
-            room: 30,
+            room: line + 2,
         });
-        let rec = serde_json::json!({"action": "suspend", "pid": 1}); // 28 bytes with '\n'
         assert_eq!(a.record(&rec), None);
         let w = a.record(&rec).unwrap();
         assert!(w.contains("No space left on device"), "{w}");

@@ -3,12 +3,14 @@
 //! ([`hold`]: lock, backends, held queues, restore), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
 //! ([`requests`], through the backend seam), the loop of `run` itself ([`run_loop`])
-//! and what comes before it ([`startup`]: the self-tests).
+//! and what comes before it ([`startup`]: the self-tests); what it audits ([`record`], written
+//! by [`audit`]) and publishes ([`metrics`]).
 pub mod alarm;
 pub mod audit;
 pub mod daemon;
 pub mod hold;
 pub mod metrics;
+pub mod record;
 pub mod requests;
 pub mod run_loop;
 pub mod socket;

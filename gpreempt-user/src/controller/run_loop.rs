@@ -27,6 +27,9 @@ use crate::{
     controller::{
         daemon::{self, Request, Response, Status},
         hold::Holder,
+        record::{
+            ActLever, AdaptNote, AuditRecord, By, DecisionAct, DirectAct, LeverSwitch, TimesliceSet,
+        },
         requests::{answer, finish, Answer, Answered},
     },
     observe::model::{Uncontrollable, Update},
@@ -172,20 +175,26 @@ impl Ctx {
         }
     }
 
-    fn record(&mut self, v: serde_json::Value) {
+    fn record(&mut self, rec: AuditRecord) {
         if let Some((m, _)) = &mut self.metrics {
-            m.record(&v);
+            m.record(&rec);
         }
         if let Some(a) = &mut self.audit {
-            if let Some(said) = a.record(&v) {
+            if let Some(said) = a.record(&rec) {
                 log::warn!("{said}");
                 self.status_dirty = true;
             }
         }
-        if self.recent.len() == RECENT {
-            self.recent.pop_front();
+        // The status file's `decisions` are these same records, as JSON.
+        match serde_json::to_value(&rec) {
+            Ok(v) => {
+                if self.recent.len() == RECENT {
+                    self.recent.pop_front();
+                }
+                self.recent.push_back(v);
+            }
+            Err(e) => log::warn!("an audit record for the status file: {e}"),
         }
-        self.recent.push_back(v);
         self.status_dirty = true;
     }
 
@@ -331,12 +340,11 @@ impl Ctx {
         }
         for (gpu_id, note) in self.engine.take_notes() {
             log::info!("GPU {gpu_id:#x}: adaptive: {note}");
-            self.record(serde_json::json!({
-                "ts_ns": now,
-                "gpu_id": gpu_id,
-                "action": "adapt",
-                "reason": note,
-                "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
+            self.record(AuditRecord::Adapt(AdaptNote {
+                emulated: std::env::var_os("GPREEMPT_LABEL").is_some(),
+                gpu_id,
+                reason: note,
+                ts_ns: now,
             }));
         }
     }
@@ -351,14 +359,13 @@ impl Ctx {
                 c.to,
                 c.reason
             );
-            self.record(serde_json::json!({
-                "ts_ns": now,
-                "gpu": gpu_id,
-                "action": "lever",
-                "from": c.from.label(),
-                "to": c.to.label(),
-                "reason": c.reason,
-                "dry_run": self.dry_run,
+            self.record(AuditRecord::Lever(LeverSwitch {
+                dry_run: self.dry_run,
+                from: c.from.label().into(),
+                gpu: gpu_id,
+                reason: c.reason,
+                to: c.to.label().into(),
+                ts_ns: now,
             }));
         }
         // Every tick, not only on a change: a reload drops the tuners without one (the
@@ -369,19 +376,20 @@ impl Ctx {
         }
     }
 
-    fn audit_record(&self, d: &Decision) -> serde_json::Value {
-        serde_json::json!({
-            "ts_ns": d.ts_ns,
-            "gpu_id": d.gpu_id,
-            "pid": d.pid,
-            "action": d.action,
-            "queues": d.queues,
-            "grace": d.grace,
-            "reason": d.reason,
-            "trigger_ns": d.trigger_ns,
-            "dry_run": self.dry_run,
-            "emulated": std::env::var_os("GPREEMPT_LABEL").is_some(),
-        })
+    /// The audit record of `d` as decided (what came of it is added once acted on).
+    fn audit_record(&self, d: &Decision) -> DecisionAct {
+        DecisionAct {
+            dry_run: self.dry_run,
+            emulated: std::env::var_os("GPREEMPT_LABEL").is_some(),
+            gpu_id: d.gpu_id,
+            grace: d.grace,
+            pid: d.pid,
+            queues: d.queues.clone(),
+            reason: d.reason.clone(),
+            trigger_ns: d.trigger_ns,
+            ts_ns: d.ts_ns,
+            ..DecisionAct::default()
+        }
     }
 
     async fn act(&mut self, w: &mut Watcher, d: Decision) {
@@ -398,7 +406,7 @@ impl Ctx {
                 d.gpu_id,
                 d.reason
             );
-            self.record(rec);
+            self.record(AuditRecord::act(suspend, rec));
             return;
         }
         // One decision per process with a worker at a time: the engine decides again what it
@@ -439,13 +447,13 @@ impl Ctx {
                     // The `dynamic` lever: the queues keep running (with a short timeslice
                     // during the episode); the model's states stay as they are.
                     Effect::Timeslice(us) => {
-                        rec["lever"] = serde_json::json!("dynamic");
-                        rec["timeslice_us"] = serde_json::json!(us);
+                        rec.lever = Some(ActLever::Dynamic);
+                        rec.timeslice_us = Some(*us);
                     }
                     // The freeze lever: the process is frozen, its queues stay mapped.
                     Effect::Frozen(cg) => {
-                        rec["lever"] = serde_json::json!("freeze");
-                        rec["cgroup"] = serde_json::json!(cg);
+                        rec.lever = Some(ActLever::Freeze);
+                        rec.cgroup = Some(cg.clone());
                         if suspend {
                             self.frozen.insert(d.pid, cg.clone());
                         } else {
@@ -463,26 +471,23 @@ impl Ctx {
                         .map(|q| q.queue_id)
                         .collect()
                 };
-                rec["done"] = serde_json::json!(done);
-                rec["invalid"] = serde_json::json!(by(QueueOutcome::Invalid));
-                rec["error"] = serde_json::json!(by(QueueOutcome::Error));
-                rec["issued_ns"] = serde_json::json!(report.issued_ns);
-                rec["returned_ns"] = serde_json::json!(report.returned_ns);
-                if let Some(t) = d.trigger_ns {
-                    rec["decision_latency_ns"] =
-                        serde_json::json!(report.issued_ns.saturating_sub(t));
-                }
+                rec.done = Some(done);
+                rec.invalid = Some(by(QueueOutcome::Invalid));
+                rec.error = Some(by(QueueOutcome::Error));
+                rec.issued_ns = Some(report.issued_ns);
+                rec.returned_ns = Some(report.returned_ns);
+                rec.decision_latency_ns = d.trigger_ns.map(|t| report.issued_ns.saturating_sub(t));
                 log::info!("{} ({})", report.describe(suspend), d.reason);
             }
             Err(e) => {
                 self.engine.confirm(&d, &[]);
-                rec["failed"] = serde_json::json!(e.to_string());
+                rec.failed = Some(e.to_string());
                 // Said once per pid and reason (a process another tool traces failed every
                 // decision, ~40 times a second); retried by `retry_refused`.
                 self.refuse(w, d.pid, e);
             }
         }
-        self.record(rec);
+        self.record(AuditRecord::act(suspend, rec));
     }
 
     fn notice(&mut self, w: &mut Watcher, n: Notice) {
@@ -510,14 +515,14 @@ impl Ctx {
                 if !suspend {
                     self.engine.forget(report.pid, Some(&report.done()));
                 }
-                self.record(serde_json::json!({
-                    "ts_ns": report.returned_ns,
-                    "pid": report.pid,
-                    "action": if suspend { "suspend" } else { "resume" },
-                    "done": report.done(),
-                    "reason": why,
-                    "by": "control",
-                }));
+                let act = DirectAct {
+                    by: By::Control,
+                    done: report.done(),
+                    pid: report.pid,
+                    reason: why,
+                    ts_ns: report.returned_ns,
+                };
+                self.record(AuditRecord::act(suspend, act));
             }
             Notice::Fenced { gpu_id, why } => {
                 self.engine.fence_gpu(gpu_id, &why);
@@ -544,18 +549,17 @@ impl Ctx {
                     change.from_us,
                     change.to_us
                 );
-                self.record(serde_json::json!({
-                    "ts_ns": monotonic_ns(),
-                    "pid": change.pid,
-                    "action": "timeslice",
-                    "tsg": change.queue_id,
-                    "from_us": change.from_us,
-                    "to_us": change.to_us,
-                    "original_us": change.original_us,
-                    "issued_ns": change.issued_ns,
-                    "returned_ns": change.returned_ns,
-                    "reason": why,
-                    "by": "control",
+                self.record(AuditRecord::Timeslice(TimesliceSet {
+                    by: By::Control,
+                    from_us: change.from_us,
+                    issued_ns: change.issued_ns,
+                    original_us: change.original_us,
+                    pid: change.pid,
+                    reason: why,
+                    returned_ns: change.returned_ns,
+                    to_us: change.to_us,
+                    ts_ns: monotonic_ns(),
+                    queue_id: change.queue_id,
                 }));
                 self.status_dirty = true;
             }
@@ -599,14 +603,14 @@ impl Ctx {
     fn answered(&mut self, w: &mut Watcher, ans: Answer) -> Response {
         if let Some((r, suspend)) = &ans.acted {
             self.apply_report(w, r, *suspend);
-            self.record(serde_json::json!({
-                "ts_ns": r.returned_ns,
-                "pid": r.pid,
-                "action": if *suspend { "suspend" } else { "resume" },
-                "done": r.done(),
-                "reason": "manual request",
-                "by": "operator",
-            }));
+            let act = DirectAct {
+                by: By::Operator,
+                done: r.done(),
+                pid: r.pid,
+                reason: "manual request".into(),
+                ts_ns: r.returned_ns,
+            };
+            self.record(AuditRecord::act(*suspend, act));
         }
         ans.response
     }

@@ -76,6 +76,43 @@ pub enum Strategy {
     Adaptive { budget: Budget },
 }
 
+impl Strategy {
+    pub fn kind(&self) -> StrategyKind {
+        match self {
+            Self::Priority => StrategyKind::Priority,
+            Self::Timeslice { .. } => StrategyKind::Timeslice,
+            Self::Adaptive { .. } => StrategyKind::Adaptive,
+        }
+    }
+}
+
+/// A [`Strategy`] without its values: what `strategy = "..."` names (priority where the file
+/// names none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StrategyKind {
+    #[default]
+    Priority,
+    Timeslice,
+    Adaptive,
+}
+
+impl StrategyKind {
+    pub const ALL: [Self; 3] = [Self::Priority, Self::Timeslice, Self::Adaptive];
+
+    /// As the policy file names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Priority => "priority",
+            Self::Timeslice => "timeslice",
+            Self::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.label() == s)
+    }
+}
+
 /// The adaptive strategy's online goal (`[adaptive]`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Budget {

@@ -399,6 +399,18 @@ fn share_out_of_range() {
     );
 }
 
+/// Each strategy the file can name parses to a strategy of that kind; none named is priority.
+#[test]
+fn each_named_strategy_is_the_one_parsed() {
+    for k in StrategyKind::ALL {
+        let text = format!("[policy]\nstrategy = {:?}\n", k.label());
+        let p = Policy::parse(&text, "policy.toml").unwrap();
+        assert_eq!(p.strategy.kind(), k, "{text}");
+    }
+    let p = Policy::parse("[policy]\n", "policy.toml").unwrap();
+    assert_eq!(p.strategy.kind(), StrategyKind::default());
+}
+
 #[test]
 fn timeslice_table_needs_timeslice_strategy() {
     assert_eq!(

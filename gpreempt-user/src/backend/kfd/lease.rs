@@ -13,8 +13,8 @@
 //! loop does meanwhile (waiting for the control thread while it serves a target that floods
 //! itself with signals, a slow file system, reconciliation) is not silence. A stopped process
 //! stops this thread too; a control thread stuck in a call, or a loop stuck for good, stops the
-//! beats (issue 34 finding 5: the loop used to beat, and a loop busy tearing down uprobes got
-//! the controller killed).
+//! beats. The loop does not beat itself: a loop busy for seconds on work that makes progress
+//! (tearing down uprobes) would read as dead, and the guardian would kill a working controller.
 
 use std::{
     path::Path,

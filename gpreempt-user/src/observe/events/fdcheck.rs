@@ -39,8 +39,10 @@ enum Node {
 /// The verdict on one (pid, fd).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FdVerdict {
-    Kfd,
-    /// Another file: the event is not a KFD ioctl and is dropped.
+    /// The GPU device the event asked for: `/dev/kfd` for a KFD ioctl, an NVIDIA node for an
+    /// RM escape.
+    Device,
+    /// Another file: the event is not a GPU driver call and is dropped.
     Other,
     /// The process or fd was gone before it could be checked.
     Unknown,
@@ -77,6 +79,7 @@ impl FdCheck {
         self.check_for(pid, fd, Node::Nvidia)
     }
 
+    /// Whether `pid`'s `fd` is the KFD device.
     pub fn check(&mut self, pid: u32, fd: i32) -> FdVerdict {
         self.check_for(pid, fd, Node::Kfd)
     }
@@ -98,7 +101,7 @@ impl FdCheck {
             },
         };
         if node == want {
-            FdVerdict::Kfd
+            FdVerdict::Device
         } else {
             FdVerdict::Other
         }

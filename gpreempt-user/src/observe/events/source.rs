@@ -6,8 +6,10 @@ use super::{decode, Event, FdCheck, FdVerdict};
 /// Counters of what user space dropped or could not decode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserStats {
-    /// 'K' ioctls in the KFD nr range on some other file (not KFD): dropped.
-    pub not_kfd: u64,
+    /// GPU driver calls on some other file (a 'K' ioctl in the KFD nr range not on /dev/kfd, an
+    /// RM escape not on an NVIDIA node): dropped. `trace`'s summary says `not_kfd`, the name
+    /// scripts already read.
+    pub not_device: u64,
     /// Delivered although the fd could not be checked (process already gone).
     pub unverified: u64,
     /// Malformed records.
@@ -57,7 +59,7 @@ impl EventSource {
         Ok(())
     }
 
-    /// Keeps only ioctls on the KFD device; forgets exited processes.
+    /// Keeps only driver calls on the GPU devices; forgets exited processes.
     fn check_fds(&mut self, out: &mut Vec<Event>) {
         check_fds_with(&mut self.fds, &mut self.stats, out);
     }
@@ -67,7 +69,7 @@ impl EventSource {
 pub(super) fn check_fds_with(fds: &mut FdCheck, stats: &mut UserStats, out: &mut Vec<Event>) {
     // Keeps the event unless its fd is another file; marks it verified when confirmed.
     let mut keep = |verdict: FdVerdict, verified: &mut bool| match verdict {
-        FdVerdict::Kfd => {
+        FdVerdict::Device => {
             *verified = true;
             true
         }
@@ -76,7 +78,7 @@ pub(super) fn check_fds_with(fds: &mut FdCheck, stats: &mut UserStats, out: &mut
             true
         }
         FdVerdict::Other => {
-            stats.not_kfd += 1;
+            stats.not_device += 1;
             false
         }
     };

@@ -220,14 +220,14 @@ fn fd_check_reads_proc_links_and_caches_them() {
     std::os::unix::fs::symlink("/dev/kfd", root.join("10/fd/3")).unwrap();
     std::os::unix::fs::symlink("/dev/null", root.join("10/fd/4")).unwrap();
     let mut c = FdCheck::with_proc("/dev/kfd", &root);
-    assert_eq!(c.check(10, 3), FdVerdict::Kfd);
+    assert_eq!(c.check(10, 3), FdVerdict::Device);
     assert_eq!(c.check(10, 4), FdVerdict::Other);
     assert_eq!(c.check(10, 5), FdVerdict::Unknown);
     assert_eq!(c.check(11, 3), FdVerdict::Unknown);
     assert_eq!(c.cached(), 1, "only devices are cached");
     // Cached: the verdict survives the process's /proc entry going away...
     std::fs::remove_dir_all(root.join("10")).unwrap();
-    assert_eq!(c.check(10, 3), FdVerdict::Kfd);
+    assert_eq!(c.check(10, 3), FdVerdict::Device);
     // ...until the process exit is seen.
     c.forget(10);
     assert_eq!(c.cached(), 0);
@@ -259,8 +259,8 @@ fn fd_check_knows_nvidia_nodes_by_device_number() {
     std::os::unix::fs::symlink(dev.join("nvidia-modeset"), root.join("20/fd/10")).unwrap();
     std::os::unix::fs::symlink("/dev/null", root.join("20/fd/11")).unwrap();
     let mut c = FdCheck::with_proc("/dev/kfd", &root);
-    assert_eq!(c.check_nv(20, 8), FdVerdict::Kfd);
-    assert_eq!(c.check_nv(20, 9), FdVerdict::Kfd);
+    assert_eq!(c.check_nv(20, 8), FdVerdict::Device);
+    assert_eq!(c.check_nv(20, 9), FdVerdict::Device);
     assert_eq!(c.check_nv(20, 10), FdVerdict::Other);
     assert_eq!(c.check_nv(20, 11), FdVerdict::Other);
     // An NVIDIA node is not the KFD device.
@@ -282,7 +282,7 @@ fn fd_check_rejudges_a_number_that_was_another_file() {
     assert_eq!(c.check_nv(30, 8), FdVerdict::Other);
     std::fs::remove_file(&fd8).unwrap();
     std::os::unix::fs::symlink("/dev/nvidiactl", &fd8).unwrap();
-    assert_eq!(c.check_nv(30, 8), FdVerdict::Kfd);
+    assert_eq!(c.check_nv(30, 8), FdVerdict::Device);
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -1,6 +1,7 @@
-//! The host model: GPUs, KFD processes, their queues and the HQD slot each sits in. Pure: every
-//! change comes through [`State::apply`], from KFD events (eBPF) or from reconciliation with what
-//! the kernel shows (sysfs, debugfs, the queues' own `amd_queue_t`).
+//! The host model: GPUs, the processes using them (KFD and NVIDIA), their queues (NVIDIA: TSGs)
+//! and, on AMD, the HQD slot each sits in. Pure: every change comes through [`State::apply`],
+//! from driver events (eBPF) or from reconciliation with what the kernel shows (sysfs, debugfs,
+//! the queues' own `amd_queue_t`).
 //!
 //! Here: [`State`], the dispatch of [`Update`]s, the event log, and the destroy/exit/linger steps
 //! every source shares. The data types are in `types`, KFD events in `kfd`, NVIDIA RM objects in

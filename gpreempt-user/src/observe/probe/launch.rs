@@ -13,8 +13,8 @@ use crate::observe::launch::LaunchTarget;
 /// Detaches launch uprobes off the caller's thread. Closing a uprobe's perf event waits for
 /// RCU grace periods (`perf_uprobe_destroy` -> `uprobe_unregister` -> `synchronize_rcu`): about
 /// 0.25 s per process on a loaded 2-vCPU host, seconds for many processes or under a signal
-/// storm. On the controller's loop that time was silence to the lease guardian, which killed a
-/// controller that was only tearing probes down (issue 34 finding 5).
+/// storm. On the controller's loop that time could outlast the lease guardian's patience
+/// (backend/kfd/lease.rs), which would kill a controller that is only tearing probes down.
 #[derive(Default)]
 pub(super) struct Detacher {
     tx: Option<std::sync::mpsc::Sender<Vec<aya::programs::uprobe::UProbeLink>>>,

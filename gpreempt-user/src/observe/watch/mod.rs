@@ -379,7 +379,7 @@ impl Watcher {
                 m.insert("kernel_rate_limited".into(), k.rate_limited);
                 m.insert("kernel_own_skipped".into(), k.own_skipped);
             }
-            m.insert("dropped_other_file".into(), src.stats.not_kfd);
+            m.insert("dropped_other_file".into(), src.stats.not_device);
             m.insert("unverified_fd".into(), src.stats.unverified);
             m.insert("malformed".into(), src.stats.malformed);
         }

@@ -5,8 +5,8 @@
 use toml::de::{DeTable, DeValue};
 
 use super::super::{
-    fmt_ns, off_ns, Budget, NoDebugApi, Policy, Strategy, DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS,
-    DEFAULT_SHARE,
+    fmt_ns, off_ns, Budget, NoDebugApi, Policy, Strategy, StrategyKind, DEFAULT_BUDGET_RATIO,
+    DEFAULT_PERIOD_NS, DEFAULT_SHARE,
 };
 use super::{Parser, Val};
 
@@ -20,15 +20,6 @@ struct Sections<'a, 'i> {
     levers: Option<&'a DeTable<'i>>,
     control: Option<&'a DeTable<'i>>,
     rules: Option<&'a Val<'i>>,
-}
-
-/// `strategy` as the file names it (priority where it does not).
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-enum Named {
-    #[default]
-    Priority,
-    Timeslice,
-    Adaptive,
 }
 
 /// `[timeslice]`'s values (defaults where absent) and where each was set.
@@ -65,7 +56,7 @@ impl Parser<'_> {
         let policy_at = s.policy.map_or(0, |(_, at)| at);
         let (named, at) = match s.policy {
             Some((t, _)) => self.policy_keys(t, &mut policy),
-            None => (Named::Priority, Ats::default()),
+            None => (StrategyKind::default(), Ats::default()),
         };
         let slice = self.timeslice(s.timeslice, named);
         self.adaptive_table(s.adaptive, named, &mut policy);
@@ -79,7 +70,7 @@ impl Parser<'_> {
             self.rules(v, &mut policy.rules);
         }
         self.relations(&policy, &at, policy_at);
-        if named == Named::Timeslice {
+        if named == StrategyKind::Timeslice {
             let ts_at = s.timeslice.map_or(policy_at, |(_, h)| h);
             self.timeslice_relations(
                 &mut policy,
@@ -128,26 +119,27 @@ impl Parser<'_> {
     }
 
     /// `[policy]`: into `policy`; the strategy it names and where the relation-checked keys are.
-    fn policy_keys(&mut self, t: &DeTable, policy: &mut Policy) -> (Named, Ats) {
-        let mut named = Named::Priority;
+    fn policy_keys(&mut self, t: &DeTable, policy: &mut Policy) -> (StrategyKind, Ats) {
+        let mut named = StrategyKind::default();
         let mut at = Ats::default();
         for (k, v) in t.iter() {
             let key = k.get_ref().as_ref();
             let span = v.span().start;
             match key {
-                "strategy" => match self.string(v, key) {
-                    Some("priority") => named = Named::Priority,
-                    Some("timeslice") => named = Named::Timeslice,
-                    Some("adaptive") => named = Named::Adaptive,
-                    Some(other) => self.err(
-                        span,
-                        format!(
-                            "strategy: unknown strategy {other:?} \
-                             (use \"priority\", \"timeslice\" or \"adaptive\")"
-                        ),
-                    ),
-                    None => {}
-                },
+                "strategy" => {
+                    if let Some(s) = self.string(v, key) {
+                        match StrategyKind::parse(s) {
+                            Some(k) => named = k,
+                            None => self.err(
+                                span,
+                                format!(
+                                    "strategy: unknown strategy {s:?} (use {})",
+                                    one_of(&StrategyKind::ALL.map(StrategyKind::label))
+                                ),
+                            ),
+                        }
+                    }
+                }
                 "window" | "resume_after" | "max_suspend" | "min_run" | "min_interval" => {
                     let Some(ns) = self.duration(v, key) else {
                         continue;
@@ -206,7 +198,7 @@ impl Parser<'_> {
 
     /// `[timeslice]` (header at `.1`), read whatever the strategy, said to be unused unless it
     /// is `timeslice`.
-    fn timeslice(&mut self, table: Option<(&DeTable, usize)>, named: Named) -> Slice {
+    fn timeslice(&mut self, table: Option<(&DeTable, usize)>, named: StrategyKind) -> Slice {
         let mut slice = Slice {
             period: DEFAULT_PERIOD_NS,
             share: DEFAULT_SHARE,
@@ -216,7 +208,7 @@ impl Parser<'_> {
         let Some((t, header)) = table else {
             return slice;
         };
-        if named != Named::Timeslice {
+        if named != StrategyKind::Timeslice {
             self.err(
                 header,
                 "[timeslice] is used only with strategy = \"timeslice\" \
@@ -253,11 +245,11 @@ impl Parser<'_> {
     fn adaptive_table(
         &mut self,
         table: Option<(&DeTable, usize)>,
-        named: Named,
+        named: StrategyKind,
         policy: &mut Policy,
     ) {
         if let Some((t, header)) = table {
-            if named != Named::Adaptive {
+            if named != StrategyKind::Adaptive {
                 self.err(
                     header,
                     "[adaptive] is used only with strategy = \"adaptive\" \
@@ -268,7 +260,7 @@ impl Parser<'_> {
             if let Some(budget) = self.adaptive(t, header) {
                 policy.strategy = Strategy::Adaptive { budget };
             }
-        } else if named == Named::Adaptive {
+        } else if named == StrategyKind::Adaptive {
             policy.strategy = Strategy::Adaptive {
                 budget: Budget::Ratio(DEFAULT_BUDGET_RATIO),
             };
@@ -360,6 +352,16 @@ impl Parser<'_> {
             period_ns: period,
             share,
         };
+    }
+}
+
+/// `"a", "b" or "c"`.
+fn one_of(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 

@@ -341,8 +341,8 @@ fn code_object_errors_are_clear() {
     assert_eq!(names.get(0x2100), Some("k"));
 }
 
-/// A code object URI naming a FIFO nobody writes: refused at once (the reader used to wait
-/// for a writer forever, and `queues` with it).
+/// A code object URI naming a FIFO nobody writes: refused at once (opening it would wait for a
+/// writer forever, and `queues` with it).
 #[test]
 fn a_fifo_uri_is_refused_without_waiting() {
     let dir = std::env::temp_dir().join(format!("gpreempt-codeobj-fifo-{}", me()));

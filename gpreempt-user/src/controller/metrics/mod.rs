@@ -5,22 +5,22 @@
 //! is written and renders a snapshot of the map once a second ([`Metrics::render`]); the HTTP
 //! task only hands out the last rendering, so a slow or hostile scraper never touches the loop.
 //! Processes that exit leave the per-process families at the next rendering: label cardinality is
-//! bounded by the processes alive.
+//! bounded by the processes alive. Here: the families and what feeds them; `serve.rs`: the HTTP
+//! side.
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+mod serve;
 
-use anyhow::{Context as _, Result};
+use std::collections::BTreeMap;
+
+use anyhow::Result;
 use prometheus::{
     Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+pub use serve::{serve, Page};
+
+use super::record::AuditRecord;
 use crate::observe::model::{QueueState, State};
 
 /// Per-process labels, in order.
@@ -146,48 +146,44 @@ impl Metrics {
         Ok(m)
     }
 
-    /// One audit record as `run` writes it.
-    pub fn record(&mut self, rec: &serde_json::Value) {
-        let action = rec["action"].as_str().unwrap_or("?");
-        if !matches!(action, "suspend" | "resume") {
+    /// One audit record as `run` writes it: suspends and resumes count, the rest do not.
+    pub fn record(&mut self, rec: &AuditRecord) {
+        let Some((suspend, act)) = rec.as_act() else {
             return;
-        }
-        let outcome = if rec["dry_run"] == true {
-            "dry_run"
-        } else if rec.get("failed").is_some() {
-            "failed"
-        } else if rec["done"].as_array().is_some_and(|d| !d.is_empty()) {
-            if rec["invalid"].as_array().is_some_and(|v| !v.is_empty())
-                || rec["error"].as_array().is_some_and(|v| !v.is_empty())
+        };
+        let action = if suspend { "suspend" } else { "resume" };
+        let decision = act.decision();
+        let outcome = match decision {
+            Some(d) if d.dry_run => "dry_run",
+            Some(d) if d.failed.is_some() => "failed",
+            _ if act.done().is_empty() => "none",
+            Some(d)
+                if [&d.invalid, &d.error]
+                    .iter()
+                    .any(|v| v.as_ref().is_some_and(|v| !v.is_empty())) =>
             {
                 "partial"
-            } else {
-                "done"
             }
-        } else {
-            "none"
+            _ => "done",
         };
         self.actions.with_label_values(&[action, outcome]).inc();
-        if action == "resume"
-            && rec["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("max_suspend"))
-        {
+        if !suspend && act.reason().contains("max_suspend") {
             self.watchdog.inc();
         }
-        if let Some(ns) = rec["decision_latency_ns"].as_u64() {
+        if let Some(ns) = decision.and_then(|d| d.decision_latency_ns) {
             self.decision_latency
                 .with_label_values(&[action])
                 .observe(ns as f64 / 1e9);
         }
-        let (Some(pid), Some(ts)) = (rec["pid"].as_u64(), rec["returned_ns"].as_u64()) else {
+        // Only the policy's acts say when they returned: the suspended time runs from there.
+        let Some(ts) = decision.and_then(|d| d.returned_ns) else {
             return;
         };
         if !matches!(outcome, "done" | "partial") {
             return;
         }
-        let h = self.held.entry(pid as u32).or_default();
-        if action == "suspend" {
+        let h = self.held.entry(act.pid()).or_default();
+        if suspend {
             h.suspends += 1;
             h.since_ns.get_or_insert(ts);
         } else {
@@ -397,170 +393,6 @@ impl Metrics {
     }
 }
 
-/// The text the server hands out, replaced by the control loop.
-pub type Page = Arc<RwLock<String>>;
-
-/// Longest request head read.
-const MAX_REQUEST: usize = 8192;
-/// How long a client may take to send its request head, and the whole exchange.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once, and from one peer address. Every connection is accepted at once
-/// (none waits in the kernel's backlog behind idle ones); past a bound the oldest connection
-/// still sending its head (idle, and at least [`EVICT_MIN_AGE`] old) is closed to make room,
-/// else the new one is. A scrape sends its head within milliseconds and is then never closed:
-/// idle connections, however many, cannot keep it out.
-const MAX_CONNECTIONS: usize = 64;
-const MAX_PER_PEER: usize = 8;
-const EVICT_MIN_AGE: Duration = Duration::from_millis(100);
-
-/// One connection being served.
-struct Conn {
-    peer: std::net::IpAddr,
-    since: std::time::Instant,
-    /// Its request head is in: it is being answered.
-    answering: Arc<std::sync::atomic::AtomicBool>,
-    abort: tokio::task::AbortHandle,
-}
-
-#[derive(Default)]
-struct Conns {
-    next: u64,
-    live: std::collections::HashMap<u64, Conn>,
-}
-
-impl Conns {
-    /// Makes room for a connection from `peer`: None when there is none; else the idle
-    /// connection taken out of the table for it, to abort once the table is unlocked (its task's
-    /// [`Leave`] locks the table).
-    fn room_for(&mut self, peer: std::net::IpAddr) -> Option<Option<tokio::task::AbortHandle>> {
-        let now = std::time::Instant::now();
-        let of_peer = self.live.values().filter(|c| c.peer == peer).count();
-        let same_peer = of_peer >= MAX_PER_PEER;
-        if !same_peer && self.live.len() < MAX_CONNECTIONS {
-            return Some(None);
-        }
-        let oldest_idle = self
-            .live
-            .iter()
-            .filter(|(_, c)| !same_peer || c.peer == peer)
-            .filter(|(_, c)| {
-                !c.answering.load(std::sync::atomic::Ordering::SeqCst)
-                    && now.duration_since(c.since) >= EVICT_MIN_AGE
-            })
-            .min_by_key(|(_, c)| c.since)
-            .map(|(id, _)| *id);
-        oldest_idle
-            .and_then(|id| self.live.remove(&id))
-            .map(|c| Some(c.abort))
-    }
-}
-
-/// Takes a connection out of the table when its task ends (or is aborted).
-struct Leave(Arc<std::sync::Mutex<Conns>>, u64);
-
-impl Drop for Leave {
-    fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .live
-            .remove(&self.1);
-    }
-}
-
-/// Binds `addr` and serves `GET /metrics` from `page` until the runtime ends.
-pub async fn serve(addr: SocketAddr, page: Page) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics address {addr}"))?;
-    let bound = listener.local_addr()?;
-    let conns = Arc::new(std::sync::Mutex::new(Conns::default()));
-    tokio::spawn(async move {
-        loop {
-            let (conn, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    log::debug!("metrics accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let mut table = conns.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(evicted) = table.room_for(peer.ip()) else {
-                // Closed at once: every connection is young or being answered.
-                log::debug!("metrics: no room for a connection from {peer}");
-                continue;
-            };
-            let id = table.next;
-            table.next += 1;
-            let answering = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let (page, flag, leave) = (page.clone(), answering.clone(), Leave(conns.clone(), id));
-            let task = tokio::spawn(async move {
-                let _leave = leave;
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(conn, page, &flag)).await;
-            });
-            // The task cannot end before this is in: its Leave waits for the lock held here.
-            table.live.insert(
-                id,
-                Conn {
-                    peer: peer.ip(),
-                    since: std::time::Instant::now(),
-                    answering,
-                    abort: task.abort_handle(),
-                },
-            );
-            drop(table);
-            if let Some(idle) = evicted {
-                idle.abort();
-            }
-        }
-    });
-    Ok(bound)
-}
-
-/// One HTTP/1.x exchange: the request head (within [`HEAD_TIMEOUT`]; then `answering` is set),
-/// then the page (or 404 / 405), then close.
-async fn answer(
-    mut conn: tokio::net::TcpStream,
-    page: Page,
-    answering: &std::sync::atomic::AtomicBool,
-) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let Ok(n) = tokio::time::timeout_at(deadline, conn.read(&mut buf)).await else {
-            return Ok(());
-        };
-        let n = n?;
-        if n == 0 || head.len() + n > MAX_REQUEST {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    answering.store(true, std::sync::atomic::Ordering::SeqCst);
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = line.split(|&b| b == b' ');
-    let (method, path) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
-    );
-    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
-    let (status, body) = match (method, path) {
-        (b"GET", b"/metrics") => ("200 OK", page.read().map(|p| p.clone()).unwrap_or_default()),
-        (b"GET", _) => ("404 Not Found", "try /metrics\n".to_string()),
-        _ => ("405 Method Not Allowed", String::new()),
-    };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(reply.as_bytes()).await?;
-    conn.shutdown().await
-}
-
 fn gpu_label(id: u32) -> String {
     format!("{id:#x}")
 }
@@ -569,7 +401,7 @@ fn gpu_label(id: u32) -> String {
 mod tests {
     use super::*;
     use crate::{
-        controller::daemon::Status,
+        controller::{daemon::Status, record::DecisionAct},
         observe::events::{Event, Origin, ProcessExit},
         observe::model::Update,
         tui::app::tests::known_state,
@@ -598,15 +430,20 @@ mod tests {
             ("resume", 3_000_000_000, false),
             ("resume", 4_000_000_000, true),
         ] {
-            let mut rec = serde_json::json!({
-                "action": action, "pid": 200, "dry_run": false, "done": [0],
-                "invalid": [], "error": [], "returned_ns": ts, "decision_latency_ns": 20_000,
-            });
+            let mut rec = DecisionAct {
+                pid: 200,
+                done: Some(vec![0]),
+                invalid: Some(vec![]),
+                error: Some(vec![]),
+                returned_ns: Some(ts),
+                decision_latency_ns: Some(20_000),
+                ..DecisionAct::default()
+            };
             if failed {
-                rec["failed"] = "target gone".into();
-                rec["reason"] = "max_suspend 1s reached".into();
+                rec.failed = Some("target gone".into());
+                rec.reason = "max_suspend 1s reached".into();
             }
-            m.record(&rec);
+            m.record(&AuditRecord::act(action == "suspend", rec));
         }
         let page = m.render(&st, &status, 5_000_000_000);
         let online = "gpreempt_process_queues{class=\"online\",comm=\"python\",container=\"abcdef123456\",namespace=\"\",pid=\"100\",pod=\"\",pod_container=\"\"}";
@@ -726,82 +563,5 @@ mod tests {
         // Controlled again: the series goes.
         let page = m.render(&st, &Status::default(), 3);
         assert!(!page.contains("gpreempt_process_uncontrollable{"), "{page}");
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn the_server_answers_metrics_and_nothing_else() {
-        let page = Page::default();
-        *page.write().unwrap() = "gpreempt_up 1\n".into();
-        let addr = serve("127.0.0.1:0".parse().unwrap(), page).await.unwrap();
-        let ask = |req: &'static str| async move {
-            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            c.write_all(req.as_bytes()).await.unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        let ok = ask("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
-        assert!(
-            ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\ngpreempt_up 1\n"),
-            "{ok}"
-        );
-        assert!(ask("GET / HTTP/1.1\r\n\r\n")
-            .await
-            .starts_with("HTTP/1.1 404"));
-        assert!(ask("POST /metrics HTTP/1.1\r\n\r\n")
-            .await
-            .starts_with("HTTP/1.1 405"));
-        // A head that never ends is cut off at the size limit, without an answer.
-        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}", "a".repeat(MAX_REQUEST));
-        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let _ = c.write_all(huge.as_bytes()).await;
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out).await;
-        assert!(out.is_empty(), "{out}");
-    }
-
-    /// Many idle connections (more than the server serves at once, all from one address, as a
-    /// local user's would be) cannot keep a real scrape out: it is answered at once, and the
-    /// server keeps at most its per-peer bound of them open.
-    #[tokio::test(flavor = "current_thread")]
-    async fn idle_connections_cannot_keep_a_scrape_out() {
-        let page = Page::default();
-        *page.write().unwrap() = "gpreempt_up 1\n".into();
-        let addr = serve("127.0.0.1:0".parse().unwrap(), page).await.unwrap();
-        let mut idle = Vec::new();
-        for i in 0..200 {
-            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            if i % 2 == 0 {
-                // Half of them start a head and never finish it.
-                c.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
-            }
-            idle.push(c);
-        }
-        tokio::time::sleep(EVICT_MIN_AGE + Duration::from_millis(50)).await;
-        let scrape = async {
-            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let mut out = String::new();
-            c.read_to_string(&mut out).await.unwrap();
-            out
-        };
-        let out = tokio::time::timeout(Duration::from_secs(1), scrape)
-            .await
-            .expect("the scrape waited behind idle connections");
-        assert!(out.ends_with("\r\n\r\ngpreempt_up 1\n"), "{out}");
-
-        // The server closed all but its per-peer bound of the idle ones.
-        let mut open = 0;
-        for c in &mut idle {
-            let mut b = [0u8; 1];
-            match tokio::time::timeout(Duration::from_millis(20), c.read(&mut b)).await {
-                Err(_) => open += 1,         // still waiting for its head
-                Ok(Ok(0)) | Ok(Err(_)) => {} // closed by the server
-                Ok(Ok(_)) => panic!("an idle connection got an answer"),
-            }
-        }
-        assert!(open <= MAX_PER_PEER, "{open} idle connections still open");
     }
 }
