@@ -288,12 +288,13 @@ impl Policy {
 
     /// One line for logs: the strategy and its timings.
     pub fn summary(&self) -> String {
+        let name = self.strategy.kind().label();
         let strategy = match self.strategy {
-            Strategy::Priority => "priority".to_owned(),
+            Strategy::Priority => name.to_owned(),
             Strategy::Timeslice { period_ns, share } => {
-                format!("timeslice period {} share {share}", fmt_ns(period_ns))
+                format!("{name} period {} share {share}", fmt_ns(period_ns))
             }
-            Strategy::Adaptive { budget } => format!("adaptive (budget {budget})"),
+            Strategy::Adaptive { budget } => format!("{name} (budget {budget})"),
         };
         let gpus = match &self.gpus {
             None => "all".to_owned(),
