@@ -685,7 +685,7 @@ fn destroying(pid: u32) -> Vec<u32> {
             base: ptr as usize,
             len: 4,
         }];
-        if crate::observe::kfd::sampler::read_remote(pid, &remote, &mut buf) == Ok(4) {
+        if crate::observe::kfd::remote::read_remote(pid, &remote, &mut buf) == Ok(4) {
             out.push(u32::from_le_bytes(buf));
         }
     }

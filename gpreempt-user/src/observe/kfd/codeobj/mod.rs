@@ -24,7 +24,7 @@ use nix::sys::uio::RemoteIoVec;
 use object::elf;
 use object::read::{ReadCache, ReadRef as _};
 
-use crate::observe::kfd::sampler::{read_remote, u32_at as le32};
+use crate::observe::kfd::remote::{read_remote, u32_at as le32};
 use crate::observe::launch::{
     self, is_gone_io, load_bias, mapped_files, process_gone, FileKey, MappedFile, ProcessGone,
 };
