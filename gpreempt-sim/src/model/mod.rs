@@ -262,7 +262,7 @@ impl Gpu {
 pub struct Kfd {
     pub gpus: Vec<Gpu>,
     /// What the CPU node of the topology reports.
-    pub host_cpu: crate::topology::HostCpu,
+    pub host_cpu: crate::cpu::HostCpu,
     pub procs: BTreeMap<u32, Process>,
     pub costs: Costs,
     serial: u64,
