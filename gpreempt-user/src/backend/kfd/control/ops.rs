@@ -20,10 +20,9 @@ use nix::{
 };
 
 use super::{
-    errno_of,
     holds::{self, Book},
     thread::{Target, Thread},
-    SnapQueue, TargetError, SUBSCRIBED,
+    types::{errno_of, SnapQueue, TargetError, SUBSCRIBED},
 };
 use crate::{
     clock::monotonic_ns,
