@@ -9,6 +9,7 @@
 
 pub mod aql;
 pub mod codeobj;
+pub mod cpu;
 pub mod device;
 pub mod drm;
 pub mod gpu;

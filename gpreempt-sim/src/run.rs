@@ -375,7 +375,7 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
 
     let spec = Spec::new(opts.model);
     let mut kfd = Kfd::new(&spec, opts.gpus, opts.seed, Costs::default());
-    kfd.host_cpu = crate::topology::HostCpu::probe();
+    kfd.host_cpu = crate::cpu::HostCpu::probe();
     for (g, minor) in kfd
         .gpus
         .iter_mut()

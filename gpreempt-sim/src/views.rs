@@ -41,11 +41,6 @@ pub fn node_name(kfd: &Kfd, node: u32) -> Option<String> {
 pub(crate) const CAPABILITY: u32 =
     0x2838_0280 | hsa_cap::DOORBELL_TYPE_2_0 | hsa_cap::TRAP_DEBUG_GFX9_4_2;
 
-/// `simd_id_base` of a GPU node (the kernel numbers GPU SIMDs from 0x80001000).
-pub fn simd_id_base(node: u32) -> u32 {
-    0x8000_1000 + (node - 1) * 0x100
-}
-
 /// `nodes/<n>/properties`, in `node_show`'s order.
 pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
     let mut s = String::new();
@@ -101,7 +96,7 @@ pub fn node_properties(kfd: &Kfd, node: u32) -> Option<String> {
         ("io_links_count", u64::from(topology::io_links(kfd, node))),
         ("p2p_links_count", 0),
         ("cpu_core_id_base", 0),
-        ("simd_id_base", u64::from(simd_id_base(node))),
+        ("simd_id_base", u64::from(topology::simd_id_base(node))),
         ("max_waves_per_simd", u64::from(sp.max_waves_per_simd)),
         ("lds_size_in_kb", u64::from(sp.lds_size_kb)),
         ("gds_size_in_kb", 0),

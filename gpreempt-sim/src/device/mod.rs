@@ -30,13 +30,6 @@ use fuser::{
 use crate::host::{self, RealHost};
 use crate::model::{Caller, Host, Kfd, Outcome, Wait};
 
-/// Names inside the mount.
-pub const DEVICE: &str = "kfd";
-pub const DRI_DIR: &str = "dri";
-pub const SYSFS_DIR: &str = "sysfs-kfd";
-pub const DEBUGFS_DIR: &str = "debug-kfd";
-pub const MODULES: &str = "modules";
-
 /// A call sleeping in the emulated kernel.
 struct Blocked {
     wait: Wait,
@@ -125,6 +118,7 @@ impl Inodes {
 
 mod paths;
 use paths::{resolve, Node};
+pub use paths::{DEBUGFS_DIR, DEVICE, DRI_DIR, MODULES, SYSFS_DIR};
 
 const TTL: Duration = Duration::from_millis(0);
 

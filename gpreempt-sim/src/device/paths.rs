@@ -2,9 +2,15 @@
 //! as the kernel lays them out (`kfd_topology.c`, `kfd_process.c`, `kfd_debugfs.c`), rendered
 //! from the model.
 
-use super::{DEBUGFS_DIR, DEVICE, DRI_DIR, MODULES, SYSFS_DIR};
 use crate::model::Kfd;
 use crate::{topology, views};
+
+/// Names inside the mount.
+pub const DEVICE: &str = "kfd";
+pub const DRI_DIR: &str = "dri";
+pub const SYSFS_DIR: &str = "sysfs-kfd";
+pub const DEBUGFS_DIR: &str = "debug-kfd";
+pub const MODULES: &str = "modules";
 
 /// What a path in the mount is.
 pub(super) enum Node {

@@ -12,15 +12,12 @@ use gpreempt_common::kfd::{
     CreateEventArgs, DestroyEventArgs, EventData, ResetEventArgs, SetEventArgs, WaitEventsArgs,
 };
 
-use super::{done, err, Host, Kfd, Outcome, Wait};
+use super::{done, err, Event, Host, Kfd, Outcome, Wait};
 
 /// `KFD_SIGNAL_EVENT_LIMIT`: slots of the signal page (8 bytes each).
 pub const SIGNAL_EVENT_LIMIT: u32 = 4096;
 /// `KFD_FIRST_NONSIGNAL_EVENT_ID` = (INT_MAX >> 1) + 1.
 pub const FIRST_NONSIGNAL_EVENT_ID: u32 = (i32::MAX as u32 >> 1) + 1;
-/// `KFD_IOC_EVENT_SIGNAL` and `KFD_IOC_EVENT_DEBUG_EVENT`: the types that live in the signal page.
-const EVENT_SIGNAL: u32 = 0;
-const EVENT_DEBUG: u32 = 5;
 /// `UNSIGNALED_EVENT_SLOT`.
 pub const UNSIGNALED_SLOT: u64 = u64::MAX;
 /// `KFD_IOC_WAIT_RESULT_*`.
@@ -29,19 +26,6 @@ const WAIT_TIMEOUT: u32 = 1;
 /// The most events one WAIT_EVENTS may name here (the kernel has no fixed cap; the emulator
 /// bounds what it copies in).
 const WAIT_MAX_EVENTS: u32 = 4096;
-
-#[derive(Debug, Clone)]
-pub struct Event {
-    pub kind: u32,
-    pub auto_reset: bool,
-    pub signaled: bool,
-}
-
-impl Event {
-    fn is_signal(&self) -> bool {
-        matches!(self.kind, EVENT_SIGNAL | EVENT_DEBUG)
-    }
-}
 
 impl Kfd {
     /// `kfd_ioctl_create_event`.

@@ -25,7 +25,7 @@ mod events;
 mod memory;
 mod queues;
 
-pub use events::{Event, SIGNAL_EVENT_LIMIT, UNSIGNALED_SLOT};
+pub use events::{SIGNAL_EVENT_LIMIT, UNSIGNALED_SLOT};
 
 /// A positive errno value.
 pub type Errno = i32;
@@ -182,6 +182,25 @@ pub struct Debug {
     pub ev_fd: OwnedFd,
 }
 
+/// An event of `events`: CREATE_EVENT's type and its state.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: u32,
+    pub auto_reset: bool,
+    pub signaled: bool,
+}
+
+impl Event {
+    /// Whether it lives in the signal page (its id is its slot there).
+    fn is_signal(&self) -> bool {
+        matches!(self.kind, EVENT_SIGNAL | EVENT_DEBUG)
+    }
+}
+
+/// `KFD_IOC_EVENT_SIGNAL` and `KFD_IOC_EVENT_DEBUG_EVENT`: the types that live in the signal page.
+const EVENT_SIGNAL: u32 = 0;
+const EVENT_DEBUG: u32 = 5;
+
 #[derive(Debug)]
 pub struct Process {
     pub pid: u32,
@@ -262,7 +281,7 @@ impl Gpu {
 pub struct Kfd {
     pub gpus: Vec<Gpu>,
     /// What the CPU node of the topology reports.
-    pub host_cpu: crate::topology::HostCpu,
+    pub host_cpu: crate::cpu::HostCpu,
     pub procs: BTreeMap<u32, Process>,
     pub costs: Costs,
     serial: u64,

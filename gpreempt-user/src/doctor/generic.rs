@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, fs, io, path::Path};
 use anyhow::Result;
 use gpreempt_common::kprobe;
 
-use super::{numeric_entries, Check, Root};
+use super::check::{numeric_entries, Check, Root};
 use crate::observe::{
     host::{cap_eff, Privileges, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE},
     probe::ProgramCheck,

@@ -12,9 +12,8 @@
 //! holds the report's types, runs every check in report order ([`run_checks`]) and prints it.
 
 use std::{
-    fs,
     io::{self, Write},
-    path::{Path, PathBuf},
+    path::Path,
     process::ExitCode,
 };
 
@@ -24,8 +23,11 @@ use serde::Serialize;
 use crate::{observe::kfd::sysfs, observe::probe::HostProbeFacts};
 
 pub mod amd;
+mod check;
 pub mod generic;
 pub mod nvidia;
+
+pub use check::{Check, Root, Verdict};
 
 use amd::{
     amdgpu_params_checks, btf_amdgpu_check, btf_offsets_check, debugfs_check, gpu_checks,
@@ -38,105 +40,6 @@ use generic::{
     traced_check, traced_kfd_processes, tracefs_check, try_bpf_map_create,
 };
 use nvidia::{nvidia_checks, nvidia_present, try_pidfd_getfd};
-
-/// A check's outcome.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
-
-impl Verdict {
-    fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Ok => "ok",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "fail",
-        }
-    }
-}
-
-/// One line of the report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub verdict: Verdict,
-    pub finding: String,
-    /// What to change (one sentence); `None` when ok.
-    pub fix: Option<String>,
-}
-
-impl Check {
-    pub fn ok(name: &str, finding: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            verdict: Verdict::Ok,
-            finding: finding.into(),
-            fix: None,
-        }
-    }
-    pub fn warn(name: &str, finding: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            verdict: Verdict::Warn,
-            finding: finding.into(),
-            fix: Some(fix.into()),
-        }
-    }
-    pub fn fail(name: &str, finding: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            verdict: Verdict::Fail,
-            finding: finding.into(),
-            fix: Some(fix.into()),
-        }
-    }
-}
-
-/// Where `/sys`, `/proc`, `/boot` and the like are: `/` on a host, a fake tree in tests.
-#[derive(Clone, Debug)]
-pub struct Root {
-    base: PathBuf,
-}
-
-impl Default for Root {
-    fn default() -> Self {
-        Self::at("/")
-    }
-}
-
-impl Root {
-    pub fn at(base: impl Into<PathBuf>) -> Self {
-        Self { base: base.into() }
-    }
-    /// `abs` (an absolute host path) below this root.
-    pub fn path(&self, abs: &str) -> PathBuf {
-        self.base.join(abs.trim_start_matches('/'))
-    }
-    fn read(&self, abs: &str) -> io::Result<String> {
-        fs::read_to_string(self.path(abs))
-    }
-    /// The trimmed contents, `None` when unreadable.
-    fn value(&self, abs: &str) -> Option<String> {
-        self.read(abs).ok().map(|s| s.trim().to_string())
-    }
-    fn exists(&self, abs: &str) -> bool {
-        self.path(abs).exists()
-    }
-}
-
-/// The numeric entries of a directory (pids under `/proc`, the KFD's `proc`); none when
-/// unreadable.
-fn numeric_entries(dir: &Path) -> Vec<u32> {
-    fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 // -------------------------------------------------------------------------------------------
 // The report

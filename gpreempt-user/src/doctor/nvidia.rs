@@ -3,7 +3,7 @@
 
 use std::{fs, io, os::fd::AsRawFd};
 
-use super::{numeric_entries, Check, Root};
+use super::check::{numeric_entries, Check, Root};
 
 // -------------------------------------------------------------------------------------------
 // 13. NVIDIA (only on hosts with the NVIDIA driver; docs/nvidia-rm.md)

@@ -8,6 +8,7 @@ use crate::{
 };
 use gpreempt_common::kprobe::{FIELDS, PROBES};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::{fs, path::PathBuf};
 
 /// A fake `/` removed on drop.
 struct Tree(PathBuf);

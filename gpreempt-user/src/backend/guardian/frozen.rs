@@ -12,7 +12,7 @@ use std::{
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use super::say;
+use super::say::say;
 
 /// One frozen cgroup: its directory under the cgroup v2 mount, and whom it was frozen for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

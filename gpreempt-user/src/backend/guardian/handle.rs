@@ -18,7 +18,7 @@ use nix::{
     poll::{poll, PollFd, PollFlags, PollTimeout},
 };
 
-use super::{one_line, HoldEntry, Request};
+use super::protocol::{one_line, HoldEntry, Request};
 
 /// The guardian's stdin, shared by its handle and its [`Beater`]s: every line is written whole
 /// under the lock, so a beat never lands inside a request. None once closed.

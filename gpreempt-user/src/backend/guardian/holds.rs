@@ -6,9 +6,9 @@ use anyhow::{Context as _, Result};
 use super::{
     frozen::Frozen,
     journal::{recover_entry, recover_with, Journal},
-    one_line, say,
+    protocol::{one_line, HoldEntry, Request, TsgTimeslice},
+    say::say,
     targets::{undo, Targets},
-    HoldEntry, Request, TsgTimeslice,
 };
 
 /// The guardian's state: what it holds, each with its own duplicate of the target's fd.

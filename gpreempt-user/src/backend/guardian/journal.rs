@@ -17,9 +17,9 @@ use nix::{
 };
 
 use super::{
-    say,
+    protocol::HoldEntry,
+    say::say,
     targets::{undo, Rm, Targets},
-    HoldEntry,
 };
 use crate::observe::nv::rm::{self as control};
 

@@ -13,7 +13,7 @@ use nix::{
     sys::signalfd::SignalFd,
 };
 
-use super::{holds::Guardian, say, targets::Targets};
+use super::{holds::Guardian, say::say, targets::Targets};
 
 /// How long the guardian waits for a line when no lease is due sooner: exited targets are reaped
 /// at least this often.

@@ -7,7 +7,7 @@ use anyhow::Result;
 use gpreempt_common::nv;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::HoldEntry;
+use super::protocol::HoldEntry;
 use crate::observe::nv::rm::{self as control, Channels};
 use crate::observe::procinfo::ProcId;
 

@@ -1,6 +1,7 @@
 //! Guardian tests: the journal, holds and releases against a fake system, the lease on a
 //! virtual clock, and the controller's handle against scripted guardians.
 
+use super::protocol::Request;
 use super::*;
 use crate::observe::nv::rm as control;
 use crate::observe::procinfo::ProcId;

@@ -144,7 +144,12 @@ impl Ctx {
         }
     }
 
-    pub(super) async fn request(&mut self, w: &mut Watcher, req: Request, reply: oneshot::Sender<Response>) {
+    pub(super) async fn request(
+        &mut self,
+        w: &mut Watcher,
+        req: Request,
+        reply: oneshot::Sender<Response>,
+    ) {
         // Cheap next to a driver call; computed first because the backends are borrowed below.
         let status = self.status(w);
         match answer(&mut self.backends, &w.state, req, || status).await {

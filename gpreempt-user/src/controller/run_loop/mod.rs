@@ -437,7 +437,6 @@ impl Ctx {
             }
         }
     }
-
 }
 
 /// Who may steer this controller: root, and the policy's `[control] group` if it names one

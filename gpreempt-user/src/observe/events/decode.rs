@@ -9,7 +9,9 @@ use gpreempt_common::{
     },
 };
 
-use super::{decode_nv, Event, IoctlEvent, KernelEvent, KfdCall, LaunchEvent, Origin, ProcessExit};
+use super::{
+    decode_nv, origin::origin, Event, IoctlEvent, KernelEvent, KfdCall, LaunchEvent, ProcessExit,
+};
 
 /// Marker for the ring-buffer records: `#[repr(C)]`, integers only, valid for every bit pattern.
 /// (KFD argument structs have their own byte views in `gpreempt_common::kfd`.)
@@ -57,20 +59,6 @@ impl std::fmt::Display for DecodeError {
             Self::Short { kind, len } => write!(f, "record of kind {kind} truncated ({len} bytes)"),
             Self::UnknownKind(k) => write!(f, "record of unknown kind {k}"),
         }
-    }
-}
-
-fn comm_string(comm: &[u8]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}
-
-pub(super) fn origin(h: &RecordHeader) -> Origin {
-    Origin {
-        ts_ns: h.ts_ns,
-        pid: h.pid,
-        tid: h.tid,
-        comm: comm_string(&h.comm),
     }
 }
 

@@ -12,6 +12,7 @@ use gpreempt_common::{kfd, kprobe};
 mod decode;
 mod fdcheck;
 mod nv;
+mod origin;
 mod source;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -21,6 +22,7 @@ use decode::Plain;
 pub use decode::{decode, decode_ioctl, DecodeError};
 pub use fdcheck::{is_nvidia_node, FdCheck, FdVerdict};
 pub use nv::{decode_nv, ChannelRing, NvCall, NvEvent};
+pub use origin::Origin;
 pub use source::{EventSource, UserStats};
 
 /// One observation.
@@ -124,15 +126,6 @@ impl LaunchEvent {
     pub fn name(&self) -> &'static str {
         kprobe::launch::name(self.point)
     }
-}
-
-/// Who did it, and when (CLOCK_MONOTONIC ns).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Origin {
-    pub ts_ns: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub comm: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]

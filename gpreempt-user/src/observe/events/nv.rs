@@ -6,7 +6,7 @@ use gpreempt_common::{
     record::{IoctlRecord, ARGS_MAX},
 };
 
-use super::{decode::origin, Origin};
+use super::origin::{origin, Origin};
 
 /// An NVIDIA RM escape, with the struct as the driver left it (status filled) when the ioctl
 /// returned 0. The RM's own result is `status` (NV_STATUS), not the ioctl's return value.

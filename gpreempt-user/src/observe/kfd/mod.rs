@@ -5,6 +5,7 @@
 
 pub mod codeobj;
 pub mod debugfs;
+pub mod remote;
 pub mod sampler;
 pub mod sysfs;
 

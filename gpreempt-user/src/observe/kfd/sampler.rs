@@ -9,11 +9,10 @@
 //! INVALID. A packet written and consumed between two ticks is not seen; the model counts what
 //! was decoded against what the read id says was consumed.
 
-use std::io::IoSliceMut;
-
 use gpreempt_common::aql::{amd_queue, Packet, PACKET_BYTES};
-use nix::{sys::uio::RemoteIoVec, unistd::Pid};
+use nix::sys::uio::RemoteIoVec;
 
+use super::remote::{read_remote, u32_at};
 use crate::observe::model::{
     Process, Queue, QueueKind, SampleRead, SampleStatus, SeenPacket, State,
 };
@@ -136,20 +135,6 @@ fn reread(pid: u32, w: Window, read: u64, write: u64) -> Vec<SeenPacket> {
         Ok(n) if n == buf.len() => pending_packets(&buf, w.start, read, write),
         _ => Vec::new(),
     }
-}
-
-/// Reads `remote` ranges of `pid`'s memory back to back into `buf` in one syscall; returns the
-/// bytes read (the kernel stops at the first range that faults).
-pub fn read_remote(pid: u32, remote: &[RemoteIoVec], buf: &mut [u8]) -> nix::Result<usize> {
-    nix::sys::uio::process_vm_readv(
-        Pid::from_raw(pid as i32),
-        &mut [IoSliceMut::new(buf)],
-        remote,
-    )
-}
-
-pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
 fn u64_at(b: &[u8], off: usize) -> u64 {

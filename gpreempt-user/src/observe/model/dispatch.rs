@@ -8,7 +8,6 @@ use std::collections::{BTreeMap, VecDeque};
 use gpreempt_common::aql::PacketKind;
 use serde::Serialize;
 
-use super::SeenPacket;
 use crate::observe::kfd::codeobj::KernelNames;
 
 /// Kernel objects tracked per queue; later ones are counted under `other_kernels`.
@@ -30,6 +29,14 @@ pub struct KernelCount {
     pub name: Option<String>,
     pub grid: [u32; 3],
     pub workgroup: [u16; 3],
+}
+
+/// One AQL packet read from a queue's ring while it was still pending (written, not consumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeenPacket {
+    /// The packet's index in the queue (its dispatch id).
+    pub dispatch_id: u64,
+    pub packet: gpreempt_common::aql::Packet,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::Serialize;
 
 use crate::observe::events::Event;
+pub use dispatch::SeenPacket;
 pub use types::*;
 
 /// Destroyed queues stay visible this long (ns) so a short-lived queue can be seen.
@@ -52,7 +53,7 @@ pub struct State {
     pub adaptive: BTreeMap<u32, crate::observe::status::AdaptiveView>,
     /// NVIDIA RM objects per (pid, hClient): handle -> (class, parent), and the client's fd.
     #[serde(skip)]
-    nv_objects: HashMap<(u32, u32), nv::NvClient>,
+    nv_objects: HashMap<(u32, u32), NvClient>,
     /// Packets decoded since the last [`State::take_dispatches`], kept only once that was
     /// called (`trace --dispatches` streams them).
     #[serde(skip)]

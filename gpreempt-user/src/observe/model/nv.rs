@@ -1,36 +1,8 @@
 //! NVIDIA RM objects on the model: clients, devices and subdevices remembered per process, TSGs
 //! kept as queues with their channels.
 
-use std::collections::HashMap;
-
 use super::{LogKind, NvTsg, Queue, QueueKind, Source, State};
 use crate::observe::events::{NvCall, NvEvent};
-
-/// What the model remembers of one RM client.
-#[derive(Clone, Debug, PartialEq)]
-pub(super) struct NvClient {
-    /// -1 until an event names it (the nvidia_unlocked_ioctl pair names it at the client's
-    /// creation only, and not where the fd is past its scan).
-    fd: i32,
-    objects: HashMap<u32, (u32, u32)>,
-    /// NV01_DEVICE_0 handle -> device index (its alloc params' deviceId).
-    devices: HashMap<u32, u32>,
-    /// NV01_DEVICE_0 handle -> its (first) NV20_SUBDEVICE_0: where a TSG under that device is
-    /// paused. libcuda makes a device per GPU the RM shows it, whatever CUDA_VISIBLE_DEVICES says,
-    /// so the client's first subdevice is often another GPU's (NV_ERR_OBJECT_NOT_FOUND).
-    subdevices: HashMap<u32, u32>,
-}
-
-impl Default for NvClient {
-    fn default() -> Self {
-        Self {
-            fd: -1,
-            objects: HashMap::new(),
-            devices: HashMap::new(),
-            subdevices: HashMap::new(),
-        }
-    }
-}
 
 impl State {
     /// Processes with an RM client the model knows.

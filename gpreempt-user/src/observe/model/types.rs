@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use gpreempt_common::kfd::{queue_type, DOORBELL_PROCESS_SLICE_BYTES};
 use serde::Serialize;
 
+use super::dispatch::{DispatchMix, SeenPacket};
 use crate::{
     observe::events::Event,
     observe::kfd::{
@@ -164,7 +165,7 @@ pub struct Activity {
     #[serde(skip)]
     pub dispatch_cursor: Option<u64>,
     /// What the decoded packets asked for.
-    pub dispatches: super::dispatch::DispatchMix,
+    pub dispatches: DispatchMix,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -441,14 +442,6 @@ pub struct LogEntry {
     pub text: String,
 }
 
-/// One AQL packet read from a queue's ring while it was still pending (written, not consumed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SeenPacket {
-    /// The packet's index in the queue (its dispatch id).
-    pub dispatch_id: u64,
-    pub packet: gpreempt_common::aql::Packet,
-}
-
 /// One sample of a queue's dispatch ids (what the sampler read), with the pending packets it
 /// found in the ring window it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -581,4 +574,30 @@ pub struct Corrections {
     pub processes_gone: u64,
     pub pid_reuse: u64,
     pub hqd_ambiguous: u64,
+}
+
+/// What the model remembers of one RM client (`nv` keeps it up to date).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct NvClient {
+    /// -1 until an event names it (the nvidia_unlocked_ioctl pair names it at the client's
+    /// creation only, and not where the fd is past its scan).
+    pub(super) fd: i32,
+    pub(super) objects: std::collections::HashMap<u32, (u32, u32)>,
+    /// NV01_DEVICE_0 handle -> device index (its alloc params' deviceId).
+    pub(super) devices: std::collections::HashMap<u32, u32>,
+    /// NV01_DEVICE_0 handle -> its (first) NV20_SUBDEVICE_0: where a TSG under that device is
+    /// paused. libcuda makes a device per GPU the RM shows it, whatever CUDA_VISIBLE_DEVICES says,
+    /// so the client's first subdevice is often another GPU's (NV_ERR_OBJECT_NOT_FOUND).
+    pub(super) subdevices: std::collections::HashMap<u32, u32>,
+}
+
+impl Default for NvClient {
+    fn default() -> Self {
+        Self {
+            fd: -1,
+            objects: std::collections::HashMap::new(),
+            devices: std::collections::HashMap::new(),
+            subdevices: std::collections::HashMap::new(),
+        }
+    }
 }

@@ -16,9 +16,10 @@ use gpreempt_common::{
 };
 
 use super::{
-    launch::Detacher,
+    detach::Detacher,
     load::{load_object_sized, preflight, EBPF_OBJECT},
-    pairs::{attach_fentry_pair, attach_kfd_pair, attach_nv_pair, load_kfd_pair, source_name},
+    pairs::{attach_fentry_pair, attach_kfd_pair, attach_nv_pair, load_kfd_pair},
+    source::source_name,
     HostProbeFacts, IoctlFilter, IoctlSource, Pair, ProbeOptions, Probes, SourceKind, SourceStatus,
     NV_IOCTL,
 };

@@ -20,18 +20,19 @@ use gpreempt_common::record::{stat, RateState};
 use serde::Serialize;
 
 mod attach;
+mod detach;
 mod facts;
 mod launch;
 mod load;
 mod pairs;
+mod source;
 
 pub use facts::{kallsyms_present, kfd_ioctl_target, HostProbeFacts, Planned};
 pub use load::{load_object, preflight, verify_programs, ProgramCheck};
-pub use pairs::{
-    attach_fentry_pair, try_fentry_pair, try_nv_pair, Pair, FENTRY_PAIR, NV_FENTRY_PAIR, NV_IOCTL,
-};
+pub use pairs::{attach_fentry_pair, try_fentry_pair, try_nv_pair, FENTRY_PAIR, NV_FENTRY_PAIR};
+pub use source::{IoctlSource, Pair, SourceKind, NV_IOCTL};
 
-use launch::Detacher;
+use detach::Detacher;
 
 /// What to trace.
 #[derive(Clone, Debug)]
@@ -54,25 +55,6 @@ pub struct ProbeOptions {
     pub ioctl_source: IoctlSource,
     /// The event ring buffer's size (`--ring-kib`).
     pub ring_bytes: u32,
-}
-
-/// Where KFD ioctl records come from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum IoctlSource {
-    /// The fentry + fexit pair where `kfd_ioctl` has BTF and the kernel has trampolines, else
-    /// the kprobe pair where kprobes reach it, else the syscall tracepoints.
-    #[default]
-    Auto,
-    /// The fentry + fexit pair on `kfd_ioctl` (amdkfd's own dispatcher, through BPF
-    /// trampolines: no other ioctl on the host runs a program, and no breakpoint); an error
-    /// where it cannot attach.
-    Fentry,
-    /// The kprobe + kretprobe pair on `kfd_ioctl` (amdkfd's own dispatcher: no other ioctl on
-    /// the host runs a program); an error where it cannot attach.
-    Kprobe,
-    /// The syscall tracepoints, for KFD and NVIDIA alike (every ioctl on the host runs the
-    /// filter).
-    Tracepoint,
 }
 
 impl Default for ProbeOptions {
@@ -110,16 +92,6 @@ pub enum IoctlFilter {
 /// Default [`ProbeOptions::launch_gap_ns`]: one hint per ms per process. A request launches tens
 /// of kernels within microseconds; the first one is the hint, the rest would only cost.
 pub const LAUNCH_GAP_NS: u64 = 1_000_000;
-
-/// Kind of an event source.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceKind {
-    Tracepoint,
-    Kprobe,
-    Fentry,
-    Uprobe,
-}
 
 /// One event source and whether it is live, with the reason when it is not.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -7,7 +7,8 @@ use aya::{programs::KProbe, Ebpf};
 
 use super::{
     load::{load_object, verifier_text, EBPF_OBJECT},
-    HostProbeFacts, IoctlSource,
+    source::{Pair, NV_IOCTL},
+    HostProbeFacts,
 };
 
 /// The kprobe pair's programs, entry then return.
@@ -59,33 +60,6 @@ pub fn try_nv_pair(facts: &HostProbeFacts, plan: &[Pair]) -> Result<Pair, String
     attach_nv_pair(&mut ebpf, programs.as_ref(), facts, plan).map(|(p, _links)| p)
 }
 
-/// Which pair of programs on `kfd_ioctl` gives the KFD ioctl records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pair {
-    Fentry,
-    Kprobe,
-}
-
-impl Pair {
-    pub fn name(self) -> &'static str {
-        match self {
-            Pair::Fentry => "fentry/fexit",
-            Pair::Kprobe => "kprobe",
-        }
-    }
-}
-
-pub(super) fn source_name(s: IoctlSource) -> &'static str {
-    match s {
-        IoctlSource::Auto => "auto",
-        IoctlSource::Fentry => "fentry",
-        IoctlSource::Kprobe => "kprobe",
-        IoctlSource::Tracepoint => "tracepoint",
-    }
-}
-
-/// The NVIDIA driver's ioctl entry for /dev/nvidiactl and /dev/nvidiaN (kernel-open/nvidia/nv.c).
-pub const NV_IOCTL: &str = "nvidia_unlocked_ioctl";
 /// The fentry/fexit programs of the NVIDIA ioctl pair, exit first.
 pub const NV_FENTRY_PAIR: [(&str, crate::observe::tracing::Hook); 2] = [
     ("nv_ioctl_fexit", crate::observe::tracing::Hook::Exit),

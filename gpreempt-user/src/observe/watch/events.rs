@@ -10,7 +10,7 @@ use super::Watcher;
 use crate::{
     clock::monotonic_ns,
     observe::events::{Event, KfdCall},
-    observe::kfd::sampler,
+    observe::kfd::remote,
     observe::model::Update,
 };
 
@@ -217,6 +217,6 @@ fn read_ids(pid: u32, ptr: u64, n: u32) -> Option<Vec<u32>> {
         base: ptr as usize,
         len: buf.len(),
     }];
-    let got = sampler::read_remote(pid, &remote, &mut buf).ok()?;
-    (got == buf.len()).then(|| (0..n).map(|i| sampler::u32_at(&buf, 4 * i)).collect())
+    let got = remote::read_remote(pid, &remote, &mut buf).ok()?;
+    (got == buf.len()).then(|| (0..n).map(|i| remote::u32_at(&buf, 4 * i)).collect())
 }

@@ -2,7 +2,7 @@
 
 use ratatui::text::{Line, Span};
 
-use super::{ago, bold, fmt_rate, hex, opt, source_label, KEY_W};
+use super::style::{ago, bold, fmt_rate, hex, opt, source_label, KEY_W};
 use crate::observe::model::dispatch::{pow2_label, DispatchMix};
 use crate::observe::model::{Process, Queue, SampleStatus, State};
 use crate::tui::app::{self, App, TreeRow};

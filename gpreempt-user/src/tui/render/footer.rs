@@ -8,7 +8,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{bold, dim, STATUS_TTL};
+use super::style::{bold, dim, STATUS_TTL};
 use crate::tui::app::App;
 
 const HINTS: [(&str, &str); 8] = [

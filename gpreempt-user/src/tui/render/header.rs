@@ -10,7 +10,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{ago, bold, dim, opt};
+use super::style::{ago, bold, dim, opt};
 use crate::observe::model::{QueueState, State};
 use crate::tui::app::App;
 

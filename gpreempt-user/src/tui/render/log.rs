@@ -8,7 +8,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{bold, dim, fmt_age};
+use super::style::{bold, dim, fmt_age};
 use crate::observe::model::{LogKind, State};
 use crate::tui::app::{self};
 

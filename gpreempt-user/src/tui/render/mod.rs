@@ -4,30 +4,30 @@
 //! Readable on dark and light terminals: modifiers (BOLD, REVERSED, DIM) and the basic
 //! Red / Yellow / Green only, never a white or black foreground or background.
 
-use std::time::Duration;
-
 use ratatui::{
     layout::Rect,
-    style::{Color, Modifier, Style},
     text::Span,
     widgets::{Block, Borders, Paragraph},
     Frame,
 };
 
 use super::app::{self, App, TreeRow};
-use crate::observe::model::{QueueState, Source, State};
+use crate::observe::model::State;
 
 mod detail;
 mod footer;
 mod header;
 mod log;
+mod style;
 mod table;
 
+pub use self::style::{fmt_age, fmt_rate};
 use self::{
     detail::detail,
     footer::{draw_footer, draw_help},
     header::{draw_gpus, draw_hqd_line, draw_title, gpu_counts},
     log::draw_log,
+    style::bold,
     table::draw_table,
 };
 
@@ -36,70 +36,6 @@ pub const MIN_WIDTH: u16 = 40;
 pub const MIN_HEIGHT: u16 = 10;
 /// Header row + 3 rows: the least the table keeps when panes compete for height.
 const TABLE_MIN: u16 = 4;
-/// How long a status message stays in the footer.
-const STATUS_TTL: Duration = Duration::from_secs(10);
-/// Width of the key column of the detail pane.
-const KEY_W: usize = 12;
-
-fn bold() -> Style {
-    Style::new().add_modifier(Modifier::BOLD)
-}
-
-fn dim() -> Style {
-    Style::new().add_modifier(Modifier::DIM)
-}
-
-fn state_style(s: QueueState) -> Style {
-    match s {
-        QueueState::Active => Style::new(),
-        QueueState::Suspended => Style::new().fg(Color::Yellow),
-        QueueState::Evicted => Style::new().fg(Color::Red),
-        QueueState::Destroyed => dim(),
-    }
-}
-
-/// `3s`, `5m`, `2h`, `3d`.
-pub fn fmt_age(ns: u64) -> String {
-    let s = ns / 1_000_000_000;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3_600 => format!("{}m", s / 60),
-        3_600..172_800 => format!("{}h", s / 3_600),
-        _ => format!("{}d", s / 86_400),
-    }
-}
-
-/// Dispatches per second, compact: `-`, `0`, `2.5`, `350`, `1.2k`, `3.4M`.
-pub fn fmt_rate(r: Option<f64>) -> String {
-    match r {
-        None => "-".into(),
-        Some(r) if r <= 0.0 => "0".into(),
-        Some(r) if r < 10.0 => format!("{r:.1}"),
-        Some(r) if r < 1e3 => format!("{r:.0}"),
-        Some(r) if r < 1e6 => format!("{:.1}k", r / 1e3),
-        Some(r) => format!("{:.1}M", r / 1e6),
-    }
-}
-
-fn hex(v: Option<u64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:#x}"))
-}
-
-fn opt<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".into(), |v| v.to_string())
-}
-
-fn ago(now: u64, ts: u64) -> String {
-    format!("{} ago", fmt_age(app::age_ns(now, ts)))
-}
-
-fn source_label(s: Source) -> &'static str {
-    match s {
-        Source::Event => "event",
-        Source::Sysfs => "sysfs",
-    }
-}
-
 // ---- layout ----
 
 struct Areas {

@@ -8,7 +8,7 @@ use ratatui::{
     Frame,
 };
 
-use super::{bold, dim, fmt_age, fmt_rate, opt, state_style};
+use super::style::{bold, dim, fmt_age, fmt_rate, opt, state_style};
 use crate::observe::model::{Process, Queue, State};
 use crate::tui::app::{self, App, SortColumn, TreeRow};
 

@@ -1,5 +1,6 @@
 //! Render tests: column fitting, row bounds, and whole screens drawn to a test backend.
 
+use super::style::*;
 use super::table::{columns, row_bounds, Col, COLS};
 use super::*;
 use crate::observe::model::Update;
@@ -7,6 +8,7 @@ use crate::tui::app::{
     tests::{create, info, known_state, GPU_A},
     Action,
 };
+use ratatui::style::{Color, Modifier};
 use ratatui::{backend::TestBackend, buffer::Buffer, Terminal};
 use ratatui::{
     layout::Constraint,

@@ -190,10 +190,10 @@ impl Fences {
 
 /// An id with a status bit set would come back with that status (ERROR: the GPU is fenced), so
 /// it never reaches the kernel. Callers check users' ids first; this is the last line.
-pub(super) fn no_status_bits(ids: &[u32]) -> Result<(), super::TargetError> {
+pub(super) fn no_status_bits(ids: &[u32]) -> Result<(), super::types::TargetError> {
     const BITS: u32 = kfd::KFD_DBG_QUEUE_ERROR_MASK | kfd::KFD_DBG_QUEUE_INVALID_MASK;
     match ids.iter().find(|&&q| q & BITS != 0) {
-        Some(q) => Err(super::TargetError::Other(format!(
+        Some(q) => Err(super::types::TargetError::Other(format!(
             "queue id {q:#x} carries status bits: not sent to the kernel"
         ))),
         None => Ok(()),

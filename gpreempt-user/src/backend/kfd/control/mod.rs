@@ -14,9 +14,10 @@
 //! panic), by the watchdog; and if this process dies outright the kernel disables the trap on
 //! every target when our mm goes away.
 //!
-//! This file is the async side (the handle, its requests and replies, the notices and errors);
-//! `thread` is the control thread's loop, `ops` the per-target kernel operations, and `holds`
-//! the pure bookkeeping they share (holds, watchdog deadlines, fences, the rate limit).
+//! This file is the async side (the handle and its calls); `types` holds what both sides share
+//! (the requests, their errors, the limits), `thread` is the control thread's loop, `ops` the
+//! per-target kernel operations, and `holds` the pure bookkeeping they share (holds, watchdog
+//! deadlines, fences, the rate limit).
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -27,12 +28,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use gpreempt_common::kfd::{self, ec, ec_mask};
+use gpreempt_common::kfd;
 use nix::sys::{
     signal::{SigSet, Signal},
     signalfd::{SfdFlags, SignalFd},
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::observe::procinfo::ProcId;
@@ -43,14 +43,12 @@ mod ops;
 #[cfg(test)]
 mod tests;
 mod thread;
+mod types;
 
 use ops::ioctl;
 use thread::Thread;
-
-/// The events a target reports to us: new queues (to clear QUEUE_NEW), deleted queues, and the
-/// runtime's enable/disable (which blocks until we acknowledge it).
-const SUBSCRIBED: u64 =
-    ec_mask(ec::QUEUE_NEW) | ec_mask(ec::DEVICE_QUEUE_DELETE) | ec_mask(ec::PROCESS_RUNTIME);
+use types::Req;
+pub use types::{Limits, SnapQueue, TargetError, Turns};
 
 /// Blocks SIGCHLD in the calling thread (and every thread it spawns later), so the control
 /// thread can take tracee stops from a signalfd. Call before any thread exists.
@@ -60,60 +58,6 @@ pub fn block_sigchld() -> Result<()> {
     set.thread_block().context("blocking SIGCHLD")
 }
 
-/// Hard limits the control thread enforces by itself, whatever its callers do.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// No queue stays suspended longer than this (the watchdog resumes it).
-    pub max_suspend: Duration,
-    /// At most this many SUSPEND calls per target per second (a runaway caller cannot make the
-    /// firmware re-upload runlists without end).
-    pub max_suspends_per_s: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_suspend: Duration::from_secs(300),
-            max_suspends_per_s: 200,
-        }
-    }
-}
-
-/// A queue as GET_QUEUE_SNAPSHOT shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapQueue {
-    pub queue_id: u32,
-    pub gpu_id: u32,
-    pub queue_type: u32,
-    pub ring_base_address: u64,
-    pub ring_size: u32,
-    pub suspended: bool,
-}
-
-pub use crate::backend::error::TargetError;
-
-/// Every request names a process by [`ProcId`]: the control thread checks it against the pid's
-/// owner before it seizes, and against the target it holds on every later act.
-enum Req {
-    Attach(ProcId, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
-    Detach(ProcId, oneshot::Sender<Result<(), TargetError>>),
-    Suspend {
-        id: ProcId,
-        /// None: every queue of the process, now and created later, until a Resume of all.
-        queues: Option<Vec<u32>>,
-        grace: Option<u32>,
-        reply: oneshot::Sender<Result<OpReport, TargetError>>,
-    },
-    Resume {
-        id: ProcId,
-        queues: Option<Vec<u32>>,
-        reply: oneshot::Sender<Result<OpReport, TargetError>>,
-    },
-    Snapshot(ProcId, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
-    /// Resume + disable + detach everything, then the thread ends.
-    Shutdown(oneshot::Sender<Vec<OpReport>>),
-}
-
 /// The handle async code holds. Dropping it shuts the thread down (resuming everything).
 pub struct Control {
     tx: Option<mpsc::Sender<Req>>,
@@ -121,12 +65,6 @@ pub struct Control {
     thread: Option<JoinHandle<()>>,
     turns: Turns,
 }
-
-/// When the control thread last went round its loop (or a step of a long operation: a detach
-/// waiting for its target to stop, one target of a shutdown), CLOCK_MONOTONIC ns. It turns at
-/// least every 100 ms while alive: this is what the KFD lease's heartbeat watches, since this
-/// thread's watchdog is what bounds every hold.
-pub type Turns = std::sync::Arc<std::sync::atomic::AtomicU64>;
 
 /// A cheap clone of the request side, for a panic hook or signal handler task.
 #[derive(Clone)]
@@ -334,9 +272,4 @@ impl Drop for Control {
             let _ = t.join();
         }
     }
-}
-
-/// The errno of a failed syscall (0 when it carries none).
-fn errno_of(e: &std::io::Error) -> nix::errno::Errno {
-    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
 }

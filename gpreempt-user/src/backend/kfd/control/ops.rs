@@ -20,10 +20,9 @@ use nix::{
 };
 
 use super::{
-    errno_of,
     holds::{self, Book},
     thread::{Target, Thread},
-    SnapQueue, TargetError, SUBSCRIBED,
+    types::{errno_of, SnapQueue, TargetError, SUBSCRIBED},
 };
 use crate::{
     clock::monotonic_ns,
@@ -683,7 +682,7 @@ fn destroying(pid: u32) -> Vec<u32> {
             base: ptr as usize,
             len: 4,
         }];
-        if crate::observe::kfd::sampler::read_remote(pid, &remote, &mut buf) == Ok(4) {
+        if crate::observe::kfd::remote::read_remote(pid, &remote, &mut buf) == Ok(4) {
             out.push(u32::from_le_bytes(buf));
         }
     }

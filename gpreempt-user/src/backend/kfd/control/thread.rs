@@ -26,9 +26,8 @@ use tokio::sync::mpsc as tmpsc;
 use crate::backend::Arrival;
 
 use super::{
-    errno_of,
     holds::{self, Book, Fences},
-    Limits, Req, SUBSCRIBED,
+    types::{errno_of, Limits, Req, Turns, SUBSCRIBED},
 };
 use crate::clock::monotonic_ns;
 use crate::outcome::Notice;
@@ -59,8 +58,8 @@ pub(super) struct Thread {
     pub(super) limits: Limits,
     /// Last look for destroys of held queues (not on every wake-up: it reads procfs).
     pub(super) destroy_scan_ns: u64,
-    /// Stamped on every turn ([`super::Turns`]).
-    pub(super) turns: super::Turns,
+    /// Stamped on every turn ([`Turns`]).
+    pub(super) turns: Turns,
 }
 
 impl Thread {
@@ -71,7 +70,7 @@ impl Thread {
         rx: mpsc::Receiver<Req>,
         notices: tmpsc::UnboundedSender<Arrival>,
         limits: Limits,
-        turns: super::Turns,
+        turns: Turns,
     ) -> Self {
         Self {
             kfd,

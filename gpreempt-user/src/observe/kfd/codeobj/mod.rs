@@ -6,25 +6,22 @@
 //! process maps, walks the list with `process_vm_readv` and reads each code object's symbol
 //! table (only the headers and tables, never the code) from the process's memory or its file.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use nix::sys::uio::RemoteIoVec;
 use object::elf;
 use object::read::{ReadCache, ReadRef as _};
 
-use crate::observe::kfd::sampler::{read_remote, u32_at as le32};
+use crate::observe::kfd::remote::{read_remote, u32_at as le32};
 use crate::observe::launch::{
     self, is_gone_io, load_bias, mapped_files, process_gone, FileKey, MappedFile, ProcessGone,
 };
@@ -290,11 +287,15 @@ impl NameStore {
     }
 }
 
+mod bounds;
 mod list;
 mod symbols;
+mod uri;
 
+pub use bounds::*;
 pub use list::*;
 use symbols::*;
+use uri::*;
 
 #[cfg(test)]
 mod tests;
