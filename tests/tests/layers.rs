@@ -17,7 +17,7 @@ mod files;
 
 /// The layers, bottom first. A folder may import only from layers below its own.
 const LAYERS: &[&[&str]] = &[
-    &["clock", "outcome", "rundir"],
+    &["clock", "lever", "outcome", "rundir"],
     &["observe"],
     &["doctor", "policy"],
     &["backend"],
@@ -510,25 +510,6 @@ fn sim_src() -> PathBuf {
 /// File-level edges of known cycles left in place, as (crate, from, to): each is taken out of
 /// the graph before the check, and must still close a cycle (else it is dropped from here).
 const KNOWN_FILE_CYCLES: &[(&str, &str, &str)] = &[
-    // The seam (`Backend`, `Acted`, `Arrival`, `BoxFut`, `Ticket`) is defined in backend/mod.rs,
-    // which also builds `Backends` from each vendor's backend, and the vendors (kfd/mod.rs,
-    // kfd/control/{mod,thread}.rs, nv/mod.rs, nv/worker.rs) import the seam. Fix: the seam in
-    // backend/seam.rs (re-exported by mod.rs), so mod.rs sits above the vendors.
-    ("gpreempt-user", "backend/mod.rs", "backend/kfd/mod.rs"),
-    ("gpreempt-user", "backend/mod.rs", "backend/nv/mod.rs"),
-    // engine/mod.rs calls act.rs's `sort_decisions` while act.rs extends `Engine`; gpu.rs takes
-    // `Release` from mod.rs while mod.rs keeps `GpuMem` / `NvGpu` from gpu.rs. Fix: `Held` and
-    // `Release` in engine/held.rs, `sort_decisions` in mod.rs (or a file below both).
-    (
-        "gpreempt-user",
-        "policy/engine/mod.rs",
-        "policy/engine/act.rs",
-    ),
-    (
-        "gpreempt-user",
-        "policy/engine/gpu.rs",
-        "policy/engine/mod.rs",
-    ),
     // The model's structs keep the engine's state (`Exec`, `GpuExec`, `Completion`) and its
     // ioctl path calls `gpu::sync` / `gpu::upload_runlist`, while gpu.rs runs on `Kfd`. Fix: the
     // state types in a file of their own, the two calls in a model file above gpu.rs (an
@@ -679,5 +660,118 @@ fn the_file_checker_passes_an_acyclic_tree() {
             ("a/mod.rs", "a/low.rs")
         ],
         "{g:?}"
+    );
+}
+
+/// The middle: what decides and acts for every vendor. Nothing here may name one.
+const MIDDLE: &[&str] = &["controller", "policy", "outcome.rs", "lever.rs"];
+
+/// Words of identifiers that name a vendor, its driver or its objects.
+const VENDOR_WORDS: &[&str] = &[
+    "nv", "nvidia", "kfd", "amd", "amdgpu", "tsg", "gpfifo", "rm", "hsa", "hip", "cuda", "rocm",
+];
+
+/// The vendor words in the identifiers of `code` (comments and literals already removed):
+/// identifiers split at `_` and at lower-to-upper case changes (`NvLever`: nv, lever).
+fn vendor_names(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for ident in code.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+        let mut words = Vec::new();
+        for part in ident.split('_') {
+            let mut w = String::new();
+            let mut prev_lower = false;
+            for c in part.chars() {
+                if c.is_uppercase() && prev_lower {
+                    words.push(std::mem::take(&mut w));
+                }
+                prev_lower = c.is_lowercase() || c.is_ascii_digit();
+                w.extend(c.to_lowercase());
+            }
+            words.push(w);
+        }
+        if words.iter().any(|w| VENDOR_WORDS.contains(&w.as_str())) {
+            out.insert(ident.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_vendor_name_check_finds_vendor_identifiers_only() {
+    let code = strip_comments(
+        "use crate::observe::model::Vendor;\n\
+         // the NVIDIA backend\n\
+         fn f(v: Vendor) -> bool { v == Vendor::Nvidia }\n\
+         struct S { nv_levers: u8, levers: u8, tsg: u32 }\n\
+         type L = NvLever; const K: u32 = KFD_STATUS_BITS;\n\
+         const WIRE: &str = \"tsg\";\n",
+    );
+    let found: Vec<String> = vendor_names(&code).into_iter().collect();
+    assert_eq!(
+        found,
+        ["KFD_STATUS_BITS", "NvLever", "Nvidia", "nv_levers", "tsg"],
+        "comments, literals, `Vendor` and `levers` are not vendor names"
+    );
+}
+
+#[test]
+fn the_middle_names_no_vendor() {
+    let root = src();
+    let mut found = Vec::new();
+    for (f, code) in non_test_sources(&root) {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap_or(&f)
+            .to_string_lossy()
+            .into_owned();
+        if !MIDDLE
+            .iter()
+            .any(|m| rel == *m || rel.starts_with(&format!("{m}/")))
+        {
+            continue;
+        }
+        for name in vendor_names(&code) {
+            found.push(format!("{rel}: {name}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the policy, the controller and the outcome name no vendor (their backends do, \
+         behind the seam in backend/: docs/architecture.md):\n{}",
+        found.join("\n")
+    );
+}
+
+/// No source file over this many lines (test files aside: docs/testing.md).
+const MAX_LINES: usize = 800;
+
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let root = src().join("../..");
+    let mut over = Vec::new();
+    for krate in [
+        "gpreempt-user/src",
+        "gpreempt-sim/src",
+        "gpreempt-common/src",
+        "gpreempt-ebpf/src",
+        "xtask/src",
+        "tests/src",
+    ] {
+        let dir = root.join(krate);
+        for (f, _) in non_test_sources(&dir) {
+            let n = std::fs::read_to_string(&f)
+                .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+                .lines()
+                .count();
+            if n > MAX_LINES {
+                let rel = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
+                over.push(format!("{rel}: {n} lines"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "split these by role (docs/architecture.md):\n{}",
+        over.join("\n")
     );
 }

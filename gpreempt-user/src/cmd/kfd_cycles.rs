@@ -604,7 +604,7 @@ pub async fn main(g: &crate::cmd::Global, a: &Args) -> Result<ExitCode> {
     // lock above), the control thread's watchdog (a hold never outlives `hold` + 2 s), the lease
     // guardian.
     let max_suspend = a.hold.0 + Duration::from_secs(2);
-    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max_suspend, "kfd-cycles").await?;
+    let mut hold = Holder::by_pid(lock, &g.kfd_device, max_suspend, "kfd-cycles").await?;
     let state = State::new();
     if let Err(e) = hold.classed(&state, pid, Class::Offline).await {
         hold.shutdown().await;

@@ -120,7 +120,7 @@ pub async fn suspend(g: &super::Global, a: &SuspendArgs) -> Result<ExitCode> {
     // nothing to suspend. After the run directory's checks, which come first.
     gpu_user(a.pid, &g.kfd_device)?;
     let max = a.max_suspend.0;
-    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max, "suspend").await?;
+    let mut hold = Holder::by_pid(lock, &g.kfd_device, max, "suspend").await?;
     // No observer here: the target is acted on by its pid alone.
     let state = State::new();
     // Attached ahead and recorded (targets.json), as `run` does with an offline process.
@@ -233,7 +233,7 @@ pub async fn resume(g: &super::Global, a: &ResumeArgs) -> Result<ExitCode> {
     let lock = daemon::Lock::acquire(&dir)?;
     gpu_user(a.pid, &g.kfd_device)?;
     let max = Limits::default().max_suspend;
-    let mut hold = Holder::kfd_only(lock, &g.kfd_device, max, "resume").await?;
+    let mut hold = Holder::by_pid(lock, &g.kfd_device, max, "resume").await?;
     let r = hold.resume(&State::new(), a.pid, None).await;
     hold.shutdown().await;
     match r {

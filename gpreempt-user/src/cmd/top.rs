@@ -61,7 +61,7 @@ impl Top {
             }
             let lock = Lock::acquire(&dir)?;
             let max = Limits::default().max_suspend;
-            let mut hold = Holder::kfd_only(lock, &self.kfd_device, max, "top").await?;
+            let mut hold = Holder::by_pid(lock, &self.kfd_device, max, "top").await?;
             hold.serve(daemon::Access::default())?;
             self.local = Some(hold);
         }

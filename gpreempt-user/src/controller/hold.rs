@@ -61,15 +61,15 @@ impl Holder {
         }
     }
 
-    /// The KFD backend alone: for a controller without a model of the host, which acts on a
-    /// process by its pid.
-    pub async fn kfd_only(
+    /// The backend that can act on a process by its pid alone (the one that can seize any
+    /// process, through `device`): for a controller without a model of the host.
+    pub async fn by_pid(
         lock: Lock,
-        kfd_device: &Path,
+        device: &Path,
         max_suspend: Duration,
         mode: &'static str,
     ) -> Result<Self> {
-        let backends = Backends::kfd_only(kfd_device, lock.dir(), max_suspend).await?;
+        let backends = Backends::by_pid(device, lock.dir(), max_suspend).await?;
         Ok(Self::new(lock, backends, mode))
     }
 

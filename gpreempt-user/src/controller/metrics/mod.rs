@@ -348,9 +348,9 @@ impl Metrics {
 
     /// What the controller publishes: timeslices, event counts, alarms, the adaptive tuner.
     fn controller(&mut self, state: &State, status: &super::daemon::Status) {
-        for (pid, tsg, original, current) in &status.timeslices {
+        for (pid, queue, original, current) in &status.timeslices {
             self.proc_timeslice
-                .with_label_values(&[&pid.to_string(), &tsg.to_string(), &original.to_string()])
+                .with_label_values(&[&pid.to_string(), &queue.to_string(), &original.to_string()])
                 .set(*current as i64);
         }
         for (kind, v) in &status.events {

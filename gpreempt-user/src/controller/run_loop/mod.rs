@@ -579,7 +579,7 @@ impl Ctx {
     /// and the metrics page. `n`: how many publishes came before.
     async fn publish(&mut self, w: &mut Watcher, dir: &Path, n: u32) {
         // Written when it changed: a controller killed now loses at most 250 ms of it.
-        if let Err(e) = w.save_nv_log(dir) {
+        if let Err(e) = w.save_journals(dir) {
             log::warn!("NVIDIA objects journal: {e:#}");
         }
         if n.is_multiple_of(8) && !self.refused.is_empty() {

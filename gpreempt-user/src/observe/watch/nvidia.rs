@@ -169,8 +169,8 @@ impl Watcher {
         lines
     }
 
-    /// Writes the NVIDIA objects journal if it changed (after [`Self::adopt_nv`]).
-    pub fn save_nv_log(&mut self, dir: &Path) -> Result<()> {
+    /// Writes the drivers' objects journals that changed (NVIDIA's, after [`Self::adopt_nv`]).
+    pub fn save_journals(&mut self, dir: &Path) -> Result<()> {
         let proc_root = self.paths.proc.clone();
         match self.nv_log.as_mut() {
             Some(log) => log.save(dir, |pid| procinfo::start_time(&proc_root, pid).ok()),

@@ -6,7 +6,8 @@ use super::super::{fmt_ms, fmt_ns, Action, Class, Decision, Lever, Policy, Strat
 use super::{
     evidence::{BusyBy, Evidence},
     gpu::{gpu_lever, GpuMem},
-    Engine, Held, Release,
+    held::{Held, Release},
+    Engine,
 };
 use crate::lever::Offers;
 use crate::observe::model::{Process, QueueState, State};
@@ -186,15 +187,6 @@ fn process_release(policy: &Policy, class: Class, gpu_id: u32, g: &GpuMem) -> Op
         Some(Release::Fenced)
     } else {
         None
-    }
-}
-
-/// The order the controller acts in and logs: by GPU, then pid, RESUME before SUSPEND; queue
-/// ids ascending.
-pub(super) fn sort_decisions(out: &mut [Decision]) {
-    out.sort_by_key(|d| (d.gpu_id, d.pid, d.action == Action::Suspend));
-    for d in out {
-        d.queues.sort_unstable();
     }
 }
 

@@ -5,7 +5,7 @@
 use super::super::adaptive::Tuner;
 use super::super::levers::{LeverChange, LeverTuner};
 use super::super::{off_ns, Budget, Class, Lever, LeverSet, Policy, Strategy};
-use super::{evidence::Evidence, Release};
+use super::{evidence::Evidence, held::Release};
 use crate::lever::Offers;
 
 /// What the engine keeps per GPU.

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::levers::LeverChange;
-use super::{Action, Class, Decision, Lever, Policy, Strategy};
+use super::{Action, Class, Decision, Policy, Strategy};
 use crate::lever::Offers;
 use crate::observe::model::{Process, State, Vendor};
 
@@ -25,10 +25,11 @@ mod act;
 mod evidence;
 mod gather;
 mod gpu;
+mod held;
 mod tuners;
 
-use act::sort_decisions;
 use gpu::{GpuMem, LeverGpu};
+use held::{sort_decisions, Held};
 
 /// A process's class, cached per (pid, start time) and policy generation.
 struct ClassEntry {
@@ -58,31 +59,6 @@ struct Reads {
     read: u64,
     sample_ns: u64,
     stamp: u64,
-}
-
-/// A queue the engine suspended.
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    gpu_id: u32,
-    since_ns: u64,
-    start_time: u64,
-    /// When its RESUME was last decided (retried after `min_interval` if not confirmed).
-    resume_sent_ns: Option<u64>,
-}
-
-/// Why the held queues of a GPU (or of one process) are resumed.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Release {
-    Idle {
-        idle_ns: Option<u64>,
-    },
-    MaxSuspend,
-    Share,
-    Fenced,
-    Unmanaged,
-    NotOffline(Class),
-    /// The GPU's lever no longer acts per episode (a reload, the lever tuner).
-    Lever(Lever),
 }
 
 /// The policy's memory between ticks.
