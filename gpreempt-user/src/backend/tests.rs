@@ -1,6 +1,8 @@
 //! The seam with fake vendors: routing by the process's queues.
 use super::*;
 use crate::backend::nv::controller::tests::host;
+use crate::{outcome::Notice, policy::Class};
+use std::future::Future;
 
 fn block_on<F: Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
