@@ -529,11 +529,6 @@ const KNOWN_FILE_CYCLES: &[(&str, &str, &str)] = &[
         "policy/engine/gpu.rs",
         "policy/engine/mod.rs",
     ),
-    // The model's structs keep the engine's state (`Exec`, `GpuExec`, `Completion`) and its
-    // ioctl path calls `gpu::sync` / `gpu::upload_runlist`, while gpu.rs runs on `Kfd`. Fix: the
-    // state types in a file of their own, the two calls in a model file above gpu.rs (an
-    // `impl Kfd` beside the ioctls), so gpu.rs -> model/mod.rs is the one direction.
-    ("gpreempt-sim", "model/mod.rs", "gpu.rs"),
 ];
 
 /// The file-level cycles of the crate under `root`, without the edges `allowed` leaves out.
