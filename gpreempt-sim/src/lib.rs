@@ -12,6 +12,7 @@ pub mod codeobj;
 pub mod cpu;
 pub mod device;
 pub mod drm;
+pub mod exec;
 pub mod gpu;
 pub mod host;
 pub mod launchbench;

@@ -507,26 +507,9 @@ fn sim_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../gpreempt-sim/src")
 }
 
-/// File-level edges of known cycles left in place, as (crate, from, to): each is taken out of
-/// the graph before the check, and must still close a cycle (else it is dropped from here).
-const KNOWN_FILE_CYCLES: &[(&str, &str, &str)] = &[
-    // The model's structs keep the engine's state (`Exec`, `GpuExec`, `Completion`) and its
-    // ioctl path calls `gpu::sync` / `gpu::upload_runlist`, while gpu.rs runs on `Kfd`. Fix: the
-    // state types in a file of their own, the two calls in a model file above gpu.rs (an
-    // `impl Kfd` beside the ioctls), so gpu.rs -> model/mod.rs is the one direction.
-    ("gpreempt-sim", "model/mod.rs", "gpu.rs"),
-];
-
-/// The file-level cycles of the crate under `root`, without the edges `allowed` leaves out.
-fn file_cycles(root: &Path, allowed: &[(&str, &str)]) -> (Graph, Vec<String>) {
-    let mut g = files::file_graph(root);
-    for (from, to) in allowed {
-        let gone = g.get_mut(*from).and_then(|e| e.remove(*to));
-        assert!(
-            gone.is_some(),
-            "KNOWN_FILE_CYCLES: no edge {from} -> {to} any more; drop it from the list"
-        );
-    }
+/// The file-level import graph of the crate under `root`, and its cycles, described.
+fn file_cycles(root: &Path) -> (Graph, Vec<String>) {
+    let g = files::file_graph(root);
     let found = files::cycles(&g)
         .iter()
         .map(|c| files::describe_chain(&g, c))
@@ -538,12 +521,7 @@ fn file_cycles(root: &Path, allowed: &[(&str, &str)]) -> (Graph, Vec<String>) {
 fn no_import_cycle_between_files() {
     let mut failures = Vec::new();
     for (name, root) in [("gpreempt-user", src()), ("gpreempt-sim", sim_src())] {
-        let allowed: Vec<(&str, &str)> = KNOWN_FILE_CYCLES
-            .iter()
-            .filter(|(c, _, _)| *c == name)
-            .map(|(_, f, t)| (*f, *t))
-            .collect();
-        let (g, found) = file_cycles(&root, &allowed);
+        let (g, found) = file_cycles(&root);
         assert!(
             g.len() >= 10,
             "{name}: only {} files import anything",
@@ -554,17 +532,6 @@ fn no_import_cycle_between_files() {
                 "{name}: file import cycles (each a chain of files, with the items used):\n{}",
                 found.join("\n\n")
             ));
-        }
-        // A listed edge still closes a cycle (else the list is stale).
-        let full = files::file_graph(&root);
-        let all = files::cycles(&full).len();
-        for (from, to) in &allowed {
-            let mut without = full.clone();
-            without.get_mut(*from).map(|e| e.remove(*to));
-            assert!(
-                files::cycles(&without).len() < all,
-                "{name}: {from} -> {to} closes no cycle: drop it from KNOWN_FILE_CYCLES"
-            );
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

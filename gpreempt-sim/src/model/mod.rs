@@ -6,8 +6,8 @@
 //! (kfd_chardev.c, kfd_debug.c, kfd_device_queue_manager.c); the function each piece mirrors is
 //! named where it matters.
 //!
-//! Here: the types, `ioctl` dispatch, runtime enable / wait and the HWS runlist; GPU memory
-//! ioctls live in `memory`, queue ioctls in `queues`, the debug trap in `debug`.
+//! Here: the types, `ioctl` dispatch and runtime enable / wait; GPU memory ioctls live in
+//! `memory`, queue ioctls in `queues`, the debug trap in `debug`, the HWS runlist in `hws`.
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -22,6 +22,7 @@ use crate::spec::{Costs, Spec};
 
 mod debug;
 mod events;
+mod hws;
 mod memory;
 mod queues;
 
@@ -113,7 +114,7 @@ pub struct Queue {
     pub cu_mask: Vec<u32>,
     /// Order of creation on the host (the runlist's order within a process).
     pub serial: u64,
-    pub exec: crate::gpu::Exec,
+    pub exec: crate::exec::Exec,
 }
 
 impl Queue {
@@ -258,7 +259,7 @@ pub struct Gpu {
     /// Fault injection (debugfs `hang_hws`): the next preemption on this device fails.
     pub hws_hung: bool,
     pub next_rotation: u64,
-    pub exec: crate::gpu::GpuExec,
+    pub exec: crate::exec::GpuExec,
     /// The next buffer-object offset of the render node (DRM's mmap offset manager).
     pub next_bo_offset: u64,
     /// The DRM render node minor (`/dev/dri/renderD<minor>`, topology `drm_render_minor`).
@@ -294,7 +295,7 @@ pub struct Kfd {
     /// Render-node ranges (gpu_id, offset, size) freed: their backing pages can go.
     pub freed_bos: Vec<(u32, u64, u64)>,
     /// Packets completed with a completion signal, for `gpu::finish_completions`.
-    pub completions: Vec<crate::gpu::Completion>,
+    pub completions: Vec<crate::exec::Completion>,
 }
 
 fn done(ret: i32, out: &[u8]) -> Outcome {
@@ -456,7 +457,7 @@ impl Kfd {
             return err(libc::EBADF, input);
         }
         let pid = caller.tgid;
-        crate::gpu::sync(self, now);
+        self.sync_engine(now);
         match n {
             nr::GET_VERSION => {
                 let a = GetVersionArgs {
@@ -611,40 +612,6 @@ impl Kfd {
             }
             Wait::Destroy { args, .. } | Wait::Events { args, .. } => err(libc::EINTR, args),
         }
-    }
-
-    /// `execute_queues_cpsch`: unmap every dynamic queue of the device and upload a new runlist.
-    pub fn execute_queues(&mut self, gi: usize, now: u64) {
-        self.preempt(gi, now, kfd::USE_DEFAULT_GRACE_PERIOD);
-    }
-
-    /// `execute_queues_cpsch` with a grace period; false when the CP did not acknowledge the
-    /// preemption (debugfs `hang_hws`): the emulated device then recovers, as after a reset.
-    fn preempt(&mut self, gi: usize, now: u64, grace: u32) -> bool {
-        if std::mem::take(&mut self.gpus[gi].hws_hung) {
-            return false;
-        }
-        let gpu_id = self.gpus[gi].gpu_id;
-        let mut active: Vec<(u64, u64, QKey)> = self
-            .procs
-            .values()
-            .flat_map(|p| {
-                p.queues
-                    .values()
-                    .filter(|q| q.gpu_id == gpu_id && q.is_active() && q.is_compute())
-                    .map(move |q| (p.serial, q.serial, (p.pid, q.id)))
-            })
-            .collect();
-        active.sort_unstable();
-        let runlist: Vec<QKey> = active.into_iter().map(|(_, _, k)| k).collect();
-        // The grace period lets running waves finish before CWSR (1K clocks per unit).
-        let grace_ns = if grace == kfd::USE_DEFAULT_GRACE_PERIOD {
-            0
-        } else {
-            u64::from(grace) * 1000 * 1000 / u64::from(self.gpus[gi].spec.clock_mhz.max(1))
-        };
-        crate::gpu::upload_runlist(self, gi, runlist, now, grace_ns);
-        true
     }
 
     /// The process is gone (its mm torn down): end the sessions it debugged, then its own queues.
