@@ -613,25 +613,12 @@ impl World {
 
     fn add(&mut self, pid: u32, comm: &str, queues: &[(u32, u32)]) {
         let mut p = Process {
-            pid,
             info: Some(ProcInfo {
                 comm: comm.into(),
                 start_time: u64::from(pid) * 7,
                 ..Default::default()
             }),
-            class: None,
-            debugger: None,
-            source: Source::Event,
-            seen_ns: 0,
-            exited_ns: None,
-            queues: BTreeMap::new(),
-            last_event_ns: 0,
-            last_launch_ns: None,
-            launches: 0,
-            kernel_names: Default::default(),
-            unmanaged: None,
-            uncontrollable: None,
-            debug_api: None,
+            ..Process::new(pid, Source::Event, 0)
         };
         for &(qid, gpu) in queues {
             p.queues.insert(qid, queue(qid, gpu, QueueKind::ComputeAql));

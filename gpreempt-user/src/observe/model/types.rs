@@ -350,7 +350,7 @@ impl DebugApi {
 pub use crate::observe::status::Uncontrollable;
 
 impl Process {
-    pub(super) fn new(pid: u32, source: Source, now: u64) -> Self {
+    pub fn new(pid: u32, source: Source, now: u64) -> Self {
         Self {
             pid,
             info: None,
