@@ -1,7 +1,6 @@
 //! The policy file (parsing, every error with its line), classification, and the engine's
 //! decisions tick by tick against hand-built host models.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use regex::Regex;
