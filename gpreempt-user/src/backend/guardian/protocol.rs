@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::frozen::FrozenEntry;
-use crate::observe::nv::rm::Channels;
+use crate::backend::nv::acts::Channels;
 
 /// Channels of one client of one target that the controller is about to pause, and TSGs of it
 /// whose timeslice it is about to change: where to find the target's nvidiactl file (`pid`,

@@ -8,7 +8,8 @@ use gpreempt_common::nv;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::protocol::HoldEntry;
-use crate::observe::nv::rm::{self as control, Channels};
+use crate::backend::nv::acts::{self as act, Channels};
+use crate::observe::nv::rm as control;
 use crate::observe::procinfo::ProcId;
 
 /// What the guardian needs from the system, injectable for tests.
@@ -21,7 +22,7 @@ pub trait Targets {
     /// Resumes `e`'s channels through `dup`.
     fn enable(&mut self, dup: &Self::Dup, e: &HoldEntry) -> Result<()>;
     /// Sets the timeslice of TSG `h_tsg` (of client `h_client`) to `us` through `dup`
-    /// ([`control::set_timeslice`]); the real one reads it back and fails on a mismatch.
+    /// ([`act::set_timeslice`]); the real one reads it back and fails on a mismatch.
     fn set_timeslice(&mut self, dup: &Self::Dup, h_client: u32, h_tsg: u32, us: u64) -> Result<()>;
     /// Whether the target behind `dup` has exited.
     fn exited(&mut self, dup: &Self::Dup) -> bool;
@@ -52,7 +53,7 @@ impl Targets for Rm {
 
     fn set_timeslice(&mut self, dup: &TargetFd, h_client: u32, h_tsg: u32, us: u64) -> Result<()> {
         // A restore is the last word on a process we will not see again: read it back.
-        control::set_timeslice(dup.fd.as_fd(), h_client, h_tsg, us)?;
+        act::set_timeslice(dup.fd.as_fd(), h_client, h_tsg, us)?;
         let got = control::get_timeslice(dup.fd.as_fd(), h_client, h_tsg)?;
         if got != us {
             anyhow::bail!("TSG {h_tsg:#x}: timeslice set to {us} us reads back {got} us");
@@ -71,7 +72,7 @@ impl Targets for Rm {
 /// failure.
 pub fn enable_entry(fd: BorrowedFd, e: &HoldEntry) -> Result<()> {
     let all = e.to_channels();
-    let first = match control::set_disabled(fd, &all, false) {
+    let first = match act::set_disabled(fd, &all, false) {
         Ok(_) => return Ok(()),
         Err(err) => err,
     };
@@ -91,7 +92,7 @@ pub fn enable_entry(fd: BorrowedFd, e: &HoldEntry) -> Result<()> {
                 channels: vec![c],
                 ..all.clone()
             };
-            match control::set_disabled(fd, &one, false) {
+            match act::set_disabled(fd, &one, false) {
                 Ok(_) => false,
                 Err(e) => control::nv_status(&e) != Some(nv::status::INVALID_CHANNEL),
             }

@@ -31,6 +31,7 @@ use crate::{
     policy::{Class, LeverPolicy, Policy},
 };
 
+pub mod acts;
 pub mod controller;
 pub mod selftest;
 pub mod startup;

@@ -19,9 +19,10 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     backend::guardian::{Beater, GuardianHandle, HoldEntry, TsgTimeslice},
+    backend::nv::acts::{set_disabled_mode, set_timeslice, Channels},
     clock::monotonic_ns,
     observe::model::State,
-    observe::nv::rm::{dup_fd, get_timeslice, set_disabled_mode, set_timeslice, Channels},
+    observe::nv::rm::{dup_fd, get_timeslice},
     observe::procinfo::ProcId,
     outcome::{OpReport, QueueOutcome, QueueResult, TimesliceChange},
 };
