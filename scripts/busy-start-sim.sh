@@ -47,8 +47,9 @@ offline_pids > "$OUT/offline.pids"
 # first-act time, or nothing.
 all_acted() { python3 "$(dirname "$0")/acted.py" "$1" "$2" "$OUT/offline.pids" suspend; }
 wait_all() { # audit since -> last first-act ns, or empty after LIMIT
+  S0=$(date +%s)
   k=0
-  while [ $k -lt $((LIMIT * 10)) ]; do
+  while [ $k -lt $((LIMIT * 10)) ] && [ $(( $(date +%s) - S0 )) -lt $LIMIT ]; do
     r=$(all_acted "$1" "$2"); [ -n "$r" ] && { echo "$r"; return; }
     sleep 0.1; k=$((k + 1))
   done

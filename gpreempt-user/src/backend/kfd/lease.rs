@@ -12,9 +12,17 @@
 //! every hold, keeps turning, and the controller's loop has turned within [`LOOP_STALL`]. Work the
 //! loop does meanwhile (waiting for the control thread while it serves a target that floods
 //! itself with signals, a slow file system, reconciliation) is not silence. A stopped process
-//! stops this thread too; a control thread stuck in a call, or a loop stuck for good, stops the
-//! beats. The loop does not beat itself: a loop busy for seconds on work that makes progress
-//! (tearing down uprobes) would read as dead, and the guardian would kill a working controller.
+//! stops this thread too; a control thread stuck outside the driver, or a loop stuck for good,
+//! stops the beats. The loop does not beat itself: a loop busy for seconds on work that makes
+//! progress (tearing down uprobes) would read as dead, and the guardian would kill a working
+//! controller.
+//!
+//! Liveness is not speed. A control thread waiting in one driver call is slow, not stopped: a
+//! loaded driver (a thousand queues, a GPU being preempted, an emulator serving fifty busy
+//! processes) can take seconds to answer, and killing the controller then throws away its whole
+//! start on the host it was taking over. Such a call may last [`CALL_STALL`] before the beats
+//! stop, and says so once it outlasts half a lease. A stopped controller is still caught
+//! within the lease: its heartbeat thread stops with it.
 
 use std::{
     path::Path,
@@ -41,21 +49,105 @@ pub const MAX_LEASE: Duration = Duration::from_secs(5);
 /// reconciliation over a slow file system) while no hold can outlive `max_suspend` meanwhile
 /// (the control thread's watchdog). A loop stuck for good still gets the controller killed.
 pub const LOOP_STALL: Duration = Duration::from_secs(30);
+/// One driver call may take this long before the control thread reads as stuck. Meanwhile a
+/// hold can outlive `max_suspend` (the watchdog waits for the call): a slow driver delays the
+/// starvation guard, it does not end the controller. A call stuck for good still gets the
+/// controller killed, and the kernel resumes every target.
+pub const CALL_STALL: Duration = Duration::from_secs(10);
+/// The controller's start (its eBPF programs loaded and attached, the host read) may take this
+/// long before its loop first turns: tens of seconds on a loaded 2-vCPU host. Nothing is held
+/// by a loop that has never turned; a stopped start is still caught within the lease.
+pub const START_STALL: Duration = Duration::from_secs(180);
 
 /// The lease for a controller whose longest allowed suspension is `max_suspend`.
 pub fn lease_for(max_suspend: Duration) -> Duration {
     max_suspend.clamp(MIN_LEASE, MAX_LEASE)
 }
 
-/// Whether the heartbeat may go on at `now`: the control thread turned within `ctl_stall` and
-/// the loop within `loop_stall` (all CLOCK_MONOTONIC ns).
-pub fn alive(now: u64, ctl_turn: u64, loop_turn: u64, ctl_stall: u64, loop_stall: u64) -> bool {
-    now.saturating_sub(ctl_turn) < ctl_stall && now.saturating_sub(loop_turn) < loop_stall
+/// How long each part may be silent (ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Stalls {
+    /// The control thread outside a driver call.
+    pub ctl: u64,
+    /// One driver call.
+    pub call: u64,
+    /// The controller's loop, once it has turned.
+    pub looping: u64,
+    /// The controller's start, until its loop first turns.
+    pub start: u64,
+}
+
+/// What the heartbeat thread sees (CLOCK_MONOTONIC ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Seen {
+    /// The control thread's last turn.
+    pub ctl_turn: u64,
+    /// When its driver call in flight began; 0: none.
+    pub ctl_call: u64,
+    /// The loop's last turn, or the lease's start before the first.
+    pub loop_turn: u64,
+    /// Whether the loop has turned at all (start-up is over).
+    pub looping: bool,
+}
+
+impl Seen {
+    fn loop_stall(&self, s: Stalls) -> u64 {
+        if self.looping {
+            s.looping
+        } else {
+            s.start
+        }
+    }
+}
+
+/// Whether the heartbeat may go on at `now`: the control thread turned within `ctl` or is in a
+/// driver call begun within `call`, and the loop turned within `looping` (`start` while the
+/// controller starts: loading its eBPF programs on a loaded host is slow, and a loop that has
+/// never turned holds nothing).
+pub fn alive(now: u64, w: Seen, s: Stalls) -> bool {
+    let ctl = now.saturating_sub(w.ctl_turn) < s.ctl
+        || (w.ctl_call != 0 && now.saturating_sub(w.ctl_call) < s.call);
+    ctl && now.saturating_sub(w.loop_turn) < w.loop_stall(s)
+}
+
+/// Why [`alive`] said no, in words.
+fn silence(now: u64, w: Seen, s: Stalls) -> String {
+    let ms = |t: u64| now.saturating_sub(t) / 1_000_000;
+    if now.saturating_sub(w.loop_turn) >= w.loop_stall(s) {
+        if w.looping {
+            format!(
+                "the controller's loop has not turned for {} ms",
+                ms(w.loop_turn)
+            )
+        } else {
+            format!(
+                "the controller has been starting for {} ms",
+                ms(w.loop_turn)
+            )
+        }
+    } else if w.ctl_call != 0 {
+        format!(
+            "one GPU driver call has not returned for {} ms",
+            ms(w.ctl_call)
+        )
+    } else {
+        format!(
+            "the control thread has been silent for {} ms outside any driver call",
+            ms(w.ctl_turn)
+        )
+    }
+}
+
+/// The driver call begun at `call` (0: none) has been waited on long enough at `now` to say so,
+/// and it is not `said` (the call already reported).
+fn slow_call(now: u64, call: u64, said: u64, ctl_stall: u64) -> bool {
+    call != 0 && call != said && now.saturating_sub(call) >= ctl_stall
 }
 
 /// What the heartbeat thread and the controller share.
 struct Shared {
     loop_turn: AtomicU64,
+    looping: AtomicBool,
     stop: AtomicBool,
     /// Why a beat failed (the guardian died), for the loop to say once.
     lost: Mutex<Option<String>>,
@@ -86,26 +178,51 @@ impl KfdLease {
         );
         let shared = Arc::new(Shared {
             loop_turn: AtomicU64::new(monotonic_ns()),
+            looping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             lost: Mutex::new(None),
         });
         let beater = guardian.beater();
         let every = (lease / 4).min(Duration::from_millis(250));
         // The control thread turns every 100 ms at most while alive: half the lease of silence
-        // from it is a thread stuck in a call.
-        let ctl_stall = (lease / 2).as_nanos() as u64;
-        let loop_stall = LOOP_STALL.as_nanos() as u64;
+        // outside a driver call is a thread stuck.
+        let stalls = Stalls {
+            ctl: (lease / 2).as_nanos() as u64,
+            call: CALL_STALL.as_nanos() as u64,
+            looping: LOOP_STALL.as_nanos() as u64,
+            start: START_STALL.as_nanos() as u64,
+        };
         let s = shared.clone();
         let beat = std::thread::Builder::new()
             .name("kfd-lease".into())
             .spawn(move || {
+                let (mut said, mut quiet) = (0, false);
                 while !s.stop.load(Ordering::Relaxed) {
                     let now = monotonic_ns();
-                    let (c, l) = (
-                        ctl.load(Ordering::Relaxed),
-                        s.loop_turn.load(Ordering::Relaxed),
-                    );
-                    if alive(now, c, l, ctl_stall, loop_stall) {
+                    let (turn, call) = ctl.read();
+                    let w = Seen {
+                        ctl_turn: turn,
+                        ctl_call: call,
+                        loop_turn: s.loop_turn.load(Ordering::Relaxed),
+                        looping: s.looping.load(Ordering::Relaxed),
+                    };
+                    if slow_call(now, call, said, stalls.ctl) {
+                        said = call;
+                        log::warn!(
+                            "the GPU driver has not answered a call for {} ms: waiting (a slow \
+                             driver is not a stopped controller; one call may take {} s)",
+                            now.saturating_sub(call) / 1_000_000,
+                            CALL_STALL.as_secs()
+                        );
+                    }
+                    let ok = alive(now, w, stalls);
+                    if !ok && !quiet {
+                        // Said once a silence, before the guardian acts on it.
+                        quiet = true;
+                        log::error!("KFD lease: heartbeat stopped: {}", silence(now, w, stalls));
+                    }
+                    quiet &= !ok;
+                    if ok {
                         if let Err(e) = beater.beat() {
                             let mut lost = s.lost.lock().unwrap_or_else(|e| e.into_inner());
                             lost.get_or_insert_with(|| format!("{e:#}"));
@@ -179,6 +296,7 @@ impl KfdLease {
     /// now.
     pub fn upkeep(&mut self, now_ns: u64) -> Option<String> {
         self.shared.loop_turn.store(now_ns, Ordering::Relaxed);
+        self.shared.looping.store(true, Ordering::Relaxed);
         if self.said {
             return None;
         }
@@ -209,30 +327,94 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
+    const ST: Stalls = Stalls {
+        ctl: S,
+        call: 10 * S,
+        looping: 30 * S,
+        start: 180 * S,
+    };
+
+    /// Seen: the control thread turned at `turn`, in a call since `call` (0: none), the loop
+    /// turned at `lp`.
+    fn seen(turn: u64, call: u64, lp: u64) -> Seen {
+        Seen {
+            ctl_turn: turn,
+            ctl_call: call,
+            loop_turn: lp,
+            looping: true,
+        }
+    }
 
     /// Beats go on while the control thread turns and the loop has turned within its stall; a
-    /// control thread silent for half a lease (stuck in a call) or a loop silent for 30 s stops
+    /// control thread silent for half a lease outside the driver or a loop silent for 30 s stops
     /// them. A loop busy for seconds (waiting on the control thread, tearing uprobes down) does
     /// not.
     #[test]
     fn the_heartbeat_follows_the_control_thread_and_a_loop_that_still_turns() {
-        let (ctl, lp) = (S, 30 * S);
-        let now = 100 * S;
-        assert!(alive(now, now, now, ctl, lp));
+        let now = 1000 * S;
+        assert!(alive(now, seen(now, 0, now), ST));
         assert!(
-            alive(now, now - S / 10, now - 5 * S, ctl, lp),
+            alive(now, seen(now - S / 10, 0, now - 5 * S), ST),
             "loop busy 5 s"
         );
-        assert!(alive(now, now - S / 10, now - 29 * S, ctl, lp));
-        assert!(
-            !alive(now, now - S / 10, now - 30 * S, ctl, lp),
-            "loop stuck"
-        );
-        assert!(!alive(now, now - S, now, ctl, lp), "control thread stuck");
+        assert!(alive(now, seen(now - S / 10, 0, now - 29 * S), ST));
+        let stuck = seen(now - S / 10, 0, now - 30 * S);
+        assert!(!alive(now, stuck, ST), "loop stuck");
+        assert!(silence(now, stuck, ST).contains("loop has not turned for 30000 ms"));
+        let ctl = seen(now - S, 0, now);
+        assert!(!alive(now, ctl, ST), "control thread stuck");
+        assert!(silence(now, ctl, ST).contains("silent for 1000 ms outside any driver call"));
         // Stamps from the future (another CPU's clock read a moment later) are fresh.
-        assert!(alive(now, now + 5, now + 5, ctl, lp));
+        assert!(alive(now, seen(now + 5, 0, now + 5), ST));
     }
 
+    /// A control thread waiting in one slow driver call (a busy host's driver, seconds per
+    /// answer) keeps the beats going up to the call stall, and is said once; stuck in a call
+    /// longer, or silent outside one, it stops them.
+    #[test]
+    fn a_slow_driver_call_is_slowness_not_death() {
+        let now = 1000 * S;
+        let began = now - 3 * S;
+        assert!(alive(now, seen(began, began, now), ST), "3 s in one call");
+        assert!(alive(now, seen(now - 9 * S, now - 9 * S, now), ST));
+        let stuck = seen(now - 10 * S, now - 10 * S, now);
+        assert!(!alive(now, stuck, ST), "stuck in the call");
+        assert!(silence(now, stuck, ST).contains("driver call has not returned for 10000 ms"));
+        assert!(
+            !alive(now, seen(began, 0, now), ST),
+            "3 s silent outside a call"
+        );
+        // The loop's own stall still holds while the control thread waits.
+        assert!(!alive(now, seen(began, began, now - 30 * S), ST));
+        assert!(slow_call(now, began, 0, ST.ctl));
+        assert!(!slow_call(now, began, began, ST.ctl), "said once a call");
+        assert!(!slow_call(now, now - S / 2, 0, ST.ctl), "not slow yet");
+        assert!(!slow_call(now, 0, 0, ST.ctl), "no call");
+    }
+
+    /// Before its loop first turns the controller is starting (tens of seconds loading eBPF
+    /// programs on a loaded host): that is not a stuck loop, up to the start stall. The control
+    /// thread is watched as ever.
+    #[test]
+    fn a_slow_start_is_not_a_stuck_loop() {
+        let now = 1000 * S;
+        let starting = |lp| Seen {
+            looping: false,
+            ..seen(now, 0, lp)
+        };
+        assert!(alive(now, starting(now - 60 * S), ST), "a 60 s start");
+        let long = starting(now - 180 * S);
+        assert!(!alive(now, long, ST));
+        assert!(silence(now, long, ST).contains("starting for 180000 ms"));
+        let ctl = Seen {
+            ctl_turn: now - 2 * S,
+            ..starting(now - 60 * S)
+        };
+        assert!(
+            !alive(now, ctl, ST),
+            "the control thread is watched while starting"
+        );
+    }
     #[test]
     fn the_lease_follows_max_suspend_within_bounds() {
         assert_eq!(lease_for(Duration::from_millis(100)), MIN_LEASE);

@@ -48,7 +48,7 @@ mod types;
 use ops::ioctl;
 use thread::Thread;
 use types::Req;
-pub use types::{Limits, SnapQueue, TargetError, Turns};
+pub use types::{Limits, Pulse, SnapQueue, TargetError, Turns};
 
 /// Blocks SIGCHLD in the calling thread (and every thread it spawns later), so the control
 /// thread can take tracee stops from a signalfd. Call before any thread exists.
@@ -158,7 +158,7 @@ impl Control {
         let wake_fd = std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
         let (tx, rx) = mpsc::channel();
         let thread_wake = wake_fd.clone();
-        let turns: Turns = std::sync::Arc::new(crate::clock::monotonic_ns().into());
+        let turns: Turns = std::sync::Arc::new(types::Pulse::new(crate::clock::monotonic_ns()));
         let thread_turns = turns.clone();
         let thread = std::thread::Builder::new()
             .name("gpreempt-ctl".into())

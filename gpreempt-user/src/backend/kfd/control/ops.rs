@@ -160,8 +160,17 @@ pub(super) fn queue_op_error(
 impl Thread {
     pub(super) fn dbg<P: DbgTrapPayload>(&self, pid: u32, p: P) -> std::io::Result<(i32, P)> {
         let mut a = DbgTrapArgs::new(pid, p);
-        let r = ioctl(&self.kfd, kfd::cmd::DBG_TRAP, &mut a)?;
+        let r = self.dbg_raw(&mut a)?;
         Ok((r, a.payload()))
+    }
+
+    /// One DBG_TRAP call, shown to the lease as a driver call in flight: a slow driver is not a
+    /// stuck controller.
+    pub(super) fn dbg_raw(&self, args: &mut DbgTrapArgs) -> std::io::Result<i32> {
+        self.turns.call_begins(monotonic_ns());
+        let r = ioctl(&self.kfd, kfd::cmd::DBG_TRAP, args);
+        self.turns.call_ends(monotonic_ns());
+        r
     }
 
     /// Whether `id` is the process this thread knows under its pid: a target's start time
@@ -597,7 +606,7 @@ impl Thread {
             data: [0; 3],
         };
         let mut d = d;
-        if let Err(e) = ioctl(&self.kfd, kfd::cmd::DBG_TRAP, &mut d) {
+        if let Err(e) = self.dbg_raw(&mut d) {
             if errno_of(&e) != Errno::ESRCH && errno_of(&e) != Errno::EINVAL {
                 log::warn!("pid {pid}: DBG_TRAP disable: {e}");
             }

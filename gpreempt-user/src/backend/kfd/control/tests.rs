@@ -361,7 +361,15 @@ fn rig(limits: Limits) -> Rig {
     let (tx, rx) = mpsc::channel();
     let (ntx, notices) = tmpsc::unbounded_channel();
     Rig {
-        t: Thread::new(kfd, sigfd, wake, rx, ntx, limits, Arc::default()),
+        t: Thread::new(
+            kfd,
+            sigfd,
+            wake,
+            rx,
+            ntx,
+            limits,
+            Arc::new(super::types::Pulse::new(0)),
+        ),
         tx,
         notices,
     }

@@ -88,8 +88,7 @@ impl Thread {
 
     /// This thread is alive and going round (the lease's heartbeat watches it).
     pub(super) fn turn(&self) {
-        self.turns
-            .store(monotonic_ns(), std::sync::atomic::Ordering::Relaxed);
+        self.turns.turn(monotonic_ns());
     }
 
     pub(super) fn notice(&self, n: Notice) {

@@ -69,11 +69,52 @@ pub(super) enum Req {
     Shutdown(oneshot::Sender<Vec<OpReport>>),
 }
 
-/// When the control thread last went round its loop (or a step of a long operation: a detach
-/// waiting for its target to stop, one target of a shutdown), CLOCK_MONOTONIC ns. It turns at
-/// least every 100 ms while alive: this is what the KFD lease's heartbeat watches, since this
-/// thread's watchdog is what bounds every hold.
-pub type Turns = std::sync::Arc<std::sync::atomic::AtomicU64>;
+/// What the control thread shows of its life, for the KFD lease's heartbeat (this thread's
+/// watchdog is what bounds every hold): when it last went round its loop, finished a driver call
+/// or took a step of a long operation (a detach waiting for its target to stop, one target of a
+/// shutdown), and when the driver call in flight began. It turns at least every 100 ms while
+/// alive and idle; a driver call that is merely slow is told apart from a thread stuck elsewhere.
+#[derive(Debug)]
+pub struct Pulse {
+    /// CLOCK_MONOTONIC ns of the last turn or finished call.
+    turn: std::sync::atomic::AtomicU64,
+    /// CLOCK_MONOTONIC ns when the call in flight began; 0: none.
+    call: std::sync::atomic::AtomicU64,
+}
+
+impl Pulse {
+    pub fn new(now: u64) -> Self {
+        Self {
+            turn: now.into(),
+            call: 0.into(),
+        }
+    }
+
+    pub fn turn(&self, now: u64) {
+        self.turn.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A driver call begins at `now`.
+    pub fn call_begins(&self, now: u64) {
+        self.call
+            .store(now.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The call in flight returned at `now`: that is a turn.
+    pub fn call_ends(&self, now: u64) {
+        self.turn(now);
+        self.call.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// (last turn, start of the call in flight or 0).
+    pub fn read(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.turn.load(Relaxed), self.call.load(Relaxed))
+    }
+}
+
+/// The control thread's [`Pulse`], shared with the lease.
+pub type Turns = std::sync::Arc<Pulse>;
 
 /// The errno of a failed syscall (0 when it carries none).
 pub(super) fn errno_of(e: &std::io::Error) -> nix::errno::Errno {
