@@ -418,10 +418,34 @@ pub mod launch {
     pub const CU_LAUNCH_KERNEL: u32 = 7;
     pub const CU_LAUNCH_KERNEL_EX: u32 = 8;
     pub const CU_GRAPH_LAUNCH: u32 = 9;
+    /// A thread entered one of [`WAITS`]: the host blocks on the GPU.
+    pub const WAIT_ENTER: u32 = 10;
+    /// A thread returned from one of [`WAITS`] (uretprobe): the GPU work it waited for is done.
+    pub const WAIT_RETURN: u32 = 11;
+
+    /// The runtimes' blocking waits: where a request's host side waits for its GPU work (a
+    /// request ends at the last return before idleness). HIP's and the CUDA driver API's
+    /// synchronize calls and their blocking copies to the host; the CUDA runtime (libcudart)
+    /// reaches the driver API, so both are seen where the process maps libcuda.
+    pub const WAITS: &[&str] = &[
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+        "hipMemcpy",
+        "hipMemcpyDtoH",
+        "cuStreamSynchronize",
+        "cuStreamSynchronize_ptsz",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyDtoH_v2_ptds",
+        "cuMemcpy",
+        "cuMemcpy_ptds",
+    ];
 
     /// `(point, program, symbols)`: every symbol is probed with the point's program wherever a
     /// mapped file of the process defines it.
-    pub const POINTS: [(u32, &str, &[&str]); 9] = [
+    pub const POINTS: [(u32, &str, &[&str]); 11] = [
         (HIP_LAUNCH_KERNEL, "up_hip_launch", &["hipLaunchKernel"]),
         (
             HIP_MODULE_LAUNCH_KERNEL,
@@ -468,7 +492,20 @@ pub mod launch {
             "up_cu_graph_launch",
             &["cuGraphLaunch", "cuGraphLaunch_ptsz"],
         ),
+        (WAIT_ENTER, "up_wait", WAITS),
+        (WAIT_RETURN, "ur_wait", WAITS),
     ];
+
+    /// Whether `point` is a wait's entry or return (not a launch).
+    pub const fn is_wait(point: u32) -> bool {
+        point == WAIT_ENTER || point == WAIT_RETURN
+    }
+
+    /// Wait records a process may emit per second, and in a burst: a service that syncs per
+    /// token makes hundreds a second; a process spinning on an idle stream is dropped in the
+    /// kernel (counted in `stat::WAIT_DROPPED`, and its records say how many went).
+    pub const WAIT_RATE_PER_S: u32 = 20_000;
+    pub const WAIT_BURST: u32 = 2_000;
 
     /// Name of a point, as `trace` prints it.
     pub fn name(point: u32) -> &'static str {
@@ -482,6 +519,8 @@ pub mod launch {
             CU_LAUNCH_KERNEL => "cuLaunchKernel",
             CU_LAUNCH_KERNEL_EX => "cuLaunchKernelEx",
             CU_GRAPH_LAUNCH => "cuGraphLaunch",
+            WAIT_ENTER => "wait",
+            WAIT_RETURN => "wait-return",
             _ => "unknown",
         }
     }

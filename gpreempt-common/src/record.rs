@@ -56,8 +56,12 @@ pub mod stat {
     /// dropped in the kernel, so its own driver calls (a scan of running processes, levers,
     /// the self-test's checks) never crowd other processes' records out of the ring.
     pub const OWN_SKIPPED: u32 = 9;
+    /// Wait entries and returns seen (uprobes), emitted or not.
+    pub const WAIT_SEEN: u32 = 10;
+    /// Wait records dropped by the per-process limit (`kprobe::launch::WAIT_RATE_PER_S`).
+    pub const WAIT_DROPPED: u32 = 11;
     /// Number of statistics.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 12;
 }
 
 /// What the ioctl programs found behind an fd ([`RecordHeader::file_kind`], [`GpuFile::kind`]).
@@ -232,16 +236,19 @@ pub struct KernelRecord {
     pub args: [u64; 6],
 }
 
-/// A watched process entered a HIP/HSA launch entry point.
+/// A watched process entered a HIP/HSA/CUDA launch entry point, or entered or returned from
+/// one of the runtime's blocking waits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LaunchRecord {
     pub hdr: RecordHeader,
     /// One of [`crate::kprobe::launch`].
     pub point: u32,
-    /// Launches of this process suppressed since the previous record (same burst).
+    /// A launch: launches of this process suppressed since the previous record (same burst).
+    /// A wait: wait records of this process dropped so far (its growth says some were lost).
     pub suppressed: u32,
-    /// The first argument of the entry point (kernel function / graph / queue / signal handle).
+    /// A launch or a wait's entry: the first argument (kernel function / graph / queue / signal
+    /// handle / stream). A wait's return: the return value.
     pub arg0: u64,
 }
 

@@ -28,13 +28,15 @@ use gpreempt_common::{
     kprobe::field as kf,
     nv,
     record::{
-        config_flag, file_kind, file_match, kind, stat, Config, IoctlRecord, RateState, ARGS_MAX,
+        config_flag, file_kind, file_match, kind, stat, Config, IoctlRecord, ARGS_MAX,
         MAX_GPU_FILES,
     },
     vfs,
 };
 
-use crate::{config, count, now_ns, read, EVENTS, GPU_PIDS, INFLIGHT, OFFSETS, RATES, SCRATCH};
+use crate::{
+    bucket, config, count, now_ns, read, EVENTS, GPU_PIDS, INFLIGHT, OFFSETS, RATES, SCRATCH,
+};
 
 // Offsets in the syscall tracepoints' records (events/syscalls/sys_{enter,exit}_ioctl/format):
 // every syscall argument is 8 bytes from offset 16.
@@ -143,42 +145,11 @@ fn file_kind_of(fd: i32, cfg: &Config) -> (u32, bool) {
 /// The per-process token bucket: whether `tgid` may emit one more record now.
 #[inline(always)]
 fn rate_allows(tgid: u32, cfg: &Config, now: u64) -> bool {
-    let (rate, burst) = (cfg.rate_per_s as u64, cfg.rate_burst);
-    if rate == 0 {
-        return true;
-    }
-    let Some(s) = RATES.get_ptr_mut(tgid) else {
-        let s = RateState {
-            last_ns: now,
-            tokens: burst.saturating_sub(1),
-            dropped: 0,
-        };
-        let _ = RATES.insert(tgid, s, 0);
-        return true;
-    };
-    // SAFETY: a pointer into the map value; threads of one process on other CPUs may race on
-    // it, which only makes the limit approximate.
-    let s = unsafe { &mut *s };
-    let elapsed = now.wrapping_sub(s.last_ns);
-    if elapsed >= 1_000_000_000 {
-        s.tokens = burst;
-        s.last_ns = now;
-    } else {
-        // elapsed < 1e9 and rate < 2^32: no overflow.
-        let add = elapsed * rate / 1_000_000_000;
-        if add > 0 {
-            let t = s.tokens as u64 + add;
-            s.tokens = if t > burst as u64 { burst } else { t as u32 };
-            s.last_ns = now;
-        }
-    }
-    if s.tokens == 0 {
-        s.dropped = s.dropped.wrapping_add(1);
+    let allowed = bucket(&RATES, tgid, cfg.rate_per_s, cfg.rate_burst, now).is_some();
+    if !allowed {
         count(stat::RATE_LIMITED);
-        return false;
     }
-    s.tokens -= 1;
-    true
+    allowed
 }
 
 #[inline(always)]

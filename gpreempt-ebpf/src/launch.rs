@@ -6,15 +6,15 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::uprobe,
-    programs::ProbeContext,
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
 };
 use gpreempt_common::{
     kprobe::launch,
     record::{kind, stat, LaunchRecord, LaunchState, RecordHeader},
 };
 
-use crate::{config, count, now_ns, EVENTS, LAUNCHES};
+use crate::{bucket, config, count, now_ns, EVENTS, LAUNCHES, WAITS};
 
 /// `BPF_RB_FORCE_WAKEUP`: a hint is worth a wakeup of the reader even when it has not caught up
 /// (the policy acts on it; the ring's adaptive wakeup would batch it with later records).
@@ -130,4 +130,55 @@ pub fn up_cu_launch_ex(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn up_cu_graph_launch(ctx: ProbeContext) -> u32 {
     hit(&ctx, launch::CU_GRAPH_LAUNCH)
+}
+
+/// A wait's entry or return: every one is a record (a request ends at the last return before
+/// idleness, so none may be merged away), within the process's wait limit.
+#[inline(always)]
+fn wait(point: u32, arg0: u64) -> u32 {
+    count(stat::WAIT_SEEN);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let now = now_ns();
+    let Some(dropped) = bucket(
+        &WAITS,
+        tgid,
+        launch::WAIT_RATE_PER_S,
+        launch::WAIT_BURST,
+        now,
+    ) else {
+        count(stat::WAIT_DROPPED);
+        return 0;
+    };
+    let rec = LaunchRecord {
+        hdr: RecordHeader {
+            kind: kind::LAUNCH,
+            pid: tgid,
+            tid: pid_tgid as u32,
+            file_kind: 0,
+            ts_ns: now,
+            comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        },
+        point,
+        suppressed: dropped,
+        arg0,
+    };
+    // No forced wakeup: these feed statistics, not the policy's trigger.
+    if EVENTS.output::<LaunchRecord>(&rec, 0).is_err() {
+        count(stat::RINGBUF_FULL);
+    }
+    0
+}
+
+/// Entry of a blocking wait (`kprobe::launch::WAITS`: `hipStreamSynchronize(hipStream_t)`,
+/// `cuStreamSynchronize(CUstream)`, ...).
+#[uprobe]
+pub fn up_wait(ctx: ProbeContext) -> u32 {
+    wait(launch::WAIT_ENTER, ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+/// Return of a blocking wait: the GPU work it waited for is done.
+#[uretprobe]
+pub fn ur_wait(ctx: RetProbeContext) -> u32 {
+    wait(launch::WAIT_RETURN, ctx.ret::<u64>())
 }

@@ -66,6 +66,57 @@ static RATES: LruHashMap<u32, RateState> = LruHashMap::with_max_entries(MAX_GPU_
 #[map]
 static LAUNCHES: LruHashMap<u32, LaunchState> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
 
+/// Wait-record limit per thread group (`kprobe::launch::WAIT_RATE_PER_S`).
+#[map]
+static WAITS: LruHashMap<u32, RateState> = LruHashMap::with_max_entries(MAX_GPU_PIDS, 0);
+
+/// A per-process token bucket of `rate` records a second and `burst` at once, in `map`: the
+/// records `tgid` dropped so far when it may emit one more now, None when it may not (the drop
+/// is counted). A rate of 0 has no limit.
+#[inline(always)]
+fn bucket(
+    map: &LruHashMap<u32, RateState>,
+    tgid: u32,
+    rate: u32,
+    burst: u32,
+    now: u64,
+) -> Option<u32> {
+    if rate == 0 {
+        return Some(0);
+    }
+    let Some(s) = map.get_ptr_mut(tgid) else {
+        let s = RateState {
+            last_ns: now,
+            tokens: burst.saturating_sub(1),
+            dropped: 0,
+        };
+        let _ = map.insert(tgid, s, 0);
+        return Some(0);
+    };
+    // SAFETY: a pointer into the map value; threads of one process on other CPUs may race on
+    // it, which only makes the limit approximate.
+    let s = unsafe { &mut *s };
+    let elapsed = now.wrapping_sub(s.last_ns);
+    if elapsed >= 1_000_000_000 {
+        s.tokens = burst;
+        s.last_ns = now;
+    } else {
+        // elapsed < 1e9 and rate < 2^32: no overflow.
+        let add = elapsed * rate as u64 / 1_000_000_000;
+        if add > 0 {
+            let t = s.tokens as u64 + add;
+            s.tokens = if t > burst as u64 { burst } else { t as u32 };
+            s.last_ns = now;
+        }
+    }
+    if s.tokens == 0 {
+        s.dropped = s.dropped.wrapping_add(1);
+        return None;
+    }
+    s.tokens -= 1;
+    Some(s.dropped)
+}
+
 #[inline(always)]
 fn count(index: u32) {
     if let Some(p) = STATS.get_ptr_mut(index) {

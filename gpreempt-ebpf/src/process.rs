@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use gpreempt_common::record::{kind, stat, ProcessExitRecord, RecordHeader};
 
-use crate::{count, now_ns, EVENTS, GPU_PIDS, RATES};
+use crate::{count, now_ns, EVENTS, GPU_PIDS, RATES, WAITS};
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
@@ -22,6 +22,7 @@ pub fn gpu_process_exit(_ctx: TracePointContext) -> u32 {
     let rate_limited = unsafe { RATES.get(&tgid) }.map_or(0, |r| r.dropped as u64);
     // A later process reusing the pid starts with a full bucket and nothing dropped.
     let _ = RATES.remove(&tgid);
+    let _ = WAITS.remove(&tgid);
     let rec = ProcessExitRecord {
         hdr: RecordHeader {
             kind: kind::PROCESS_EXIT,

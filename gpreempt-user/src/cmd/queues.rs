@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::{
     observe::model::{DebugApi, Gpu, Queue, State, Uncontrollable},
     observe::procinfo::ProcInfo,
+    observe::requests::RequestStats,
 };
 
 #[derive(Serialize)]
@@ -29,7 +30,39 @@ struct ProcOut<'a> {
     /// said so.
     #[serde(skip_serializing_if = "Option::is_none")]
     debug_api: Option<&'a DebugApi>,
+    /// Its request latency, where the running controller (or this observer) watches its
+    /// launches and waits: online processes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requests: Option<RequestsOut>,
     queues: Vec<&'a Queue>,
+}
+
+/// A process's requests over the last minute (docs/observability.md, "Request latency").
+#[derive(Serialize)]
+pub struct RequestsOut {
+    /// Timed requests that ended in the window.
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Timed requests since it was first watched.
+    pub total: u64,
+    /// Busy periods without a blocking wait inside (no measurable end).
+    pub untimed: u64,
+}
+
+impl From<RequestStats> for RequestsOut {
+    fn from(s: RequestStats) -> Self {
+        let ms = |ns: u64| (ns as f64 / 1e3).round() / 1e3;
+        Self {
+            count: s.count,
+            p50_ms: ms(s.p50_ns),
+            p99_ms: ms(s.p99_ns),
+            max_ms: ms(s.max_ns),
+            total: s.total,
+            untimed: s.untimed,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -41,6 +74,7 @@ struct Out<'a> {
 
 /// The JSON document.
 pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String> {
+    let now = crate::clock::monotonic_ns();
     let processes = state
         .procs
         .values()
@@ -53,6 +87,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             debugger: p.debugger,
             unmanaged: p.unmanaged.as_deref(),
             debug_api: p.debug_api.as_ref(),
+            requests: state.request_stats(p, now).map(Into::into),
             queues: p.live_queues().collect(),
         })
         .collect();

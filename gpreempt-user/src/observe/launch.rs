@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
-use gpreempt_common::kprobe::launch::POINTS;
+use gpreempt_common::kprobe::launch::{self, POINTS};
 use object::elf;
 use object::read::elf::{FileHeader, ProgramHeader as _, SectionHeader as _, Sym as _};
 use object::read::{ReadCache, ReadRef};
@@ -327,8 +327,25 @@ fn elf_launch_symbols(file: File) -> Result<Vec<FileSymbol>> {
             symbol: symbol.to_string(),
             file_offset,
         });
+        // A wait is probed at its entry and its return, at the same address.
+        if point == launch::WAIT_ENTER {
+            out.push(FileSymbol {
+                point: launch::WAIT_RETURN,
+                program: program_of(launch::WAIT_RETURN),
+                symbol: symbol.to_string(),
+                file_offset,
+            });
+        }
     }
     Ok(out)
+}
+
+/// The program of a point in [`POINTS`].
+fn program_of(point: u32) -> &'static str {
+    POINTS
+        .iter()
+        .find(|(p, _, _)| *p == point)
+        .map_or("", |(_, program, _)| *program)
 }
 
 /// A defined symbol that [`scan_symbols`]' selector picked.

@@ -16,6 +16,7 @@ pub mod model;
 pub mod nv;
 pub mod probe;
 pub mod procinfo;
+pub mod requests;
 pub mod status;
 pub(crate) mod target_file;
 pub mod tracing;

@@ -58,6 +58,9 @@ pub struct Status {
     /// The systemd unit the controller runs in, when it does (from its cgroup).
     #[serde(default)]
     pub unit: Option<String>,
+    /// Request latency of each process whose launches and waits it watches (online ones).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<u32, crate::observe::requests::RequestStats>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,6 +63,9 @@ pub struct Metrics {
     proc_timeslice: IntGaugeVec,
     actions: IntCounterVec,
     decision_latency: HistogramVec,
+    request_duration: HistogramVec,
+    /// The label values of each process with a request histogram (removed when it exits).
+    request_labels: BTreeMap<u32, Vec<String>>,
     events: IntCounterVec,
     events_degraded: IntGauge,
     audit_failing: IntGauge,
@@ -78,6 +81,23 @@ pub struct Metrics {
     held: BTreeMap<u32, Held>,
     /// Dispatches per queue seen so far ((pid, queue) -> last read id - first read id).
     dispatched: BTreeMap<(u32, u32), (u64, u64)>,
+}
+
+/// The values of [`PROC_LABELS`] for `p`.
+fn proc_label_values(p: &crate::observe::model::Process) -> [String; 7] {
+    let pod = p.info.as_ref().and_then(|i| i.pod.as_ref());
+    [
+        p.pid.to_string(),
+        p.comm().to_string(),
+        p.class.clone().unwrap_or_default(),
+        p.info
+            .as_ref()
+            .and_then(|i| i.container.clone())
+            .unwrap_or_default(),
+        pod.and_then(|x| x.namespace.clone()).unwrap_or_default(),
+        pod.and_then(|x| x.name.clone()).unwrap_or_default(),
+        pod.and_then(|x| x.container.clone()).unwrap_or_default(),
+    ]
 }
 
 /// Registers `m` and hands it back (the registry keeps a clone; both share the values).
@@ -127,6 +147,15 @@ impl Metrics {
                     .buckets(vec![5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1]),
                     &["action"],
                 )?)?,
+            request_duration: reg(&r, HistogramVec::new(
+                    HistogramOpts::new(
+                        "online_request_duration_seconds",
+                        "Requests of a watched (online) process: from the first kernel launch after idleness to the last blocking wait's return before it (uprobes; docs/observability.md).",
+                    )
+                    .buckets(vec![1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+                    p,
+                )?)?,
+            request_labels: BTreeMap::new(),
             events: counter(&r, "events_total", "The event pipeline: records applied by kind, and the kernel side's counters (seen, lost, rate limited, dropped for other files).", &["kind"])?,
             events_degraded: reg(&r, IntGauge::new("events_degraded", "1 while kernel records are being lost and the map leans on sampling.")?)?,
             audit_failing: reg(&r, IntGauge::new("audit_failing", "1 while audit records cannot be written.")?)?,
@@ -273,25 +302,48 @@ impl Metrics {
         }
     }
 
+    /// Requests closed since the last call (`pid` -> durations in ns) into the histogram; the
+    /// series of processes gone go.
+    pub fn observe_requests(&mut self, state: &State, closed: &[(u32, Vec<u64>)]) {
+        for (pid, durations) in closed {
+            let Some(p) = state.procs.get(pid) else {
+                continue;
+            };
+            let values = proc_label_values(p);
+            let l: Vec<&str> = values.iter().map(String::as_str).collect();
+            let h = self.request_duration.with_label_values(&l);
+            for d in durations {
+                h.observe(*d as f64 / 1e9);
+            }
+            // A class or pod learnt later changes the labels: the old series goes.
+            if let Some(old) = self.request_labels.insert(*pid, values.to_vec()) {
+                if old != values {
+                    let o: Vec<&str> = old.iter().map(String::as_str).collect();
+                    let _ = self.request_duration.remove_label_values(&o);
+                }
+            }
+        }
+        let gone: Vec<u32> = self
+            .request_labels
+            .keys()
+            .filter(|pid| state.procs.get(pid).is_none_or(|p| p.exited_ns.is_some()))
+            .copied()
+            .collect();
+        for pid in gone {
+            if let Some(old) = self.request_labels.remove(&pid) {
+                let o: Vec<&str> = old.iter().map(String::as_str).collect();
+                let _ = self.request_duration.remove_label_values(&o);
+            }
+        }
+    }
+
     /// Per process: queues, what is held, backlog, dispatches, suspensions.
     fn processes(&mut self, state: &State, status: &super::daemon::Status, now_ns: u64) {
         let mut live = std::collections::BTreeSet::new();
         let mut seen_queues = std::collections::BTreeSet::new();
         for p in state.procs.values().filter(|p| p.exited_ns.is_none()) {
             live.insert(p.pid);
-            let pod = p.info.as_ref().and_then(|i| i.pod.as_ref());
-            let values = [
-                p.pid.to_string(),
-                p.comm().to_string(),
-                p.class.clone().unwrap_or_default(),
-                p.info
-                    .as_ref()
-                    .and_then(|i| i.container.clone())
-                    .unwrap_or_default(),
-                pod.and_then(|x| x.namespace.clone()).unwrap_or_default(),
-                pod.and_then(|x| x.name.clone()).unwrap_or_default(),
-                pod.and_then(|x| x.container.clone()).unwrap_or_default(),
-            ];
+            let values = proc_label_values(p);
             let l: Vec<&str> = values.iter().map(String::as_str).collect();
             let live_queues: Vec<_> = p
                 .queues

@@ -175,6 +175,7 @@ impl Ctx {
                 .collect(),
             metrics: self.metrics_addr.clone(),
             unit: self.unit.clone(),
+            requests: w.state.own_request_stats(monotonic_ns()),
         }
     }
 
@@ -313,9 +314,11 @@ impl Ctx {
         }
     }
 
-    /// Online processes get launch uprobes (when the policy wants hints); others lose them.
+    /// Online processes get launch and wait uprobes: their request latency is measured always,
+    /// and their launches trigger the policy when it wants hints (`launch_hints`). Others lose
+    /// them.
     fn launch_hints(&mut self, w: &mut Watcher, pid: u32, class: Class) {
-        if class == Class::Online && self.engine.policy().launch_hints {
+        if class == Class::Online {
             if let Err(e) = w.watch_launches(pid) {
                 log::info!("pid {pid}: no launch hints: {e:#}");
             }
@@ -592,6 +595,8 @@ impl Ctx {
                 log::warn!("{e:#}");
             }
             if let (Some((m, page)), true) = (&mut self.metrics, n.is_multiple_of(4)) {
+                let closed = w.state.take_closed_requests();
+                m.observe_requests(&w.state, &closed);
                 let text = m.render(&w.state, &status, monotonic_ns());
                 if let Ok(mut p) = page.write() {
                     *p = text;

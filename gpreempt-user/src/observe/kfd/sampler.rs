@@ -320,23 +320,7 @@ mod tests {
 
     fn state_with(qs: Vec<Queue>) -> State {
         let mut s = State::new();
-        let mut p = Process {
-            pid: std::process::id(),
-            info: None,
-            class: None,
-            debugger: None,
-            source: Source::Event,
-            seen_ns: 0,
-            exited_ns: None,
-            queues: Default::default(),
-            last_event_ns: 0,
-            last_launch_ns: None,
-            launches: 0,
-            kernel_names: Default::default(),
-            unmanaged: None,
-            uncontrollable: None,
-            debug_api: None,
-        };
+        let mut p = Process::new(std::process::id(), Source::Event, 0);
         for q in qs {
             p.queues.insert(q.queue_id, q);
         }

@@ -130,6 +130,49 @@ impl State {
         p
     }
 
+    /// Request latency of the live processes whose launches and waits this observer watches.
+    pub fn own_request_stats(
+        &self,
+        now: u64,
+    ) -> std::collections::BTreeMap<u32, crate::observe::requests::RequestStats> {
+        self.procs
+            .values()
+            .filter(|p| p.exited_ns.is_none())
+            .map(|p| (p.pid, p.requests.stats(now)))
+            .filter(|(_, s)| s.total + s.untimed > 0)
+            .collect()
+    }
+
+    /// Durations (ns) of the requests each process closed since the last call.
+    pub fn take_closed_requests(&mut self) -> Vec<(u32, Vec<u64>)> {
+        self.procs
+            .values_mut()
+            .map(|p| (p.pid, p.requests.take_closed()))
+            .filter(|(_, d)| !d.is_empty())
+            .collect()
+    }
+
+    /// Request latency of `p`: this observer's own measure, else the running controller's.
+    pub fn request_stats(
+        &self,
+        p: &Process,
+        now: u64,
+    ) -> Option<crate::observe::requests::RequestStats> {
+        let own = p.requests.stats(now);
+        if own.total + own.untimed > 0 {
+            return Some(own);
+        }
+        self.controller.as_ref()?.requests.get(&p.pid).copied()
+    }
+
+    /// Ends the requests that went idle by `now` (a request's end is known only once the
+    /// process has been idle a moment).
+    pub fn tick_requests(&mut self, now: u64) {
+        for p in self.procs.values_mut() {
+            p.requests.tick(now);
+        }
+    }
+
     /// The one entry point: applies an update.
     pub fn apply(&mut self, u: Update) {
         match u {
@@ -139,8 +182,7 @@ impl State {
             Update::Event(Event::Launch(l)) => {
                 self.touch(l.origin.ts_ns);
                 if let Some(p) = self.procs.get_mut(&l.origin.pid) {
-                    p.last_launch_ns = Some(l.origin.ts_ns);
-                    p.launches += 1 + u64::from(l.suppressed);
+                    p.launch_or_wait(l.origin.ts_ns, l.origin.tid, l.point, l.suppressed);
                 }
             }
             Update::Event(Event::ProcessExit(p)) => {
@@ -258,6 +300,7 @@ impl State {
 
     fn tick(&mut self, now: u64) {
         self.touch(now);
+        self.tick_requests(now);
         for p in self.procs.values_mut() {
             p.queues.retain(|_, q| {
                 q.destroyed_ns

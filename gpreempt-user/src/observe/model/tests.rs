@@ -345,21 +345,9 @@ fn create_queue_event_makes_the_process_and_every_queue_field() {
         last_event_ns: 5_000 + 1_234,
     };
     let process = Process {
-        pid: 100,
-        info: None,
-        class: None,
-        debugger: None,
-        source: Source::Event,
-        seen_ns: 5_000,
-        exited_ns: None,
         queues: BTreeMap::from([(9, queue)]),
         last_event_ns: 5_000 + 1_234,
-        last_launch_ns: None,
-        launches: 0,
-        kernel_names: Default::default(),
-        unmanaged: None,
-        uncontrollable: None,
-        debug_api: None,
+        ..Process::new(100, Source::Event, 5_000)
     };
     assert_eq!(s.procs, BTreeMap::from([(100, process)]));
     assert_eq!(

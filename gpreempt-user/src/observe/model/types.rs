@@ -293,6 +293,13 @@ pub struct Process {
     pub last_launch_ns: Option<u64>,
     /// Launches seen by the launch uprobes (reported and rate-limited ones).
     pub launches: u64,
+    /// Its requests (busy periods from a launch to the last blocking wait's return), when its
+    /// launches and waits are watched.
+    #[serde(skip)]
+    pub requests: crate::observe::requests::Requests,
+    /// Wait records the kernel had dropped for it at its last wait record.
+    #[serde(skip)]
+    pub waits_dropped: Option<u32>,
     /// Kernel descriptor address -> kernel name, from its code objects (docs/kfd.md).
     #[serde(skip)]
     pub kernel_names: crate::observe::kfd::codeobj::KernelNames,
@@ -363,6 +370,8 @@ impl Process {
             last_event_ns: now,
             last_launch_ns: None,
             launches: 0,
+            requests: crate::observe::requests::Requests::new(crate::observe::requests::IDLE_NS),
+            waits_dropped: None,
             kernel_names: Default::default(),
             unmanaged: None,
             uncontrollable: None,
@@ -371,6 +380,34 @@ impl Process {
     }
     pub fn comm(&self) -> &str {
         self.info.as_ref().map_or("?", |i| i.comm.as_str())
+    }
+
+    /// A launch or wait record of this process (`point`: `kprobe::launch`), at `ts` on thread
+    /// `tid`; `suppressed` as the record carries it.
+    pub fn launch_or_wait(&mut self, ts: u64, tid: u32, point: u32, suppressed: u32) {
+        use crate::observe::requests::Activity;
+        use gpreempt_common::kprobe::launch;
+        if !launch::is_wait(point) {
+            self.last_launch_ns = Some(ts);
+            self.launches += 1 + u64::from(suppressed);
+            self.requests.on(ts, Activity::Launch);
+            return;
+        }
+        // A wait record carries the process's drop count: growth means some were lost, and
+        // what is open cannot be trusted (the first record is the baseline: the count may be a
+        // former process's under the same pid).
+        if self.waits_dropped.is_some_and(|d| d != suppressed) {
+            self.requests.on(ts, Activity::Lost);
+        }
+        self.waits_dropped = Some(suppressed);
+        self.requests.on(
+            ts,
+            if point == launch::WAIT_ENTER {
+                Activity::WaitEnter(tid)
+            } else {
+                Activity::WaitReturn(tid)
+            },
+        );
     }
     pub fn live_queues(&self) -> impl Iterator<Item = &Queue> {
         self.queues.values().filter(|q| q.alive())

@@ -197,6 +197,10 @@ pub struct KernelStats {
     pub rate_limited: u64,
     /// Our own NVIDIA RM escapes, not recorded.
     pub own_skipped: u64,
+    /// Wait entries and returns seen (uprobes).
+    pub wait_seen: u64,
+    /// Wait records dropped by the per-process wait limit.
+    pub wait_dropped: u64,
 }
 
 impl KernelStats {
@@ -301,6 +305,8 @@ impl Probes {
             other_file: sum(stat::OTHER_FILE)?,
             rate_limited: sum(stat::RATE_LIMITED)?,
             own_skipped: sum(stat::OWN_SKIPPED)?,
+            wait_seen: sum(stat::WAIT_SEEN)?,
+            wait_dropped: sum(stat::WAIT_DROPPED)?,
         })
     }
 

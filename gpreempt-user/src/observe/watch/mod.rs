@@ -352,6 +352,7 @@ impl Watcher {
             Due::Hqds => self.hqds_now(),
             Due::Sample => {
                 self.sample_now();
+                self.state.tick_requests(monotonic_ns());
                 self.names.want(&self.state);
             }
         }

@@ -24,6 +24,8 @@ pub(super) enum Col {
     Hqd,
     State,
     Rate,
+    /// Request latency p50/p99 (online processes, whose launches and waits are watched).
+    Req,
     Backlog,
     Age,
     Container,
@@ -40,7 +42,7 @@ pub(super) struct ColSpec {
 }
 
 /// In display order.
-pub(super) const COLS: [ColSpec; 14] = [
+pub(super) const COLS: [ColSpec; 15] = [
     ColSpec {
         col: Col::Id,
         title: "PID",
@@ -99,6 +101,12 @@ pub(super) const COLS: [ColSpec; 14] = [
         col: Col::Rate,
         title: "DISP/S",
         width: 7,
+        drop_rank: 5,
+    },
+    ColSpec {
+        col: Col::Req,
+        title: "REQ50/99",
+        width: 11,
         drop_rank: 5,
     },
     ColSpec {
@@ -177,9 +185,29 @@ fn sort_col(s: SortColumn) -> Col {
     }
 }
 
-fn process_cell(c: Col, p: &Process, now: u64) -> Cell<'static> {
+/// `p50/p99` in ms, two significant figures or so: `4.1/5.2`, `55/61`.
+fn fmt_requests(s: &crate::observe::requests::RequestStats) -> String {
+    let ms = |ns: u64| {
+        let v = ns as f64 / 1e6;
+        if v < 10.0 {
+            format!("{v:.1}")
+        } else {
+            format!("{v:.0}")
+        }
+    };
+    format!("{}/{}", ms(s.p50_ns), ms(s.p99_ns))
+}
+
+fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
+    let now = state.now_ns;
     let info = p.info.as_ref();
     match c {
+        Col::Req => Cell::from(
+            state
+                .request_stats(p, now)
+                .filter(|s| s.count > 0)
+                .map_or_else(|| "-".into(), |s| fmt_requests(&s)),
+        ),
         Col::Id => Cell::from(p.pid.to_string()),
         Col::Comm => Cell::from(p.comm().to_string()),
         Col::Class => match &p.uncontrollable {
@@ -221,7 +249,9 @@ fn queue_cell(c: Col, q: &Queue, last: bool, hqds_known: bool, now: u64) -> Cell
         Col::Rate => Cell::from(fmt_rate(q.activity.dispatches_per_s)),
         Col::Backlog => Cell::from(opt(q.activity.backlog)),
         Col::Age => Cell::from(fmt_age(app::age_ns(now, app::queue_start_ns(q)))),
-        Col::Comm | Col::Class | Col::Nq | Col::Container | Col::Cmdline => Cell::from(""),
+        Col::Comm | Col::Class | Col::Nq | Col::Req | Col::Container | Col::Cmdline => {
+            Cell::from("")
+        }
     }
 }
 
@@ -233,7 +263,7 @@ fn table_row(r: &TreeRow, cols: &[(&ColSpec, u16)], state: &State) -> Row<'stati
     match r.queue {
         None => {
             let style = if p.exited_ns.is_some() { dim() } else { bold() };
-            Row::new(cols.iter().map(|(c, _)| process_cell(c.col, p, now))).style(style)
+            Row::new(cols.iter().map(|(c, _)| process_cell(c.col, p, state))).style(style)
         }
         Some(qid) => {
             let Some(q) = p.queues.get(&qid) else {

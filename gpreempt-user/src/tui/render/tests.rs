@@ -8,6 +8,7 @@ use crate::tui::app::{
     tests::{create, info, known_state, GPU_A},
     Action,
 };
+use gpreempt_common::kprobe::launch;
 use ratatui::style::{Color, Modifier};
 use ratatui::{backend::TestBackend, buffer::Buffer, Terminal};
 use ratatui::{
@@ -132,7 +133,19 @@ fn columns_degrade_with_width() {
 
 #[test]
 fn a_known_state() {
-    let st = known_state();
+    let mut st = known_state();
+    // Two requests of the online process (a launch to its wait's return): 4 ms and 9 ms.
+    let now = st.now_ns;
+    let p = st.procs.get_mut(&100).expect("pid 100");
+    for (start, len) in [
+        (now - 900_000_000, 4_000_000),
+        (now - 400_000_000, 9_000_000),
+    ] {
+        p.launch_or_wait(start, 100, launch::HIP_LAUNCH_KERNEL, 0);
+        p.launch_or_wait(start + 1_000, 100, launch::WAIT_ENTER, 0);
+        p.launch_or_wait(start + len, 100, launch::WAIT_RETURN, 0);
+    }
+    st.tick_requests(now);
     let app = App::new("100ms");
     let b = render(&app, &st, 140, 40);
     // Title and header.
@@ -153,13 +166,13 @@ fn a_known_state() {
     let header = words(&line(&b, 4));
     assert_eq!(
         header,
-        words("PID▲ COMM CLASS Q GPU TYPE PRIO HQD STATE DISP/S BKLG AGE CONTAINER CMDLINE")
+        words(
+            "PID▲ COMM CLASS Q GPU TYPE PRIO HQD STATE DISP/S REQ50/99 BKLG AGE CONTAINER CMDLINE"
+        )
     );
     assert_eq!(
         words(&line(&b, 5)),
-        words(
-            "100 python online 2 suspended 1.0k 5s abcdef123456 python serve.py --model resnet18"
-        )
+        words("100 python online 2 suspended 1.0k 4.0/9.0 5s abcdef123456 python serve.py --mod")
     );
     assert_eq!(
         words(&line(&b, 6)),
@@ -175,7 +188,7 @@ fn a_known_state() {
     );
     assert_eq!(
         words(&line(&b, 9)),
-        words("200 train offline 2 evicted - 4s - torchrun train.py")
+        words("200 train offline 2 evicted - - 4s - torchrun train.py")
     );
     assert_eq!(
         words(&line(&b, 10)),
@@ -187,7 +200,7 @@ fn a_known_state() {
     );
     assert_eq!(
         words(&line(&b, 12)),
-        words("300 bench - 1 active - 3s - ./bench -n 10")
+        words("300 bench - 1 active - - 3s - ./bench -n 10")
     );
     assert_eq!(
         words(&line(&b, 13)),
