@@ -168,6 +168,7 @@ fn run_holds_the_offline_process_while_online_requests_run() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
     let policy = policy.display();
     let secs = 60;
+    let probe = secs - 10;
     let script = format!(
         r#"set -e
 export GPREEMPT_RUN_DIR={d}/run
@@ -179,6 +180,8 @@ sleep 2
 $GP sim workload {ONLINE} --duration {secs} --report {d}/on1.json 2>{d}/on1.err & A=$!
 $GP sim workload {OFFLINE} --duration {secs} --report {d}/off1.json 2>/dev/null & B=$!
 echo $B > {d}/b.pid
+# What the controller measured of the online service's requests, while it runs.
+sleep {probe}; $GP queues --json > {d}/queues.json 2>{d}/queues.err
 wait $A $B
 kill -INT $R; wait $R; echo $? > {d}/run.rc
 "#
@@ -219,6 +222,33 @@ kill -INT $R; wait $R; echo $? > {d}/run.rc
         pct(0.99),
     );
     assert_eq!(num(&t.path("run.rc")), 0, "{}", text(&t.path("run.err")));
+    // The controller's request latency of the online service (uprobes on its launches and its
+    // blocking syncs), against what the service itself measured (from each request's arrival).
+    let queues = json(&t.path("queues.json"));
+    let online = json(&t.path("on1.json"));
+    let pid = online["pid"].as_u64().unwrap();
+    let req = queues["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .map(|p| p["requests"].clone())
+        .unwrap_or_default();
+    let client = online["latency"]["p50_ms"].as_f64().unwrap();
+    let tool = req["p50_ms"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "emulated: online requests measured by the controller {req}; by the service: p50 {client:.2} ms p99 {:.2} ms",
+        online["latency"]["p99_ms"].as_f64().unwrap()
+    );
+    assert!(
+        req["count"].as_u64().unwrap_or(0) >= 100,
+        "the controller timed the online requests: {req}\n{}",
+        text(&t.path("queues.err"))
+    );
+    assert!(
+        (tool - client).abs() <= 0.1 * client,
+        "request p50: controller {tool} ms, service {client} ms"
+    );
     assert!(
         text(&t.path("run.err")).contains("nothing is left suspended"),
         "{}",

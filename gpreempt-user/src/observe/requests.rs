@@ -204,6 +204,13 @@ mod tests {
     const MS: u64 = 1_000_000;
     const US: u64 = 1_000;
 
+    /// A request of `dur` from `t`: a launch and a sync on thread 1 that returns at `t + dur`.
+    fn request(r: &mut Requests, t: u64, dur: u64) {
+        r.on(t, Launch);
+        r.on(t, WaitEnter(1));
+        r.on(t + dur, WaitReturn(1));
+    }
+
     #[test]
     fn sync_per_token_is_one_request() {
         // Decoding: each token launches, then syncs ~2 ms later; gaps stay under idle.
@@ -358,8 +365,7 @@ mod tests {
         assert_eq!(r.take_closed(), vec![MS]);
         // And it blocks nothing later.
         let t = 20 * STALE_WAIT_NS;
-        r.on(t, Launch);
-        r.on(t + 4 * MS, WaitReturn(1));
+        request(&mut r, t, 4 * MS);
         r.tick(t + 4 * MS + IDLE_NS);
         assert_eq!(r.take_closed(), vec![4 * MS]);
     }
@@ -378,13 +384,9 @@ mod tests {
     #[test]
     fn stats_forget_requests_out_of_the_window() {
         let mut r = Requests::new(IDLE_NS);
-        let request = |r: &mut Requests, t: u64, dur: u64| {
-            r.on(t, Launch);
-            r.on(t + dur, WaitReturn(1));
-            r.tick(t + dur + IDLE_NS);
-        };
         request(&mut r, 0, 5 * MS); // ends at 5 ms
         request(&mut r, 1_000 * MS, 7 * MS); // ends at 1007 ms
+        r.tick(1_007 * MS + IDLE_NS);
         let s = r.stats(5 * MS + WINDOW_NS - 1);
         assert_eq!((s.count, s.max_ns), (2, 7 * MS));
         let s = r.stats(5 * MS + WINDOW_NS);
@@ -407,8 +409,7 @@ mod tests {
         // Durations 1..=100 ms, fed in a scrambled order.
         for i in 0..100u64 {
             let dur = (i * 37 % 100 + 1) * MS;
-            r.on(t, Launch);
-            r.on(t + dur, WaitReturn(1));
+            request(&mut r, t, dur);
             t += dur + IDLE_NS;
         }
         r.tick(t);
@@ -442,9 +443,22 @@ mod tests {
     }
 
     #[test]
+    fn a_return_after_idleness_without_its_entry_ends_nothing() {
+        // The entry was not seen, so nothing held the period open: it went idle at 2 ms.
+        let mut r = Requests::new(IDLE_NS);
+        r.on(0, Launch);
+        r.on(5 * MS, WaitReturn(1));
+        r.tick(20 * MS);
+        assert!(r.take_closed().is_empty());
+        let s = r.stats(20 * MS);
+        assert_eq!((s.total, s.untimed), (0, 1));
+    }
+
+    #[test]
     fn the_end_is_the_last_return_not_a_later_launch() {
         let mut r = Requests::new(IDLE_NS);
         r.on(0, Launch);
+        r.on(10 * US, WaitEnter(1));
         r.on(3 * MS, WaitReturn(1));
         r.on(4 * MS, Launch);
         r.tick(4 * MS + IDLE_NS - 1);
@@ -459,8 +473,7 @@ mod tests {
     #[test]
     fn out_of_order_timestamps_do_not_underflow() {
         let mut r = Requests::new(IDLE_NS);
-        r.on(10 * MS, Launch);
-        r.on(12 * MS, WaitReturn(1));
+        request(&mut r, 10 * MS, 2 * MS);
         // Records a little behind: neither the idle clock nor the end go back.
         r.on(11 * MS, Launch);
         r.on(11 * MS, WaitReturn(2));
@@ -471,6 +484,7 @@ mod tests {
         assert_eq!(r.take_closed(), vec![2 * MS]);
         // A return stamped before its period's start counts as zero length, not a wrap.
         r.on(100 * MS, Launch);
+        r.on(100 * MS, WaitEnter(3));
         r.on(99 * MS, WaitReturn(3));
         r.tick(100 * MS + IDLE_NS);
         assert_eq!(r.take_closed(), vec![0]);
@@ -489,8 +503,7 @@ mod tests {
         for i in 0..n {
             // The 10 oldest are the longest: dropping them lowers the max.
             let dur = if i < 10 { 9 * MS } else { MS };
-            r.on(t, Launch);
-            r.on(t + dur, WaitReturn(1));
+            request(&mut r, t, dur);
             t += dur + IDLE_NS;
         }
         r.tick(t);

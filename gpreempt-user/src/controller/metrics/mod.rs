@@ -467,6 +467,56 @@ mod tests {
             .and_then(|v| v.parse().ok())
     }
 
+    /// Each closed request of an online process lands once in its histogram, labelled like
+    /// its other series; the series goes with the process.
+    #[test]
+    fn online_requests_fill_a_histogram_per_process() {
+        use gpreempt_common::kprobe::launch;
+        let mut m = Metrics::new().unwrap();
+        let mut st = known_state();
+        let now = st.now_ns;
+        let p = st.procs.get_mut(&100).unwrap();
+        for (start, len) in [
+            (now - 900_000_000, 4_000_000),
+            (now - 400_000_000, 30_000_000),
+        ] {
+            p.launch_or_wait(start, 7, launch::CU_LAUNCH_KERNEL, 0);
+            p.launch_or_wait(start + 1_000, 7, launch::WAIT_ENTER, 0);
+            p.launch_or_wait(start + len, 7, launch::WAIT_RETURN, 0);
+        }
+        st.tick_requests(now);
+        let closed = st.take_closed_requests();
+        assert_eq!(closed, vec![(100, vec![4_000_000, 30_000_000])]);
+        m.observe_requests(&st, &closed);
+        // Drained: a second rendering observes nothing new.
+        m.observe_requests(&st, &st.clone().take_closed_requests());
+        let page = m.render(&st, &Status::default(), now);
+        let series = |suffix: &str, le: &str| {
+            format!("gpreempt_online_request_duration_seconds_{suffix}{{class=\"online\",comm=\"python\",container=\"abcdef123456\",namespace=\"\",pid=\"100\",pod=\"\",pod_container=\"\"{le}}}")
+        };
+        assert_eq!(value(&page, &series("count", "")), Some(2.0), "{page}");
+        assert_eq!(
+            value(&page, &series("bucket", ",le=\"0.005\"")),
+            Some(1.0),
+            "{page}"
+        );
+        assert_eq!(
+            value(&page, &series("bucket", ",le=\"0.05\"")),
+            Some(2.0),
+            "{page}"
+        );
+        let sum = value(&page, &series("sum", "")).unwrap();
+        assert!((sum - 0.034).abs() < 1e-9, "{sum}");
+        // The process exits: its series goes.
+        st.procs.get_mut(&100).unwrap().exited_ns = Some(now);
+        m.observe_requests(&st, &[]);
+        let page = m.render(&st, &Status::default(), now);
+        assert!(
+            !page.contains("online_request_duration_seconds_count{"),
+            "{page}"
+        );
+    }
+
     #[test]
     fn the_page_has_gpus_processes_and_the_controllers_own_figures() {
         let mut m = Metrics::new().unwrap();

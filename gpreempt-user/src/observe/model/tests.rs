@@ -2475,3 +2475,27 @@ pub(crate) mod nvidia {
         assert!(!s.procs.contains_key(&PID));
     }
 }
+
+/// Wait records time requests and never read as launches (the policy's trigger); a grown drop
+/// count in a wait record discards the open request instead of guessing its end.
+#[test]
+fn waits_time_requests_and_a_drop_discards_the_open_one() {
+    use gpreempt_common::kprobe::launch;
+    let mut p = Process::new(100, Source::Event, 0);
+    const MS: u64 = 1_000_000;
+    p.launch_or_wait(10 * MS, 1, launch::HIP_LAUNCH_KERNEL, 0);
+    p.launch_or_wait(11 * MS, 1, launch::WAIT_ENTER, 5);
+    p.launch_or_wait(16 * MS, 1, launch::WAIT_RETURN, 5);
+    assert_eq!(p.last_launch_ns, Some(10 * MS), "a wait is no launch");
+    assert_eq!(p.launches, 1);
+    // Another request whose records were partly dropped in the kernel (5 -> 7).
+    p.launch_or_wait(100 * MS, 1, launch::HIP_LAUNCH_KERNEL, 0);
+    p.launch_or_wait(101 * MS, 1, launch::WAIT_ENTER, 5);
+    p.launch_or_wait(130 * MS, 1, launch::WAIT_RETURN, 7);
+    // A third, whole.
+    p.launch_or_wait(200 * MS, 1, launch::HIP_LAUNCH_KERNEL, 0);
+    p.launch_or_wait(201 * MS, 1, launch::WAIT_ENTER, 7);
+    p.launch_or_wait(209 * MS, 1, launch::WAIT_RETURN, 7);
+    p.requests.tick(300 * MS);
+    assert_eq!(p.requests.take_closed(), vec![6 * MS, 9 * MS]);
+}
