@@ -3,8 +3,10 @@
 //! kernel timeline measured on an H100 with PyTorch by writing AQL dispatch packets into their own
 //! ring. Online jobs issue requests at a rate and report latency; offline jobs run iterations back
 //! to back and report throughput. Every kernel launch goes through an exported HIP-like entry
-//! point (`hipLaunchKernel`, `hipModuleLaunchKernel`) so launch uprobes have something to hook.
+//! point (`hipLaunchKernel`, `hipModuleLaunchKernel`) and every wait for the GPU through
+//! `hipStreamSynchronize`, so launch and sync uprobes have something to hook.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::fs::{self, File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -433,7 +435,7 @@ pub fn gpu_ids() -> Result<Vec<u32>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HIP-like launch entry points (what launch uprobes hook on real hosts).
+// HIP-like launch and sync entry points (what launch and sync uprobes hook on real hosts).
 
 /// `dim3`.
 #[repr(C)]
@@ -535,6 +537,71 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
     0
 }
 
+/// `hipErrorLaunchTimeOut`: what [`hipStreamSynchronize`] returns when it gives up because the
+/// workload is being stopped (a real runtime returns an error when the wait cannot complete).
+pub const HIP_ERROR_STOPPED: i32 = 702;
+
+thread_local! {
+    /// Emulator convention: the stop flag of the workload running on this thread, which
+    /// [`hipStreamSynchronize`] checks (its C signature has no room for one). Per thread rather
+    /// than process-wide so concurrent workloads in one process cannot see each other's flag;
+    /// set only through [`with_stop`].
+    static STOP: Cell<*const AtomicBool> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The flag of a thread with no workload: such a sync waits for completion regardless.
+static NO_STOP: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` with `stop` as this thread's stop flag for [`hipStreamSynchronize`], restoring the
+/// previous one afterwards (on unwinding too), so the pointer never outlives the borrow.
+fn with_stop<R>(stop: &AtomicBool, f: impl FnOnce() -> R) -> R {
+    struct Restore(*const AtomicBool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // try_with: a Cell of a pointer has no destructor, so this cannot fail; no panic path.
+            let _ = STOP.try_with(|s| s.set(self.0));
+        }
+    }
+    let prev = STOP
+        .try_with(|s| s.replace(stop))
+        .unwrap_or(std::ptr::null());
+    let _restore = Restore(prev);
+    f()
+}
+
+/// `hipStreamSynchronize(stream)`: blocks until `stream` has completed everything submitted to
+/// it so far (its write index at the call). Returns 0 (hipSuccess) then, or
+/// [`HIP_ERROR_STOPPED`] if the calling thread's workload is being stopped first (emulator
+/// convention: the flag [`with_stop`] installed). `stream` is an [`AqlQueue`], as for
+/// [`hipLaunchKernel`]; the emulator has no default stream, so null is rejected.
+///
+/// # Safety
+/// `stream` must be null or point to a live AqlQueue.
+#[no_mangle]
+#[inline(never)]
+pub unsafe extern "C" fn hipStreamSynchronize(stream: *mut c_void) -> i32 {
+    if stream.is_null() {
+        return 1; // hipErrorInvalidValue
+    }
+    // SAFETY: the caller's contract above.
+    let q = unsafe { &*(stream as *const AqlQueue) };
+    let flag = STOP.try_with(Cell::get).unwrap_or(std::ptr::null());
+    // SAFETY: non-null only inside `with_stop` on this thread, which borrows the flag for as long
+    // as the pointer is installed.
+    let stop = unsafe { flag.as_ref() }.unwrap_or(&NO_STOP);
+    if q.wait(q.write_index(), stop) {
+        0
+    } else {
+        HIP_ERROR_STOPPED
+    }
+}
+
+/// Waits for everything submitted to `q` through [`hipStreamSynchronize`]; false when stopped.
+fn synchronize(q: &AqlQueue) -> bool {
+    // SAFETY: `q` is a live AqlQueue for the call.
+    unsafe { hipStreamSynchronize(q as *const AqlQueue as *mut c_void) == 0 }
+}
+
 /// A profile's kernels as a loaded, published code object ([`crate::codeobj`]): one descriptor
 /// per distinct kernel name, so dispatch packets carry real descriptor addresses that tools
 /// resolve to the timeline's names.
@@ -607,7 +674,7 @@ fn launch(q: &AqlQueue, object: u64, k: &Kernel, module: bool) {
 }
 
 /// Submit one iteration paced like the measured timeline (kernel i no earlier than its start
-/// offset), and return the index that completes it.
+/// offset); false if stopped first.
 fn run_iteration(
     q: &AqlQueue,
     p: &Profile,
@@ -615,7 +682,7 @@ fn run_iteration(
     t0: Instant,
     module: bool,
     stop: &AtomicBool,
-) -> Option<u64> {
+) -> bool {
     for (k, &object) in p.kernels.iter().zip(objects) {
         let due = t0 + Duration::from_secs_f64(k.start_us / 1e6);
         let now = Instant::now();
@@ -623,11 +690,11 @@ fn run_iteration(
             std::thread::sleep(due - now);
         }
         if stop.load(Ordering::Relaxed) {
-            return None;
+            return false;
         }
         launch(q, object, k, module);
     }
-    Some(q.write_index())
+    true
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -638,7 +705,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Run a workload to completion (or until `stop`), returning its report.
 /// The working queue and the idle ones beside it (`opts.idle_queues`).
 fn open_queues(opts: &WorkloadOptions, device: &Path) -> Result<(AqlQueue, Vec<AqlQueue>)> {
     let q = AqlQueue::open(device, opts.gpu, opts.priority)?;
@@ -649,6 +715,57 @@ fn open_queues(opts: &WorkloadOptions, device: &Path) -> Result<(AqlQueue, Vec<A
     Ok((q, idle))
 }
 
+/// The workload's loop from `start` until `end` (or `stop`): latencies (ms, online only) and
+/// iterations. Waits go through [`hipStreamSynchronize`], so it runs inside [`with_stop`].
+fn drive(
+    opts: &WorkloadOptions,
+    q: &AqlQueue,
+    p: &Profile,
+    objects: &[u64],
+    start: Instant,
+    end: Instant,
+    stop: &AtomicBool,
+) -> Result<(Vec<f64>, u64)> {
+    let mut lat = Vec::new();
+    let mut iterations = 0u64;
+    match opts.mode {
+        Mode::Online { rate } => {
+            anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate must be positive");
+            let period = Duration::from_secs_f64(1.0 / rate);
+            let mut arrival = start;
+            while arrival < end && !stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if arrival > now {
+                    std::thread::sleep(arrival - now);
+                }
+                // A request that arrives while the previous one runs waits: latency counts from
+                // its arrival.
+                let t0 = Instant::now();
+                if !run_iteration(q, p, objects, t0, false, stop) || !synchronize(q) {
+                    break;
+                }
+                lat.push(arrival.elapsed().as_secs_f64() * 1e3);
+                iterations += 1;
+                arrival += period;
+            }
+        }
+        Mode::Offline => {
+            while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                // Training-style: the CPU queues the whole iteration ahead of the GPU.
+                for (k, &object) in p.kernels.iter().zip(objects) {
+                    launch(q, object, k, true);
+                }
+                if !synchronize(q) {
+                    break;
+                }
+                iterations += 1;
+            }
+        }
+    }
+    Ok((lat, iterations))
+}
+
+/// Run a workload to completion (or until `stop`), returning its report.
 pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<Report> {
     let p = profile(&opts.profile)?;
     anyhow::ensure!(
@@ -690,47 +807,9 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
             Ok(())
         })
     });
-    let mut lat = Vec::new();
-    let mut iterations = 0u64;
-    match opts.mode {
-        Mode::Online { rate } => {
-            anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate must be positive");
-            let period = Duration::from_secs_f64(1.0 / rate);
-            let mut arrival = start;
-            while arrival < end && !stop.load(Ordering::Relaxed) {
-                let now = Instant::now();
-                if arrival > now {
-                    std::thread::sleep(arrival - now);
-                }
-                // A request that arrives while the previous one runs waits: latency counts from
-                // its arrival.
-                let t0 = Instant::now();
-                let Some(target) = run_iteration(&q, &p, &code.objects, t0, false, stop) else {
-                    break;
-                };
-                if !q.wait(target, stop) {
-                    break;
-                }
-                lat.push(arrival.elapsed().as_secs_f64() * 1e3);
-                iterations += 1;
-                arrival += period;
-            }
-        }
-        Mode::Offline => {
-            while Instant::now() < end && !stop.load(Ordering::Relaxed) {
-                // Training-style: the CPU queues the whole iteration ahead of the GPU.
-                let mut target = 0;
-                for (k, &object) in p.kernels.iter().zip(&code.objects) {
-                    launch(&q, object, k, true);
-                    target = q.write_index();
-                }
-                if !q.wait(target, stop) {
-                    break;
-                }
-                iterations += 1;
-            }
-        }
-    }
+    let (mut lat, iterations) = with_stop(stop, || {
+        drive(opts, &q, &p, &code.objects, start, end, stop)
+    })?;
     let elapsed = start.elapsed().as_secs_f64();
     let kernels = q.read_index();
     lat.sort_by(f64::total_cmp);
@@ -775,4 +854,109 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
     drop(q);
     drop(code);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An AqlQueue over plain memory (no device): the test plays the GPU by moving its read index.
+    fn fake_queue() -> AqlQueue {
+        AqlQueue {
+            fd: File::open("/dev/null").unwrap(),
+            gpu_id: 0,
+            queue_id: 0,
+            doorbell_offset: 0,
+            queue: Mapping::new(4096).unwrap(),
+            ring: Mapping::new(4096).unwrap(),
+            slots: 1,
+            handles: Vec::new(),
+            _eop: Mapping::new(4096).unwrap(),
+            _ctx: Mapping::new(4096).unwrap(),
+        }
+    }
+
+    fn stream(q: &AqlQueue) -> *mut c_void {
+        q as *const AqlQueue as *mut c_void
+    }
+
+    #[test]
+    fn synchronize_waits_for_what_was_submitted() {
+        let q = fake_queue();
+        q.field(amd_queue::WRITE_DISPATCH_ID)
+            .store(3, Ordering::Release);
+        let read = q.field(amd_queue::READ_DISPATCH_ID);
+        let stop = AtomicBool::new(false);
+        let t = Instant::now();
+        let rc = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                read.store(2, Ordering::Release);
+                std::thread::sleep(Duration::from_millis(20));
+                read.store(3, Ordering::Release);
+            });
+            // SAFETY: `q` is a live AqlQueue for the call.
+            with_stop(&stop, || unsafe { hipStreamSynchronize(stream(&q)) })
+        });
+        assert_eq!(rc, 0);
+        assert!(
+            t.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(q.read_index(), 3);
+    }
+
+    #[test]
+    fn synchronize_gives_up_when_the_workload_stops() {
+        let q = fake_queue();
+        q.field(amd_queue::WRITE_DISPATCH_ID)
+            .store(1, Ordering::Release);
+        let stop = AtomicBool::new(false);
+        let rc = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                stop.store(true, Ordering::Relaxed);
+            });
+            // SAFETY: `q` is a live AqlQueue for the call.
+            with_stop(&stop, || unsafe { hipStreamSynchronize(stream(&q)) })
+        });
+        assert_eq!(rc, HIP_ERROR_STOPPED);
+        assert!(!synchronize(&q) || q.read_index() >= 1);
+    }
+
+    #[test]
+    fn synchronize_of_an_idle_or_null_stream() {
+        let q = fake_queue();
+        // Nothing submitted: returns at once, with or without a workload's flag.
+        // SAFETY: `q` is a live AqlQueue; null is rejected before any dereference.
+        unsafe {
+            assert_eq!(hipStreamSynchronize(stream(&q)), 0);
+            assert_eq!(hipStreamSynchronize(std::ptr::null_mut()), 1);
+        }
+        assert!(synchronize(&q));
+    }
+
+    #[test]
+    fn with_stop_nests_and_restores() {
+        let current = || STOP.with(Cell::get);
+        let (a, b) = (AtomicBool::new(false), AtomicBool::new(false));
+        assert!(current().is_null());
+        with_stop(&a, || {
+            assert_eq!(current(), &a as *const AtomicBool);
+            with_stop(&b, || assert_eq!(current(), &b as *const AtomicBool));
+            assert_eq!(current(), &a as *const AtomicBool);
+        });
+        assert!(current().is_null());
+        // Restored on unwinding too: a panicking workload leaves no dangling flag behind.
+        let r = std::panic::catch_unwind(|| with_stop(&a, || panic!("workload")));
+        assert!(r.is_err());
+        assert!(current().is_null());
+        // Per thread: another thread's flag is not this one's.
+        with_stop(&a, || {
+            std::thread::scope(|s| {
+                s.spawn(|| assert!(STOP.with(Cell::get).is_null()));
+            })
+        });
+    }
 }

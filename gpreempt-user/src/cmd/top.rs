@@ -42,6 +42,8 @@ pub struct Top {
     /// top's own control (the KFD backend), started on the first `s` / `r` when no controller
     /// runs.
     local: Option<Holder>,
+    /// When GPU processes were last given request-latency uprobes (once a second).
+    watched_at: Option<std::time::Instant>,
 }
 
 /// An act of top's own control, into its model (our DBG_TRAP calls are not read back from the
@@ -78,6 +80,13 @@ impl Top {
 
 impl tui::Source for Top {
     async fn pump(&mut self) -> Result<()> {
+        if self
+            .watched_at
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1))
+        {
+            self.watched_at = Some(std::time::Instant::now());
+            self.w.watch_every_gpu_process();
+        }
         let Some(hold) = &mut self.local else {
             return self.w.pump().await;
         };
@@ -177,6 +186,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         w,
         kfd_device: g.kfd_device.clone(),
         local: None,
+        watched_at: None,
     };
     // stderr lines would tear the screen: problems go to the event log while the TUI is up.
     let level = log::max_level();

@@ -236,6 +236,28 @@ impl Watcher {
         }
     }
 
+    /// Launch and wait uprobes on every live GPU process, for its request latency, while no
+    /// controller runs (a controller measures its online processes and publishes that): what
+    /// co-location costs each service shows without any policy. Each pid is tried once.
+    pub fn watch_every_gpu_process(&mut self) {
+        if self.events.is_none() || self.state.controller.is_some() {
+            return;
+        }
+        let me = std::process::id();
+        let pids: Vec<u32> = self
+            .state
+            .procs
+            .values()
+            .filter(|p| p.exited_ns.is_none() && p.pid != me && p.live_queues().next().is_some())
+            .map(|p| p.pid)
+            .collect();
+        for pid in pids {
+            if let Err(e) = self.watch_launches(pid) {
+                log::debug!("pid {pid}: no request latency: {e:#}");
+            }
+        }
+    }
+
     /// Drops the launch uprobes of processes that are gone.
     fn prune_launches(&mut self) {
         let Some((probes, _)) = self.events.as_ref() else {
