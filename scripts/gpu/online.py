@@ -19,7 +19,7 @@ the JSON either way (a caller may start it with a long SECS and stop it when don
 Random weights, built from code (no downloads). Latency counts from the request's arrival
 (open loop: a late reply delays the next ones). t_start/t_end (epoch s) bound the measurement.
 """
-import argparse, json, signal, time
+import argparse, json, os, signal, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("secs", type=float)
@@ -145,7 +145,7 @@ with torch.no_grad():
 samples = {"arrivals": [round(t, 5) for t in arr], "lat_ms": [round(v, 4) for v in lat]}
 lat = sorted(lat) or [float("nan")]
 q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
-json.dump({"model": a.model, "rate": a.rate, "requests": len(arr), "p50_ms": q(0.5),
+json.dump({"model": a.model, "pid": os.getpid(), "rate": a.rate, "requests": len(arr), "p50_ms": q(0.5),
            "p95_ms": q(0.95), "p99_ms": q(0.99), "max_ms": lat[-1],
            "mean_ms": sum(lat) / len(lat), "t_start": t0, "t_end": t1,
            **({"tokens": a.tokens} if a.model == "decode" else {}),
