@@ -435,12 +435,21 @@ pub mod launch {
         "hipMemcpyDtoH",
         "cuStreamSynchronize",
         "cuStreamSynchronize_ptsz",
+        // libcudart finds driver functions through cuGetProcAddress, which answers
+        // `cuCtxSynchronize` with `cuCtxSynchronize_v2` (driver 580: docs/nvidia.md).
         "cuCtxSynchronize",
+        "cuCtxSynchronize_v2",
         "cuEventSynchronize",
         "cuMemcpyDtoH_v2",
         "cuMemcpyDtoH_v2_ptds",
         "cuMemcpy",
         "cuMemcpy_ptds",
+        // "Async" copies to pageable host memory block the host until the GPU got there:
+        // PyTorch's `.item()` waits inside one of these, and its stream sync returns at once.
+        "cuMemcpyAsync",
+        "cuMemcpyAsync_ptsz",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpyDtoHAsync_v2_ptsz",
     ];
 
     /// `(point, program, symbols)`: every symbol is probed with the point's program wherever a
