@@ -52,10 +52,17 @@ fn hit(ctx: &ProbeContext, point: u32) -> u32 {
         }
     };
     count(stat::LAUNCH_EMITTED);
+    let arg0 = ctx.arg::<u64>(0).unwrap_or(0);
+    emit(pid_tgid, now, point, suppressed, arg0, BPF_RB_FORCE_WAKEUP)
+}
+
+/// One [`LaunchRecord`] into the ring (`flags`: the ring's wakeup flags).
+#[inline(always)]
+fn emit(pid_tgid: u64, now: u64, point: u32, suppressed: u32, arg0: u64, flags: u64) -> u32 {
     let rec = LaunchRecord {
         hdr: RecordHeader {
             kind: kind::LAUNCH,
-            pid: tgid,
+            pid: (pid_tgid >> 32) as u32,
             tid: pid_tgid as u32,
             file_kind: 0,
             ts_ns: now,
@@ -63,12 +70,9 @@ fn hit(ctx: &ProbeContext, point: u32) -> u32 {
         },
         point,
         suppressed,
-        arg0: ctx.arg::<u64>(0).unwrap_or(0),
+        arg0,
     };
-    if EVENTS
-        .output::<LaunchRecord>(&rec, BPF_RB_FORCE_WAKEUP)
-        .is_err()
-    {
+    if EVENTS.output::<LaunchRecord>(&rec, flags).is_err() {
         count(stat::RINGBUF_FULL);
     }
     0
@@ -150,24 +154,8 @@ fn wait(point: u32, arg0: u64) -> u32 {
         count(stat::WAIT_DROPPED);
         return 0;
     };
-    let rec = LaunchRecord {
-        hdr: RecordHeader {
-            kind: kind::LAUNCH,
-            pid: tgid,
-            tid: pid_tgid as u32,
-            file_kind: 0,
-            ts_ns: now,
-            comm: bpf_get_current_comm().unwrap_or([0; 16]),
-        },
-        point,
-        suppressed: dropped,
-        arg0,
-    };
     // No forced wakeup: these feed statistics, not the policy's trigger.
-    if EVENTS.output::<LaunchRecord>(&rec, 0).is_err() {
-        count(stat::RINGBUF_FULL);
-    }
-    0
+    emit(pid_tgid, now, point, dropped, arg0, 0)
 }
 
 /// Entry of a blocking wait (`kprobe::launch::WAITS`: `hipStreamSynchronize(hipStream_t)`,

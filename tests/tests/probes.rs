@@ -131,17 +131,38 @@ fn launch_uprobes_fire_on_the_workloads_launch_symbols() {
     let stderr = std::fs::read_to_string(&err).unwrap();
     assert!(stderr.contains("kprobes 0/14"), "{stderr}");
     assert!(stderr.contains("CONFIG_KPROBES off"), "{stderr}");
+    // hipLaunchKernel, hipModuleLaunchKernel, and hipStreamSynchronize's entry and return.
     assert!(
-        stderr.contains(&format!("pid {pid}: launch hints from 2 entry point(s)")),
+        stderr.contains(&format!("pid {pid}: launch hints from 4 entry point(s)")),
         "{stderr}"
     );
-    let hints: Vec<Value> = std::fs::read_to_string(&events)
+    let (waits, hints): (Vec<Value>, Vec<Value>) = std::fs::read_to_string(&events)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .filter(|e: &Value| e["source"] == "uprobe")
-        .collect();
+        .partition(|e| e["event"] == "wait" || e["event"] == "wait-return");
     assert!(!hints.is_empty(), "no launch hints: {stderr}");
+    // Every request waits once for its kernels: an entry, then its return, on one thread.
+    assert!(
+        waits.len() as u64 >= 2 * requests * 9 / 10,
+        "{} wait records for {requests} requests",
+        waits.len()
+    );
+    for pair in waits.chunks(2) {
+        assert_eq!(pair[0]["event"], "wait", "{pair:?}");
+        assert_eq!(
+            pair.get(1).map(|r| &r["event"]),
+            Some(&"wait-return".into()),
+            "{pair:?}"
+        );
+        assert_eq!(pair[0]["tid"], pair[1]["tid"], "{pair:?}");
+        assert!(
+            pair[1]["ts_ns"].as_u64() >= pair[0]["ts_ns"].as_u64(),
+            "{pair:?}"
+        );
+        assert_eq!(pair[0]["pid"], pid, "only the watched process: {pair:?}");
+    }
     for h in &hints {
         assert_eq!(h["pid"], pid, "only the watched process: {h}");
         assert_eq!(h["event"], "hipLaunchKernel", "{h}");

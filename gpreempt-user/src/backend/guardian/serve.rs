@@ -21,6 +21,12 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Extra time before the controller's first line is due.
 pub const STARTUP: Duration = Duration::from_secs(20);
+/// A controller to kill on expiry that is silent but running (not stopped) is slow, not
+/// stopped: on a loaded host its heartbeat can miss a short lease. It is killed only after this
+/// much silence; a stopped one still at the lease.
+pub const SLOW_LEASE: Duration = Duration::from_secs(10);
+/// How often an overdue lease is looked at again while the controller is slow.
+const SLOW_POLL: Duration = Duration::from_millis(100);
 
 /// What [`serve`] reads from the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +90,8 @@ struct Lease {
     lease: Duration,
     last: Instant,
     armed: bool,
+    /// Said already that this silence is a running controller's.
+    said_slow: bool,
 }
 
 impl Lease {
@@ -92,6 +100,7 @@ impl Lease {
             lease,
             last: now + STARTUP,
             armed: true,
+            said_slow: false,
         }
     }
 
@@ -102,19 +111,24 @@ impl Lease {
     fn renew(&mut self, now: Instant) {
         self.last = now;
         self.armed = true;
+        self.said_slow = false;
     }
 
-    /// How long to wait for a line: until it is due (so expiry is seen on time), at most a TICK.
+    /// How long to wait for a line: until it is due (so expiry is seen on time), at most a TICK;
+    /// a little while once overdue (a slow controller is looked at again).
     fn wait(&self, now: Instant) -> Duration {
         self.due()
-            .map_or(TICK, |d| d.saturating_duration_since(now).min(TICK))
+            .map_or(TICK, |d| match d.checked_duration_since(now) {
+                Some(left) if !left.is_zero() => left.min(TICK),
+                _ => SLOW_POLL,
+            })
     }
 
-    /// The silence, when the lease ran out by `now` (it is disarmed then).
-    fn expire(&mut self, now: Instant) -> Option<Duration> {
-        let silent = self.due().filter(|&d| now >= d).map(|_| now - self.last)?;
-        self.armed = false;
-        Some(silent)
+    /// The silence, when the lease ran out by `now`.
+    fn overdue(&self, now: Instant) -> Option<Duration> {
+        self.due()
+            .filter(|&d| now >= d)
+            .map(|_| now.saturating_duration_since(self.last))
     }
 }
 
@@ -138,8 +152,27 @@ pub fn serve<S: Source, W: Write, T: Targets>(
             Event::Idle => {
                 g.reap();
                 let now = input.now();
-                if let Some(silent) = lease.as_mut().and_then(|l| l.expire(now)) {
-                    g.expired(&format!("controller silent for {} ms", silent.as_millis()));
+                if let Some(l) = lease.as_mut() {
+                    if let Some(silent) = l.overdue(now) {
+                        if silent < SLOW_LEASE && g.controller_running() {
+                            if !l.said_slow {
+                                l.said_slow = true;
+                                say(&format!(
+                                    "no heartbeat for {} ms, but the controller is running (not \
+                                     stopped): it gets up to {} s",
+                                    silent.as_millis(),
+                                    SLOW_LEASE.as_secs()
+                                ));
+                            }
+                        } else {
+                            l.armed = false;
+                            g.expired(&format!(
+                                "controller silent for {} ms (state {})",
+                                silent.as_millis(),
+                                g.controller_state()
+                            ));
+                        }
+                    }
                 }
             }
             Event::Line(req) => {

@@ -36,6 +36,20 @@ impl Stopper {
         self.pid
     }
 
+    /// Whether the process is alive and not stopped: running, sleeping or in the kernel
+    /// (`/proc/PID/stat` state R, S, D, I or W). A stopped (T, t), dead or unreadable one is not.
+    pub fn running(&self) -> bool {
+        self.state()
+            .is_some_and(|c| matches!(c, 'R' | 'S' | 'D' | 'I' | 'W'))
+    }
+
+    /// Its `/proc/PID/stat` state letter, None when unreadable.
+    pub fn state(&self) -> Option<char> {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|s| stat_state(&s))
+    }
+
     /// SIGKILL through the pidfd (works on a stopped process). Err when it already exited.
     pub fn kill(&self) -> std::io::Result<()> {
         // SAFETY: pidfd_send_signal on our own open pidfd, no siginfo, no flags.
@@ -55,9 +69,21 @@ impl Stopper {
     }
 }
 
+/// The state letter of a `/proc/PID/stat` line (after the last `)`: comm may hold any byte).
+fn stat_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_is_read_after_the_name() {
+        assert_eq!(stat_state("42 (a) b) T 1 2"), Some('T'));
+        assert_eq!(stat_state("42 (x) S 1"), Some('S'));
+        assert_eq!(stat_state("garbage"), None);
+    }
     use std::os::unix::process::ExitStatusExt as _;
 
     #[test]
@@ -68,8 +94,11 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let s = Stopper::new(pid).unwrap();
+        assert!(s.running(), "sleeping is running");
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!s.running(), "stopped");
         s.kill().unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL));

@@ -929,6 +929,12 @@ fn restoring_is_best_effort_per_tsg() {
 /// The KFD lease (`--kill-on-expiry`): `lines` at virtual ms with a 2 s lease against a real
 /// child standing in for the controller; whether it was SIGKILLed.
 fn killed_by(name: &str, lines: &[(u64, String)]) -> bool {
+    killed_by_a(name, lines, true)
+}
+
+/// Whether the guardian kills its controller (a `sleep`, SIGSTOPped when `stopped`) for
+/// `lines` at those ms.
+fn killed_by_a(name: &str, lines: &[(u64, String)], stopped: bool) -> bool {
     use std::os::unix::process::ExitStatusExt as _;
     let dir = tmpdir(name);
     let journal = Journal::new(&dir.join("kfd-journal"));
@@ -939,6 +945,14 @@ fn killed_by(name: &str, lines: &[(u64, String)]) -> bool {
         .spawn()
         .unwrap();
     g.kill_on_expiry(Stopper::new(child.id()).unwrap());
+    if stopped {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+        let stat = format!("/proc/{}/stat", child.id());
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") T ")) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
     let start = Instant::now();
     let script = Script {
         start,
@@ -985,6 +999,13 @@ fn the_kfd_lease_kills_a_silent_controller_and_only_then() {
     let mut lines = beats(3_000);
     lines.push((9_000, String::new()));
     assert!(killed_by("kill-silent", &lines));
+    // The same silence from a controller that is running (not stopped) is slowness: a loaded
+    // host can starve a heartbeat for seconds. It gets up to 10 s...
+    assert!(!killed_by_a("kill-slow", &lines, false));
+    // ...and no more.
+    let mut lines = beats(3_000);
+    lines.push((20_000, String::new()));
+    assert!(killed_by_a("kill-wedged", &lines, false));
 }
 
 /// A pid is not an identity: the guardian takes its duplicate only of the process a hold names
