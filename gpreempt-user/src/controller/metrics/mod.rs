@@ -475,15 +475,13 @@ mod tests {
         let mut m = Metrics::new().unwrap();
         let mut st = known_state();
         let now = st.now_ns;
-        let p = st.procs.get_mut(&100).unwrap();
-        for (start, len) in [
-            (now - 900_000_000, 4_000_000),
-            (now - 400_000_000, 30_000_000),
-        ] {
-            p.launch_or_wait(start, 7, launch::CU_LAUNCH_KERNEL, 0);
-            p.launch_or_wait(start + 1_000, 7, launch::WAIT_ENTER, 0);
-            p.launch_or_wait(start + len, 7, launch::WAIT_RETURN, 0);
-        }
+        st.procs.get_mut(&100).unwrap().feed_requests(
+            launch::CU_LAUNCH_KERNEL,
+            &[
+                (now - 900_000_000, 4_000_000),
+                (now - 400_000_000, 30_000_000),
+            ],
+        );
         st.tick_requests(now);
         let closed = st.take_closed_requests();
         assert_eq!(closed, vec![(100, vec![4_000_000, 30_000_000])]);

@@ -382,6 +382,18 @@ impl Process {
         self.info.as_ref().map_or("?", |i| i.comm.as_str())
     }
 
+    /// Test requests: for each (start, length) in ns, a `launch` at start, then one wait on
+    /// thread 7 returning at start + length.
+    #[cfg(test)]
+    pub fn feed_requests(&mut self, launch: u32, spans: &[(u64, u64)]) {
+        use gpreempt_common::kprobe::launch as l;
+        for &(start, len) in spans {
+            self.launch_or_wait(start, 7, launch, 0);
+            self.launch_or_wait(start + 1_000, 7, l::WAIT_ENTER, 0);
+            self.launch_or_wait(start + len, 7, l::WAIT_RETURN, 0);
+        }
+    }
+
     /// A launch or wait record of this process (`point`: `kprobe::launch`), at `ts` on thread
     /// `tid`; `suppressed` as the record carries it.
     pub fn launch_or_wait(&mut self, ts: u64, tid: u32, point: u32, suppressed: u32) {

@@ -136,15 +136,13 @@ fn a_known_state() {
     let mut st = known_state();
     // Two requests of the online process (a launch to its wait's return): 4 ms and 9 ms.
     let now = st.now_ns;
-    let p = st.procs.get_mut(&100).expect("pid 100");
-    for (start, len) in [
-        (now - 900_000_000, 4_000_000),
-        (now - 400_000_000, 9_000_000),
-    ] {
-        p.launch_or_wait(start, 100, launch::HIP_LAUNCH_KERNEL, 0);
-        p.launch_or_wait(start + 1_000, 100, launch::WAIT_ENTER, 0);
-        p.launch_or_wait(start + len, 100, launch::WAIT_RETURN, 0);
-    }
+    st.procs.get_mut(&100).unwrap().feed_requests(
+        launch::HIP_LAUNCH_KERNEL,
+        &[
+            (now - 900_000_000, 4_000_000),
+            (now - 400_000_000, 9_000_000),
+        ],
+    );
     st.tick_requests(now);
     let app = App::new("100ms");
     let b = render(&app, &st, 140, 40);
