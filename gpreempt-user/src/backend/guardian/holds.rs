@@ -176,17 +176,10 @@ impl<T: Targets> Guardian<T> {
 
     /// The lease ran out: resume what is held, then kill the controller if asked to. True when
     /// everything known was undone.
-    /// The controller to kill on expiry is alive and not stopped (false without one).
-    pub fn controller_running(&self) -> bool {
-        self.stopper.as_ref().is_some_and(super::Stopper::running)
-    }
-
-    /// The controller's state letter, for the log (`?` when unknown or none).
-    pub fn controller_state(&self) -> char {
-        self.stopper
-            .as_ref()
-            .and_then(super::Stopper::state)
-            .unwrap_or('?')
+    /// The `/proc/PID/stat` state letter of the controller to kill on expiry; None without one
+    /// or when unreadable.
+    pub fn controller_state(&self) -> Option<char> {
+        self.stopper.as_ref().and_then(super::Stopper::state)
     }
 
     pub fn expired(&mut self, why: &str) -> bool {

@@ -154,7 +154,9 @@ pub fn serve<S: Source, W: Write, T: Targets>(
                 let now = input.now();
                 if let Some(l) = lease.as_mut() {
                     if let Some(silent) = l.overdue(now) {
-                        if silent < SLOW_LEASE && g.controller_running() {
+                        // One read of the controller's state: the verdict and the log line.
+                        let state = g.controller_state();
+                        if silent < SLOW_LEASE && state.is_some_and(super::stopper::is_running) {
                             if !l.said_slow {
                                 l.said_slow = true;
                                 say(&format!(
@@ -169,7 +171,7 @@ pub fn serve<S: Source, W: Write, T: Targets>(
                             g.expired(&format!(
                                 "controller silent for {} ms (state {})",
                                 silent.as_millis(),
-                                g.controller_state()
+                                state.unwrap_or('?')
                             ));
                         }
                     }

@@ -39,8 +39,7 @@ impl Stopper {
     /// Whether the process is alive and not stopped: running, sleeping or in the kernel
     /// (`/proc/PID/stat` state R, S, D, I or W). A stopped (T, t), dead or unreadable one is not.
     pub fn running(&self) -> bool {
-        self.state()
-            .is_some_and(|c| matches!(c, 'R' | 'S' | 'D' | 'I' | 'W'))
+        self.state().is_some_and(is_running)
     }
 
     /// Its `/proc/PID/stat` state letter, None when unreadable.
@@ -67,6 +66,11 @@ impl Stopper {
         }
         Ok(())
     }
+}
+
+/// Whether a `/proc/PID/stat` state letter is a live process that is not stopped.
+pub fn is_running(state: char) -> bool {
+    matches!(state, 'R' | 'S' | 'D' | 'I' | 'W')
 }
 
 /// The state letter of a `/proc/PID/stat` line (after the last `)`: comm may hold any byte).
