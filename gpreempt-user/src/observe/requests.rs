@@ -185,6 +185,14 @@ impl Requests {
         }
     }
 
+    /// (end_ns, duration_ns) of the kept requests that ended after `end_ns`, oldest first: a
+    /// reader that remembers the last end it saw reads each request once, leaving them for
+    /// others (unlike [`Self::take_closed`]).
+    pub fn ended_after(&self, end_ns: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let from = self.samples.partition_point(|&(e, _)| e <= end_ns);
+        self.samples.range(from..).copied()
+    }
+
     /// Durations (ns) of the requests closed since the last call, oldest first.
     pub fn take_closed(&mut self) -> Vec<u64> {
         self.closed.drain(..).collect()

@@ -92,7 +92,7 @@ pub struct AdaptiveView {
     pub bursts: u64,
 }
 
-/// What the status file shows per NVIDIA GPU under the adaptive strategy (the lever tuner's
+/// What the status file shows per GPU under the adaptive strategy where a lever tuner runs (the
 /// `policy::LeverView`, levers named as the policy file names them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LeverView {
@@ -100,18 +100,27 @@ pub struct LeverView {
     /// Applied now (an epoch's lever while measuring).
     pub lever: String,
     pub chosen: String,
-    /// `watching` (waiting for online bursts), `calibrating`, `confirming` or `settled`.
+    /// `watching` (waiting for online requests), `calibrating`, `confirming` or `settled`.
     pub phase: String,
+    /// While measuring: the epoch (1-based) and how many the measurement has.
+    #[serde(default)]
+    pub epoch: Option<(usize, usize)>,
+    /// A quiet window is on: offline is held to measure the online services alone.
+    #[serde(default)]
+    pub quiet: bool,
     /// The last decision's figures per lever.
     pub summaries: Vec<LeverSummary>,
 }
 
-/// A lever's figures over a measurement: the medians of its epochs'.
+/// A lever's figures over a measurement: its worst online service's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LeverSummary {
     pub lever: String,
-    pub p50_ns: u64,
-    pub p90_ns: u64,
+    /// The worst service's request p99 over its target (at most 1.0: every target met).
+    pub worst: f64,
+    pub p99_ns: u64,
+    /// Requests measured under it, all services.
+    pub requests: usize,
     pub rate: Option<f64>,
     pub epochs: usize,
 }

@@ -188,6 +188,9 @@ pub struct Rule {
     /// The process `pid` named when the policy was loaded: only it matches (whoever gets a
     /// freed pid first owns it next).
     pub pid_bound: PidBound,
+    /// `slo_p99`: the request p99 an online service's users need (the adaptive strategy's
+    /// target for the processes this rule makes online, in place of `[adaptive]`'s).
+    pub slo_p99_ns: Option<u64>,
 }
 
 /// What a rule's `pid` was bound to when the policy was loaded ([`Policy::bind_pids`]).

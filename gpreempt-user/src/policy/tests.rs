@@ -301,6 +301,26 @@ fn durations() {
 }
 
 #[test]
+fn slo_p99_is_an_online_rules_goal() {
+    let p = Policy::parse(
+        "[[rule]]\nclass = \"online\"\nuid = 990\nslo_p99 = \"120ms\"\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(p.rules[0].slo_p99_ns, Some(120_000_000));
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"offline\"\nuid = 990\nslo_p99 = \"120ms\"\n"),
+        "policy.toml:1: rule 1: slo_p99 is an online service's goal: it needs class = \"online\""
+    );
+    assert_eq!(
+        one_err("[[rule]]\nclass = \"online\"\nuid = 990\nslo_p99 = \"0ms\"\n"),
+        "policy.toml:4: rule 1: slo_p99: must be more than 0"
+    );
+    // A goal is no matcher: the rule would match every process.
+    assert!(one_err("[[rule]]\nclass = \"online\"\nslo_p99 = \"120ms\"\n").contains("no matcher"),);
+}
+
+#[test]
 fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[policy]\nwindow = \"20ms\"\nwindw = \"20ms\"\n"),
@@ -317,7 +337,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[[rule]]\nclass = \"online\"\ncomm = \"x\"\nexe = \"y\"\n"),
         "policy.toml:4: rule 1: unknown key \"exe\" (expected class, comm, cmdline, uid, gid, cgroup, \
-         container, k8s_namespace, pod or pid)"
+         container, k8s_namespace, pod, pid or slo_p99)"
     );
     assert_eq!(
         one_err("\n[polcy]\n"),

@@ -268,6 +268,9 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
     match (p.strategy, &g.tuner) {
         (Strategy::Adaptive { budget }, Some(t)) => format!("{}; {why}", t.reason(budget)),
         (Strategy::Adaptive { .. }, None) => match &g.levers {
+            Some(n) if n.tuner.quiet() => {
+                "adaptive: quiet window (offline held to measure the online services alone)".into()
+            }
             Some(n) => format!("adaptive: lever {}; {why}", n.tuner.lever()),
             None => why,
         },

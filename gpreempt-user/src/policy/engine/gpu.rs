@@ -76,12 +76,19 @@ pub(super) struct LeverGpu {
 impl LeverGpu {
     /// Its candidates are the policy's that `offers` has (all of them where nothing is known).
     pub(super) fn new(p: &Policy, budget: Budget, now: u64, offers: Option<&Offers>) -> Self {
-        let (candidates, start) = match offers {
-            Some(o) => (p.levers.candidates.and(o.set()), o.resolve(p.levers.lever)),
-            None => (p.levers.candidates, p.levers.lever),
+        let (candidates, start, all) = match offers {
+            Some(o) => (
+                p.levers.candidates.and(o.set()),
+                o.resolve(p.levers.lever),
+                o.set(),
+            ),
+            None => (p.levers.candidates, p.levers.lever, p.levers.candidates),
         };
+        // A quiet window holds offline throughout: by a pause where the backend offers one,
+        // whether or not the policy lists it among the candidates.
+        let quiet = all.contains(Lever::Pause).then_some(Lever::Pause);
         Self {
-            tuner: LeverTuner::new(candidates, budget, start, now),
+            tuner: LeverTuner::new(candidates, budget, start, quiet, now),
             mix: 0,
             external_bursts: false,
             external_progress: false,
@@ -166,8 +173,10 @@ impl GpuMem {
         if self.starvation_guard(p, now) {
             return;
         }
-        let want = self.strategy_wants_suspend(p, now);
-        if !self.episode && self.holding > 0 {
+        // A quiet window holds offline throughout (the starvation guard still bounds each hold).
+        let quiet = self.levers.as_ref().is_some_and(|n| n.tuner.quiet());
+        let want = self.strategy_wants_suspend(p, now) || quiet;
+        if !self.episode && !quiet && self.holding > 0 {
             self.release = Some(Release::Idle { idle_ns });
         }
         self.suspend = want && self.rate_allows_suspend(p, now);

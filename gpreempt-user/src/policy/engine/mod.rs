@@ -79,6 +79,9 @@ pub struct Engine {
     offers: BTreeMap<Vendor, Offers>,
     /// `now` of the last `decide`.
     last_now_ns: u64,
+    /// Per online process: (start time, the end of the last request fed to the lever tuners,
+    /// tick of the last visit).
+    requests_read: HashMap<u32, (u64, u64, u64)>,
 }
 
 impl Engine {
@@ -95,6 +98,7 @@ impl Engine {
             pause_anyway: Default::default(),
             offers: BTreeMap::new(),
             last_now_ns: 0,
+            requests_read: HashMap::new(),
         }
     }
 
@@ -230,6 +234,7 @@ impl Engine {
             g.new_tick();
         }
         let any_offline = self.gather_online(state, now_ns);
+        self.feed_requests(state);
         let mut out = Vec::new();
         self.review_held(state, now_ns, &mut out);
         let policy = &self.policy;

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use super::super::adaptive::View;
 use super::super::levers::LeverChange;
-use super::super::{Lever, Strategy};
+use super::super::{Budget, Class, Lever, Strategy};
 use super::{Engine, LeverGpu};
+use crate::observe::model::State;
 
 impl Engine {
     /// Evidence for the lever tuner of `gpu_id` (strategy `adaptive`; ignored
@@ -30,6 +31,64 @@ impl Engine {
             n.external_progress = true;
             n.tuner.on_offline_progress(now_ns, units);
         }
+    }
+
+    /// The online services' requests that ended since the last tick, to the lever tuner of each
+    /// GPU where the service has compute queues, with the service's goal (its rule's `slo_p99`,
+    /// else the policy's budget).
+    pub(super) fn feed_requests(&mut self, state: &State) {
+        let Strategy::Adaptive { budget } = self.policy.strategy else {
+            return;
+        };
+        if !self.gpus.values().any(|g| g.levers.is_some()) {
+            return;
+        }
+        let tick = self.tick;
+        for p in state.procs.values() {
+            let Some(e) = self
+                .classes
+                .get(&p.pid)
+                .filter(|e| e.class == Class::Online)
+            else {
+                continue;
+            };
+            let goal = e
+                .rule
+                .and_then(|i| self.policy.rules.get(i))
+                .and_then(|r| r.slo_p99_ns)
+                .map_or(budget, Budget::Absolute);
+            let start_time = e.start_time;
+            let r = self
+                .requests_read
+                .entry(p.pid)
+                .or_insert((start_time, 0, tick));
+            if r.0 != start_time {
+                // A reused pid: another service.
+                *r = (start_time, 0, tick);
+            }
+            r.2 = tick;
+            let new: Vec<(u64, u64)> = p.requests.ended_after(r.1).collect();
+            let Some(&(last, _)) = new.last() else {
+                continue;
+            };
+            r.1 = last;
+            let mut gpus: Vec<u32> = p
+                .live_queues()
+                .filter(|q| q.kind.is_compute())
+                .map(|q| q.gpu_id)
+                .collect();
+            gpus.sort_unstable();
+            gpus.dedup();
+            for id in gpus {
+                if let Some(n) = self.gpus.get_mut(&id).and_then(|g| g.levers.as_mut()) {
+                    n.external_bursts = true;
+                    for &(end, dur) in &new {
+                        n.tuner.on_request(end, p.pid, dur, goal);
+                    }
+                }
+            }
+        }
+        self.requests_read.retain(|_, r| r.2 == tick);
     }
 
     /// A mix change on `gpu_id` the engine cannot see itself (it notices processes joining,

@@ -32,6 +32,7 @@ impl Parser<'_> {
                 pod: None,
                 pid: None,
                 pid_bound: PidBound::NotYet,
+                slo_p99_ns: None,
             };
             let mut class = None;
             let mut matchers = 0;
@@ -40,7 +41,7 @@ impl Parser<'_> {
                 let key = k.get_ref().as_ref();
                 let ok = self.rule_key(n, key, k.span().start, v, &mut rule, &mut class);
                 bad |= !ok;
-                if ok && key != "class" {
+                if ok && key != "class" && key != "slo_p99" {
                     matchers += 1;
                 }
             }
@@ -65,6 +66,15 @@ impl Parser<'_> {
             }
             if let Some(c) = class {
                 rule.class = c;
+            }
+            if rule.slo_p99_ns.is_some() && class.is_some_and(|c| c != Class::Online) {
+                self.err(
+                    header,
+                    format!(
+                        "rule {n}: slo_p99 is an online service's goal: it needs \
+                         class = \"online\""
+                    ),
+                );
             }
             out.push(rule);
         }
@@ -133,12 +143,23 @@ impl Parser<'_> {
                 rule.pid = self.integer(v, &ctx).map(|n| n as u32);
                 rule.pid.is_some()
             }
+            "slo_p99" => match self.duration(v, &ctx) {
+                Some(0) => {
+                    self.err(at, format!("{ctx}: must be more than 0"));
+                    false
+                }
+                Some(ns) => {
+                    rule.slo_p99_ns = Some(ns);
+                    true
+                }
+                None => false,
+            },
             other => {
                 self.err(
                     key_at,
                     format!(
                         "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
-                         uid, gid, cgroup, container, k8s_namespace, pod or pid)"
+                         uid, gid, cgroup, container, k8s_namespace, pod, pid or slo_p99)"
                     ),
                 );
                 false
