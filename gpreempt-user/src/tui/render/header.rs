@@ -12,6 +12,7 @@ use ratatui::{
 
 use super::style::{ago, bold, dim, opt};
 use crate::observe::model::{QueueState, State};
+use crate::observe::status::LeverView;
 use crate::tui::app::App;
 
 /// `queues`: live queues in all.
@@ -73,10 +74,58 @@ pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
     m
 }
 
+/// The lever tuner of a GPU: its lever and phase, and how the last decision went.
+pub(super) fn lever_text(v: &LeverView) -> String {
+    let phase = match (v.epoch, v.quiet) {
+        (Some((i, n)), true) => format!("{} {i}/{n}, quiet window", v.phase),
+        (Some((i, n)), false) => format!("{} {i}/{n}", v.phase),
+        _ => v.phase.clone(),
+    };
+    let last = v
+        .summaries
+        .iter()
+        .find(|s| s.lever == v.chosen)
+        .map_or(String::new(), |s| {
+            format!(
+                "; worst service p99 {:.2}x its target, {} req",
+                s.worst, s.requests
+            )
+        });
+    let chosen = if v.chosen == v.lever {
+        String::new()
+    } else {
+        format!(", chosen {}", v.chosen)
+    };
+    format!("lever {} ({phase}{chosen}{last})", v.lever)
+}
+
+/// Lever tuners of GPUs with no line of their own (no KFD node: NVIDIA).
+fn other_levers(state: &State) -> Vec<&LeverView> {
+    state.controller.as_ref().map_or(Vec::new(), |c| {
+        c.gpu_levers
+            .iter()
+            .filter(|v| !state.gpus.iter().any(|g| g.node.gpu_id == v.gpu_id))
+            .collect()
+    })
+}
+
+/// How many GPU lines there are to show.
+pub(super) fn gpu_line_count(state: &State) -> usize {
+    state.gpus.len() + other_levers(state).len()
+}
+
+fn lever_of(state: &State, id: u32) -> Option<&LeverView> {
+    state
+        .controller
+        .as_ref()
+        .and_then(|c| c.gpu_levers.iter().find(|v| v.gpu_id == id))
+}
+
 fn gpu_line(
     g: &crate::observe::model::Gpu,
     counts: GpuCounts,
     adaptive: Option<&crate::observe::status::AdaptiveView>,
+    lever: Option<&LeverView>,
 ) -> Line<'static> {
     let id = g.node.gpu_id;
     let GpuCounts {
@@ -107,6 +156,9 @@ fn gpu_line(
     if let Some(a) = adaptive {
         spans.push(Span::raw(format!("  adaptive: {a}")));
     }
+    if let Some(v) = lever {
+        spans.push(Span::raw(format!("  {}", lever_text(v))));
+    }
     Line::from(spans)
 }
 
@@ -116,23 +168,33 @@ pub(super) fn draw_gpus(
     state: &State,
     counts: &BTreeMap<u32, GpuCounts>,
 ) {
-    let lines: Vec<Line> = if state.gpus.is_empty() {
+    let others = other_levers(state);
+    let lines: Vec<Line> = if state.gpus.is_empty() && others.is_empty() {
         vec![Line::styled(
             "no GPUs found (no GPU node in /sys/class/kfd/kfd/topology)",
             bold(),
         )]
     } else {
         let room = usize::from(area.height);
-        let n = state.gpus.len();
-        let shown = if n > room { room.saturating_sub(1) } else { n };
-        let mut v: Vec<Line> = state.gpus[..shown]
+        let mut all: Vec<Line> = state
+            .gpus
             .iter()
             .map(|g| {
                 let id = g.node.gpu_id;
                 let c = counts.get(&id).copied().unwrap_or_default();
-                gpu_line(g, c, state.adaptive.get(&id))
+                gpu_line(g, c, state.adaptive.get(&id), lever_of(state, id))
             })
             .collect();
+        all.extend(others.iter().map(|v| {
+            Line::from(vec![
+                Span::styled(format!("GPU {}", v.gpu_id), bold()),
+                Span::raw(format!("  {}", lever_text(v))),
+            ])
+        }));
+        let n = all.len();
+        let shown = if n > room { room.saturating_sub(1) } else { n };
+        all.truncate(shown);
+        let mut v = all;
         if shown < n {
             v.push(Line::styled(
                 format!("... and {} more GPUs", n - shown),

@@ -50,7 +50,9 @@ struct Areas {
 
 /// GPU lines shown: every GPU while they take at most a quarter of the height.
 fn gpu_lines(state: &State, height: u16) -> u16 {
-    let n = u16::try_from(state.gpus.len()).unwrap_or(u16::MAX).max(1);
+    let n = u16::try_from(header::gpu_line_count(state))
+        .unwrap_or(u16::MAX)
+        .max(1);
     n.min((height / 4).max(1))
 }
 

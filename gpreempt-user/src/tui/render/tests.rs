@@ -572,6 +572,52 @@ fn an_adaptive_controller_shows_its_goal_on_the_gpu_line() {
     );
 }
 
+/// The lever tuner's lever and phase per GPU: on the GPU's own line, and on a line of its own
+/// for a GPU with no KFD node (an NVIDIA GPU).
+#[test]
+fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
+    use crate::observe::status::{LeverSummary, LeverView, Status};
+    let mut st = known_state();
+    let view = |gpu_id, lever: &str, phase: &str, epoch, quiet| LeverView {
+        gpu_id,
+        lever: lever.into(),
+        chosen: "dynamic".into(),
+        phase: phase.into(),
+        epoch,
+        quiet,
+        summaries: vec![LeverSummary {
+            lever: "dynamic".into(),
+            worst: 0.96,
+            p99_ns: 61_000_000,
+            requests: 36,
+            rate: Some(900.0),
+            epochs: 3,
+        }],
+    };
+    st.controller = Some(Status {
+        gpu_levers: vec![
+            view(GPU_A, "pause", "calibrating", Some((5, 15)), true),
+            view(7, "dynamic", "settled", None, false),
+        ],
+        ..Default::default()
+    });
+    let b = render(&App::new("100ms"), &st, 220, 30);
+    let l = line(&b, find(&b, "quiet window"));
+    assert!(
+        l.contains(&format!("GPU {GPU_A}"))
+            && l.contains(
+                "lever pause (calibrating 5/15, quiet window, chosen dynamic; worst service \
+                 p99 0.96x its target, 36 req)"
+            ),
+        "{l}"
+    );
+    let l = line(&b, find(&b, "GPU 7"));
+    assert!(
+        l.contains("lever dynamic (settled; worst service p99 0.96x its target, 36 req)"),
+        "{l}"
+    );
+}
+
 #[test]
 fn the_detail_pane_shows_the_dispatch_mix() {
     use crate::observe::model::dispatch::kd;
