@@ -28,16 +28,21 @@ pub enum Lever {
     /// The process's cgroup is frozen while online work is busy: it submits nothing new, but
     /// what it queued already runs to completion. For processes whose queues cannot be paused.
     Freeze,
+    /// A pause only once an online burst has outlasted a deferral the engine tunes (from at
+    /// once to never: the adaptive strategy's defer ladder), so short bursts leave offline work
+    /// running. The backend pauses as for `pause`.
+    Defer,
 }
 
 impl Lever {
-    pub const ALL: [Lever; 6] = [
+    pub const ALL: [Lever; 7] = [
         Self::None,
         Self::Dynamic,
         Self::Timeslice,
         Self::Pause,
         Self::Both,
         Self::Freeze,
+        Self::Defer,
     ];
 
     pub fn label(self) -> &'static str {
@@ -48,6 +53,7 @@ impl Lever {
             Self::Pause => "pause",
             Self::Both => "both",
             Self::Freeze => "freeze",
+            Self::Defer => "defer",
         }
     }
 
@@ -65,7 +71,7 @@ impl Lever {
     pub fn acts_per_episode(self) -> bool {
         matches!(
             self,
-            Self::Dynamic | Self::Pause | Self::Both | Self::Freeze
+            Self::Dynamic | Self::Pause | Self::Both | Self::Freeze | Self::Defer
         )
     }
 
@@ -77,8 +83,9 @@ impl Lever {
             Self::Dynamic => 1,
             Self::Timeslice => 2,
             Self::Both => 3,
-            Self::Freeze => 4,
-            Self::Pause => 5,
+            Self::Defer => 4,
+            Self::Freeze => 5,
+            Self::Pause => 6,
         }
     }
 }
@@ -94,11 +101,17 @@ impl fmt::Display for Lever {
 pub struct LeverSet(u8);
 
 impl LeverSet {
-    /// The tuner's default candidates: the null lever, the two timeslice levers, the pause.
-    /// `both` is left out (its pause half is the `pause` candidate's cost), and so is `freeze`
-    /// (it stops the process's own CPU side too).
-    pub const DEFAULT: LeverSet =
-        LeverSet::of(&[Lever::None, Lever::Dynamic, Lever::Timeslice, Lever::Pause]);
+    /// The tuner's default candidates: the null lever, the two timeslice levers, the pause and
+    /// the deferred pause (each where the GPU's backend offers it). `both` is left out (its
+    /// pause half is the `pause` candidate's cost), and so is `freeze` (it stops the process's
+    /// own CPU side too).
+    pub const DEFAULT: LeverSet = LeverSet::of(&[
+        Lever::None,
+        Lever::Dynamic,
+        Lever::Timeslice,
+        Lever::Pause,
+        Lever::Defer,
+    ]);
 
     pub const EMPTY: LeverSet = LeverSet(0);
 
@@ -264,7 +277,7 @@ mod tests {
         assert_eq!(Lever::parse("suspend"), None);
         assert_eq!(
             LeverSet::DEFAULT.to_string(),
-            "none, dynamic, timeslice, pause"
+            "none, dynamic, timeslice, pause, defer"
         );
     }
 }

@@ -322,7 +322,7 @@ impl Policy {
             if self.launch_hints { "on" } else { "off" },
             self.levers.lever.label(),
             match self.levers.lever {
-                Lever::Pause | Lever::None | Lever::Freeze => String::new(),
+                Lever::Pause | Lever::None | Lever::Freeze | Lever::Defer => String::new(),
                 Lever::Timeslice | Lever::Dynamic => {
                     format!(" ({} us)", self.levers.offline_timeslice_us)
                 }

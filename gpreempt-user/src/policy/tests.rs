@@ -1413,7 +1413,7 @@ fn the_nvidia_table_sets_the_lever() {
     assert_eq!(
         one_err("[nvidia]\nlever = \"sleep\"\n"),
         "policy.toml:2: lever: unknown lever \"sleep\" (use \"none\", \"dynamic\", \"timeslice\", \
-         \"pause\" or \"both\")"
+         \"pause\", \"both\" or, in levers, \"defer\")"
     );
     assert_eq!(
         one_err("[nvidia]\noffline_timeslice = \"2s\"\n"),
@@ -1443,7 +1443,7 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
         "{}",
         p.summary()
     );
-    // The candidates: the default four, or the list given (duplicates merge).
+    // The candidates: the default five, or the list given (duplicates merge).
     assert_eq!(
         Policy::parse("", "p.toml")
             .unwrap()
@@ -1451,8 +1451,15 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
             .candidates
             .iter()
             .collect::<Vec<_>>(),
-        vec![Lever::None, Lever::Dynamic, Lever::Timeslice, Lever::Pause]
+        vec![
+            Lever::None,
+            Lever::Dynamic,
+            Lever::Timeslice,
+            Lever::Pause,
+            Lever::Defer
+        ]
     );
+    assert!(one_err("[nvidia]\nlever = \"defer\"\n").contains("list it in `levers`"));
     let p = Policy::parse(
         "[nvidia]\nlevers = [\"pause\", \"none\", \"pause\"]\n",
         "p.toml",
@@ -1469,12 +1476,12 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
     assert_eq!(
         one_err("[nvidia]\nlevers = [\"none\", \"nap\"]\n"),
         "policy.toml:2: levers: unknown lever \"nap\" (use \"none\", \"dynamic\", \
-         \"timeslice\", \"pause\" or \"both\")"
+         \"timeslice\", \"pause\", \"both\" or, in levers, \"defer\")"
     );
     assert_eq!(
         one_err("[nvidia]\nlevers = [\"freeze\"]\n"),
         "policy.toml:2: levers: unknown lever \"freeze\" (use \"none\", \"dynamic\", \
-         \"timeslice\", \"pause\" or \"both\")"
+         \"timeslice\", \"pause\", \"both\" or, in levers, \"defer\")"
     );
     assert_eq!(
         one_err("[nvidia]\nlevers = \"none\"\n"),
@@ -1487,7 +1494,7 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
             l.acts_per_episode(),
             matches!(
                 l,
-                Lever::Dynamic | Lever::Pause | Lever::Both | Lever::Freeze
+                Lever::Dynamic | Lever::Pause | Lever::Both | Lever::Freeze | Lever::Defer
             )
         );
         assert_eq!(Lever::parse(l.label()), Some(l));
@@ -1498,10 +1505,13 @@ fn the_nvidia_table_takes_the_none_and_dynamic_levers_and_candidates() {
 // The adaptive strategy, against a small GPU model: online requests of `work_ms` every
 // `period_ms`; while offline runs unheld (and has work) online progresses `1/f` as fast.
 
+/// The deferred pause alone (`levers = ["defer"]`: nothing for the lever tuner to choose), so
+/// that these tests see the defer tuner's own mechanics.
 fn adaptive_policy(strategy: &str, extra: &str) -> String {
     format!(
         "[policy]\nstrategy = \"{strategy}\"\nwindow = \"10ms\"\nresume_after = \"2ms\"\n\
          max_suspend = \"1s\"\nmin_run = \"50ms\"\nmin_interval = \"1ms\"\n{extra}\n\
+         [nvidia]\nlevers = [\"defer\"]\n\
          [[rule]]\nclass = \"online\"\ncomm = \"on*\"\n[[rule]]\nclass = \"offline\"\n\
          comm = \"off*\"\n"
     )
@@ -1642,6 +1652,44 @@ impl Gpu {
             .next()
             .expect("a tuner")
     }
+}
+
+/// On AMD the adaptive strategy's lever tuner chooses among what the backend offers of the
+/// default candidates: nothing, the pause, and the deferred pause (its defer tuner running
+/// inside the epochs), by the online bursts' p99 against the service alone (quiet windows) and
+/// the offline progress.
+#[test]
+fn adaptive_on_amd_chooses_among_none_the_pause_and_the_deferred_pause() {
+    let policy = adaptive_policy("adaptive", "").replace("[nvidia]\nlevers = [\"defer\"]\n", "");
+    let chosen = |g: &Gpu| {
+        let v = g.w.e.lever_views();
+        assert_eq!(v.len(), 1, "a lever tuner on the AMD GPU");
+        (v[0].chosen.clone(), v[0].phase.clone())
+    };
+    // Nothing to remove: none.
+    let mut g = Gpu::new(&policy);
+    g.run(1200, 4.0, 50.0, |_| 1.0);
+    assert_eq!(chosen(&g), ("none".into(), "settled".into()));
+    let notes = g.w.e.take_notes();
+    assert!(
+        notes
+            .iter()
+            .any(|(_, n)| n.starts_with("lever: calibrating: 12 epochs")
+                && n.contains("(none, pause, defer, quiet)")),
+        "{notes:?}"
+    );
+    // Offline slows every request 1.6x: a lever that holds it, and then the service is back
+    // within its budget.
+    let mut g = Gpu::new(&policy);
+    g.run(1200, 4.0, 50.0, |_| 1.6);
+    let (lever, phase) = chosen(&g);
+    assert!(lever == "pause" || lever == "defer", "{lever}");
+    assert_eq!(phase, "settled");
+    assert!(
+        g.pct(100, 99) <= 4.0 * 1.1 + 0.5,
+        "p99 {} ms",
+        g.pct(100, 99)
+    );
 }
 
 #[test]
@@ -1898,7 +1946,10 @@ fn the_vendor_examples_class_by_what_a_process_cannot_choose() {
             budget: Budget::Ratio(1.1)
         }
     );
-    assert_eq!(p.levers.candidates, LeverSet::DEFAULT);
+    assert_eq!(
+        p.levers.candidates,
+        LeverSet::of(&[Lever::None, Lever::Dynamic, Lever::Timeslice, Lever::Pause])
+    );
     assert_eq!(p.classify(&svc, 1).0, Class::Online);
     assert_eq!(p.classify(&batch, 2).0, Class::Offline);
     assert_eq!(p.classify(&spoof, 3).0, Class::Ignore);

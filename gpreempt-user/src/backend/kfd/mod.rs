@@ -138,10 +138,22 @@ async fn recover(control: &Control, dir: &Path) {
     let _ = rundir::write_targets(dir, &[]);
 }
 
-/// AMD: the queues are suspended through the debug API, or the process's cgroup frozen where
-/// its runtime never enabled that API (`[policy] no_debug_api = "freeze"`).
+/// AMD: the queues are suspended through the debug API (at once, or once a burst outlasts the
+/// tuned deferral), or the process's cgroup frozen where its runtime never enabled that API
+/// (`[policy] no_debug_api = "freeze"`); or nothing is done (`none`: the baseline the adaptive
+/// strategy measures the others against).
 pub const OFFERS: Offers = Offers {
     list: &[
+        Offer {
+            lever: Lever::None,
+            cost: "nothing: offline work is left alone",
+            undo: Undo::Nothing,
+        },
+        Offer {
+            lever: Lever::Defer,
+            cost: "as pause, for the bursts that outlast the tuned deferral",
+            undo: Undo::ResumeByKernel,
+        },
         Offer {
             lever: Lever::Pause,
             cost: "one DBG_TRAP ioctl per act, and a runlist re-upload by the firmware (HWS)",

@@ -114,7 +114,8 @@ impl Engine {
                 _ if fallback => true,
                 // Under `dynamic` the decisions reach the backend, which shortens the
                 // timeslice instead of pausing.
-                Lever::Pause | Lever::Dynamic | Lever::Freeze => true,
+                // Under `defer` the GPU's plan holds the suspend back until the deferral.
+                Lever::Pause | Lever::Dynamic | Lever::Freeze | Lever::Defer => true,
                 Lever::Timeslice => false,
                 Lever::Both => g
                     .and_then(|g| g.episode_start_ns)

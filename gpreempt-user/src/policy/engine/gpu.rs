@@ -170,6 +170,14 @@ impl GpuMem {
         }
         let idle_ns = self.track_episode(p, now);
         self.feed_lever_tuner(p, now);
+        if let (Strategy::Adaptive { budget }, Some(n)) = (p.strategy, &self.levers) {
+            // The deferred pause: the defer tuner decides when in a burst to suspend (it keeps
+            // what it learnt across the lever tuner's epochs).
+            if n.tuner.lever() == Lever::Defer && !n.tuner.quiet() {
+                self.plan_adaptive(p, budget, now);
+                return;
+            }
+        }
         if self.starvation_guard(p, now) {
             return;
         }

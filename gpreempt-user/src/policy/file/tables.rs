@@ -66,11 +66,16 @@ impl Parser<'_> {
             let key = k.get_ref().as_ref();
             let span = v.span().start;
             match key {
-                "lever" => {
-                    if let Some(l) = self.string(v, key).and_then(|s| self.lever(span, key, s)) {
-                        lp.lever = l;
-                    }
-                }
+                "lever" => match self.string(v, key).and_then(|s| self.lever(span, key, s)) {
+                    Some(Lever::Defer) => self.err(
+                        span,
+                        "lever: \"defer\" is a deferral the adaptive strategy tunes: list it \
+                             in `levers` with strategy = \"adaptive\""
+                            .into(),
+                    ),
+                    Some(l) => lp.lever = l,
+                    None => {}
+                },
                 "levers" => self.levers(v, span, lp),
                 "offline_timeslice" => {
                     if let Some(ns) = self.duration(v, key) {
@@ -121,7 +126,7 @@ impl Parser<'_> {
                 span,
                 format!(
                     "{key}: unknown lever {s:?} (use \"none\", \"dynamic\", \"timeslice\", \
-                     \"pause\" or \"both\")"
+                     \"pause\", \"both\" or, in levers, \"defer\")"
                 ),
             );
         }

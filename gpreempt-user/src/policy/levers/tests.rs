@@ -7,6 +7,8 @@ use super::*;
 use crate::policy::{Budget, Lever, LeverSet};
 
 const S: u64 = 1_000_000_000;
+/// The levers an NVIDIA GPU offers among the default candidates.
+const NV: LeverSet = LeverSet::of(&[Lever::None, Lever::Dynamic, Lever::Timeslice, Lever::Pause]);
 const STEP: u64 = 10 * MS;
 
 /// A request's latency (ms) for service `svc` (its index) under `lever` (None: a quiet window),
@@ -58,7 +60,7 @@ impl Sim {
 
     fn with(start: Lever, quiet: Option<Lever>, services: &[(u32, u64)]) -> Self {
         Self {
-            t: LeverTuner::new(LeverSet::DEFAULT, Budget::Ratio(1.1), start, quiet, 0),
+            t: LeverTuner::new(NV, Budget::Ratio(1.1), start, quiet, 0),
             now: 0,
             rng: Rng(0x9e37_79b9_7f4a_7c15),
             noise: 0.05,
@@ -303,7 +305,7 @@ fn an_absolute_slo_needs_no_quiet_window() {
     };
     let mut s = Sim::with(Lever::Pause, Some(Lever::Pause), &[(4, S / 2)]);
     s.t = LeverTuner::new(
-        LeverSet::DEFAULT,
+        NV,
         Budget::Absolute(70 * MS),
         Lever::Pause,
         Some(Lever::Pause),
@@ -361,7 +363,7 @@ fn quiet_windows_stay_within_their_share_after_the_first_calibration() {
 fn bursts_stand_in_where_no_request_is_measured() {
     // The engine's own burst estimate (no wait uprobes): the same rule over bursts.
     let mut t = LeverTuner::new(
-        LeverSet::DEFAULT,
+        NV,
         Budget::Ratio(1.1),
         Lever::Timeslice,
         Some(Lever::Pause),
