@@ -1,6 +1,6 @@
-//! The adaptive strategy end to end, as root, against the emulator (all figures emulated): it
-//! calibrates from what it measures, leaves offline work alone where that costs online nothing,
-//! and acts where it does.
+//! The adaptive strategy end to end, as root, against the emulator (all figures emulated): on AMD
+//! its lever tuner measures the online service's requests under none, the pause and the deferred
+//! pause and in quiet windows, and acts where offline work costs the service its goal.
 
 use std::time::Duration;
 
@@ -71,65 +71,70 @@ fn suspends(audit: &[AuditRecord]) -> Vec<&Act> {
         .collect()
 }
 
-#[test]
-fn without_interference_the_adaptive_controller_leaves_offline_alone() {
-    let _one = serial();
-    // A light "offline" job: a small MLP twice a second, rarely on the GPU with the online one.
-    let (audit, err) = run_pair("--profile seed_model_a_mlp_b32 --rate 2 --priority 0", 20);
-    let notes = notes(&audit);
-    println!("emulated: {notes:#?}\n{} suspends", suspends(&audit).len());
-    assert!(err.contains("nothing is left suspended"), "{err}");
-    assert!(
-        notes.iter().any(|n| n.starts_with("calibrated:")),
-        "no calibration: {notes:?}\n{err}"
-    );
-    // 20 s at 20 requests/s: 16 calibration bursts held, one in 64 explored, and at most two feedback
-    // steps' worth (48) beyond that: one noisy step can escalate before the next backs off.
-    let n = suspends(&audit).len();
-    assert!(n <= 16 + 400 / 64 + 48, "{n} suspends: {notes:?}");
-    assert!(
-        notes.iter().any(|n| n.contains("no suspends")),
-        "the tuner should settle on no suspends: {notes:?}"
-    );
-    assert_nothing_left();
+fn levers(audit: &[AuditRecord]) -> Vec<(String, String)> {
+    audit
+        .iter()
+        .filter_map(|a| match a {
+            AuditRecord::Lever(l) => Some((l.to.clone(), l.reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The lever tuner's conclusion ("lever: chose X: ..."), if it reached one.
+fn chose(notes: &[String]) -> Option<&str> {
+    notes
+        .iter()
+        .find_map(|n| n.strip_prefix("lever: chose "))
+        .and_then(|r| r.split(':').next())
 }
 
 #[test]
 fn on_the_seeds_pair_the_adaptive_controller_measures_interference_and_acts() {
     let _one = serial();
-    // 30 s: at 20 s one CI run on a loaded 2-vCPU host ended after a recalibration at z 2.1
-    // (the test needs 2.33), with no time left for the next.
-    let (audit, err) = run_pair("--profile resnet50_b1024 --offline --priority 0", 30);
+    let (audit, err) = run_pair("--profile resnet50_b1024 --offline --priority 0", 40);
     let notes = notes(&audit);
     let s = suspends(&audit);
     println!("emulated: {notes:#?}\n{} suspends", s.len());
     assert!(err.contains("nothing is left suspended"), "{err}");
+    // Offline's long kernels slow the online requests (about 2.7x at the p99 on a quiet host):
+    // none misses the goal, and a lever that holds offline is chosen.
+    // On AMD the candidates are none, pause and the deferred pause, each epoch measured by the
+    // online service's requests (its hipStreamSynchronize returns), with quiet windows (offline
+    // held) for the service alone.
     assert!(
-        notes.iter().any(|n| n.starts_with("calibrated:")),
+        notes
+            .iter()
+            .any(|n| n.starts_with("lever: calibrating:")
+                && n.contains("(none, pause, defer, quiet)")),
         "no calibration: {notes:?}\n{err}"
     );
-    // It decides to act at calibration, or (when the free bursts happened to meet the target,
-    // seen once in CI on a loaded host) after a miss, when held and free bursts measured side
-    // by side again show the interference: "calibrated: clean p90 5.12ms, free p90 7.17ms,
-    // interference 1.28x (tail 1.40x, z 2.6), target 5.63ms: suspend after 1.28ms of a burst".
-    let acted = notes
+    let steps = levers(&audit);
+    assert!(
+        steps
+            .iter()
+            .any(|(to, r)| to == "pause" && r.contains("quiet")),
+        "no quiet window: {steps:?}"
+    );
+    let lever = chose(&notes).unwrap_or_else(|| panic!("no conclusion: {notes:#?}\n{err}"));
+    assert!(lever == "pause" || lever == "defer", "{notes:#?}");
+    let chosen = notes
         .iter()
-        .find(|n| n.contains("calibrated:") && !n.ends_with("no suspends"))
-        .unwrap_or_else(|| panic!("never decided to suspend: {notes:?}\n{err}"));
-    let figure = |key: &str, end: char| -> f64 {
-        acted
-            .split(key)
+        .find(|n| n.starts_with("lever: chose"))
+        .unwrap();
+    assert!(chosen.contains("(alone)"), "{chosen}");
+    let worst = |l: &str| -> f64 {
+        chosen
+            .split(&format!("{l}: worst "))
             .nth(1)
-            .and_then(|r| r.split(end).next())
+            .and_then(|r| r.split('x').next())
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {key:?} figure in {acted:?}"))
+            .unwrap_or_else(|| panic!("no figure for {l} in {chosen}"))
     };
-    // Offline running measurably slows the online bursts: the free ones are slower by the
-    // tuner's test (z >= 2.33), and their tail at least 5% longer (on a quiet host about 2x; a
-    // CI host under load measured medians 1.1x apart with the tails 1.4x apart).
-    assert!(figure("z ", ')') >= 2.33, "{acted}");
-    assert!(figure("(tail ", 'x') >= 1.05, "{acted}");
-    // It acts on many requests (600 in 30 s), every suspend with the tuner's reasoning.
+    // Never worse than no control for the online service.
+    assert!(worst("none") > 1.0, "{chosen}");
+    assert!(worst(lever) <= worst("none"), "{chosen}");
+    // It acts on many requests, every suspend with the tuner's reasoning.
     assert!(s.len() > 50, "{} suspends: {notes:?}", s.len());
     assert!(
         s.iter().all(|a| a.reason().starts_with("adaptive: ")),

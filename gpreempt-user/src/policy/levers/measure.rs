@@ -19,9 +19,7 @@ pub const MIN_ALONE: usize = 3;
 /// Levers whose worst service ratios are this close are tied (offline progress decides).
 const TIE: f64 = 1.02;
 
-/// The `pct`-th nearest-rank percentile of unsorted `v` (None when empty). With fewer than 100
-/// samples the p99 is the maximum: at 1 request/s a measurement has a few dozen, and the
-/// tuner must not read a tail it did not see as met.
+/// The `pct`-th nearest-rank percentile of unsorted `v` (None when empty).
 pub fn pct(v: &[u64], p: u64) -> Option<u64> {
     if v.is_empty() {
         return None;
@@ -31,6 +29,20 @@ pub fn pct(v: &[u64], p: u64) -> Option<u64> {
     let n = v.len() as u64;
     let rank = (p * n).div_ceil(100).clamp(1, n);
     Some(v[(rank - 1) as usize])
+}
+
+/// The tail the tuner compares: the nearest-rank p99, but never the single largest of fewer
+/// than 100 requests (the second largest then). At 1 request/s a measurement has a few dozen
+/// per lever; one stray request (a host hiccup) must not decide, two slow ones do.
+pub fn tail(v: &[u64]) -> Option<u64> {
+    if v.len() < 2 {
+        return v.first().copied();
+    }
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    let n = v.len();
+    let rank = (99 * n).div_ceil(100).min(n - 1);
+    Some(v[rank - 1])
 }
 
 fn median_f(mut v: Vec<f64>) -> Option<f64> {
@@ -77,7 +89,7 @@ impl Alone {
     /// The service's p99 alone, once [`MIN_ALONE`] requests were seen alone.
     pub(super) fn p99(&self, svc: u32) -> Option<u64> {
         let v = self.per.get(&svc).filter(|v| v.len() >= MIN_ALONE)?;
-        pct(&v.iter().copied().collect::<Vec<_>>(), 99)
+        tail(&v.iter().copied().collect::<Vec<_>>())
     }
 }
 
@@ -141,7 +153,7 @@ pub(super) fn targets(
                     None => {
                         let best = pooled
                             .values()
-                            .filter_map(|m| m.get(&s).and_then(|v| pct(v, 99)))
+                            .filter_map(|m| m.get(&s).and_then(|v| tail(v)))
                             .min()?;
                         ((best as f64 * r) as u64, "best lever")
                     }
@@ -189,7 +201,7 @@ pub(super) fn summarize(
                         svc,
                         requests: d.len(),
                         p50_ns: pct(d, 50)?,
-                        p99_ns: pct(d, 99)?,
+                        p99_ns: tail(d)?,
                         target_ns: targets.get(&svc)?.0,
                     })
                 })

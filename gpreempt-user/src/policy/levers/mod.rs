@@ -24,7 +24,8 @@
 //! discarded, and until every service seen has [`MIN_REQUESTS`] requests in it (at most
 //! [`MAX_EPOCH_NS`]): at 1 request/s a calibration of four levers concludes in about 70 s.
 //! Requests are pooled per lever and service over the measurement (a few dozen at low rates:
-//! the p99 is then their maximum). An epoch without any request ends it with no conclusion.
+//! the tail compared is then their second largest, [`measure::tail`]). An epoch without any
+//! request ends it with no conclusion.
 //!
 //! The decision ([`measure::decide`]): each service's target is its `slo_p99`, or its budget
 //! (`online_p99_budget`) times its p99 alone; a lever's figure is its worst service's ratio of

@@ -506,3 +506,20 @@ fn decide_follows_the_rule() {
     let sums = [sum(Lever::None, 1.3, 1000.0), sum(Lever::Pause, 1.5, 600.0)];
     assert_eq!(d(&sums, Lever::Pause).lever, Lever::None);
 }
+
+#[test]
+fn the_tail_is_the_p99_but_never_one_stray_request() {
+    use super::measure::tail;
+    assert_eq!(tail(&[]), None);
+    assert_eq!(tail(&[7]), Some(7));
+    // 40 requests, one stray: the second largest.
+    let mut v: Vec<u64> = (1..=39).collect();
+    v.push(1_000);
+    assert_eq!(tail(&v), Some(39));
+    // Two slow ones decide.
+    v.push(900);
+    assert_eq!(tail(&v), Some(900));
+    // From 100 on, the nearest-rank p99.
+    let v: Vec<u64> = (1..=300).collect();
+    assert_eq!(tail(&v), Some(297));
+}
