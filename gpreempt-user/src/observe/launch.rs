@@ -126,14 +126,20 @@ impl LaunchResolver {
             return Err(ProcessGone { pid }.into());
         }
         let root = dir.join("root");
+        // A chrooted process's maps name its files as we see them (under its root); inside its
+        // root they are the rest of the path.
+        let chroot = std::fs::read_link(&root)
+            .ok()
+            .filter(|r| r.is_absolute() && r != Path::new("/"));
         let mut out = Vec::new();
         for f in files.iter().filter(|f| f.executable) {
             if f.deleted {
                 log::debug!("pid {pid}: skipping deleted mapped file {}", f.path);
                 continue;
             }
-            let path = root.join(f.path.trim_start_matches('/'));
-            let Some(symbols) = self.file_symbols(proc_root, pid, Path::new(&f.path)) else {
+            let inside = in_root(chroot.as_deref(), &f.path);
+            let path = root.join(inside.trim_start_matches('/'));
+            let Some(symbols) = self.file_symbols(proc_root, pid, Path::new(inside)) else {
                 continue;
             };
             out.extend(symbols.iter().map(|s| LaunchTarget {
@@ -202,6 +208,18 @@ pub(crate) fn is_gone_io(e: &io::Error) -> bool {
 }
 
 /// Whether the process is gone: no `/proc/P/stat`, or a zombie / dead state.
+/// `path` (a mapped file's, as `/proc/P/maps` shows it to us) inside the process's root
+/// `chroot` (as `/proc/P/root` reads to us; None: the same as ours, or out of our sight).
+fn in_root<'a>(chroot: Option<&Path>, path: &'a str) -> &'a str {
+    let Some(r) = chroot.and_then(|r| r.to_str()) else {
+        return path;
+    };
+    match path.strip_prefix(r.trim_end_matches('/')) {
+        Some(rest) if rest.starts_with('/') => rest,
+        _ => path,
+    }
+}
+
 pub(crate) fn process_gone(proc_root: &Path, pid: u32) -> bool {
     match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
         Ok(stat) => stat
@@ -474,6 +492,25 @@ pub(crate) fn c_str_at(strings: &[u8], offset: u32) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_chrooted_processs_files_are_found_inside_its_root() {
+        use super::in_root;
+        use std::path::Path;
+        let r = Some(Path::new("/srv/rocm-trixie"));
+        assert_eq!(
+            in_root(r, "/srv/rocm-trixie/usr/lib/libamdhip64.so.5"),
+            "/usr/lib/libamdhip64.so.5"
+        );
+        // Not under it (a file mapped before the chroot), a prefix that is not a directory, no
+        // root of its own: unchanged.
+        assert_eq!(in_root(r, "/usr/bin/chroot"), "/usr/bin/chroot");
+        assert_eq!(
+            in_root(r, "/srv/rocm-trixie2/lib.so"),
+            "/srv/rocm-trixie2/lib.so"
+        );
+        assert_eq!(in_root(None, "/usr/lib/x.so"), "/usr/lib/x.so");
+    }
+
     use super::*;
     use gpreempt_common::kprobe::launch::HIP_GRAPH_LAUNCH;
     use std::io::{Read as _, Seek as _, SeekFrom};
