@@ -628,13 +628,16 @@ fn open_queues(opts: &WorkloadOptions, device: &Path) -> Result<(AqlQueue, Vec<A
 }
 
 /// The workload's loop from `start` until `end` (or `stop`): latencies (ms, online only) and
-/// iterations. Waits go through [`hipStreamSynchronize`], so it runs inside [`with_stop`].
+/// iterations, counted from `measured` on. Waits go through [`hipStreamSynchronize`], so it runs
+/// inside [`with_stop`].
+#[allow(clippy::too_many_arguments)]
 fn drive(
     opts: &WorkloadOptions,
     q: &AqlQueue,
     p: &Profile,
     objects: &[u64],
     start: Instant,
+    measured: Instant,
     end: Instant,
     stop: &AtomicBool,
 ) -> Result<(Vec<f64>, u64)> {
@@ -656,8 +659,10 @@ fn drive(
                 if !run_iteration(q, p, objects, t0, false, stop) || !synchronize(q) {
                     break;
                 }
-                lat.push(arrival.elapsed().as_secs_f64() * 1e3);
-                iterations += 1;
+                if arrival >= measured {
+                    lat.push(arrival.elapsed().as_secs_f64() * 1e3);
+                    iterations += 1;
+                }
                 arrival += period;
             }
         }
@@ -670,7 +675,9 @@ fn drive(
                 if !synchronize(q) {
                     break;
                 }
-                iterations += 1;
+                if Instant::now() >= measured {
+                    iterations += 1;
+                }
             }
         }
     }
@@ -701,7 +708,8 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         q.queue_id
     );
     let start = Instant::now();
-    let end = start + opts.duration;
+    let measured = start + opts.warmup;
+    let end = measured + opts.duration;
     // The second queue lives on its own thread: the main loop may sit in a wait for a long
     // time (its queue suspended, say) and the new queue must come regardless.
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -720,9 +728,9 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
         })
     });
     let (mut lat, iterations) = with_stop(stop, || {
-        drive(opts, &q, &p, &code.objects, start, end, stop)
+        drive(opts, &q, &p, &code.objects, start, measured, end, stop)
     })?;
-    let elapsed = start.elapsed().as_secs_f64();
+    let elapsed = measured.elapsed().as_secs_f64();
     let kernels = q.read_index();
     lat.sort_by(f64::total_cmp);
     let latency = (!lat.is_empty()).then(|| Latency {

@@ -64,6 +64,9 @@ pub struct WorkloadOptions {
     /// Idle queues made at the start beside the working one (streams a runtime made and left
     /// idle; many of them make a busy host for the controller to start into).
     pub idle_queues: u32,
+    /// Run this long first, unmeasured (a controller's start-up), then `duration` measured: the
+    /// same process throughout, as a controller sees one service.
+    pub warmup: Duration,
 }
 
 #[derive(Serialize, Debug)]

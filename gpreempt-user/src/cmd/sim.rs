@@ -86,6 +86,10 @@ pub struct WorkloadArgs {
     /// Idle queues to create at the start beside the working one (at most 126).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=126))]
     pub idle_queues: u32,
+    /// Run this many seconds first, unmeasured (a controller's start-up), then `--duration`
+    /// measured: one process throughout.
+    #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
+    pub warmup: f64,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -222,6 +226,11 @@ fn workload(g: &Global, w: &WorkloadArgs) -> Result<ExitCode> {
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
         idle_queues: w.idle_queues,
+        warmup: Duration::from_secs_f64(if w.warmup.is_finite() && w.warmup > 0.0 {
+            w.warmup
+        } else {
+            0.0
+        }),
     };
     let report = gpreempt_sim::workload::run(&opts, &g.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;

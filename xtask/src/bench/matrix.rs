@@ -21,9 +21,10 @@ const ONLINE: [(&str, u32); 4] = [
 /// Offline: long kernels (160 ms per batch) and short ones (a training step of 24 kernels,
 /// 0.25 ms in all): the two ends of what an online kernel waits behind.
 const OFFLINE: [&str; 2] = ["resnet50_b1024", "seed_model_b_mlp_train_b64"];
-/// Seconds a controller sees the pair before each measurement: its start-up (the adaptive
-/// tuner's calibration needs 12 held and up to 24 free bursts: 7 s at 5 requests/s).
-const WARMUP_S: u32 = 8;
+/// Seconds a controller sees the pair before each measurement: its start-up (the lever tuner's
+/// calibration on AMD: 12 epochs of at least 1 s and 4 requests each, about 15 s at 5
+/// requests/s).
+const WARMUP_S: u32 = 20;
 
 pub struct Matrix {
     pub seconds: u32,
@@ -323,20 +324,20 @@ fn round_script<'a>(
         );
         for p in policies {
             let n = pname(p);
-            // The controller first sees the pair for WARMUP_S (its start-up: the adaptive
-            // tuner calibrates per GPU, which outlives the processes), then the measurement.
-            let wu =
-                |a: &str| format!("$GP sim workload {a} --duration {WARMUP_S} >/dev/null 2>&1");
+            // The controller first sees the pair for WARMUP_S (its start-up: the lever tuner's
+            // calibration), then the same processes are measured: a new pair would be a mix
+            // change, measured again. The audit is cut at the measurement's start.
+            let wu = |a: &str| format!("{a} --warmup {WARMUP_S}");
             let _ = writeln!(
                 sh,
                 "$GP run --policy {} --audit {d}/r{k}-{n}-{c}.audit 2>{d}/r{k}-{n}-{c}.err & R=$!\n\
-                 sleep 2\n{} & A=$!\n{} & B=$!\nwait $A $B\n: > {d}/r{k}-{n}-{c}.audit\n\
-                 {} & A=$!\n{} & B=$!\nwait $A $B\nkill -INT $R; wait $R",
+                 sleep 2\n{} & A=$!\n{} & B=$!\n\
+                 sleep {WARMUP_S}; cp {d}/r{k}-{n}-{c}.audit {d}/r{k}-{n}-{c}.warmup.audit; \
+                 : > {d}/r{k}-{n}-{c}.audit\n\
+                 wait $A $B\nkill -INT $R; wait $R",
                 p.display(),
-                wu(&on_args(on)),
-                wu(&off_args(off)),
-                w(&on_args(on), &format!("r{k}-{n}-{c}-on")),
-                w(&off_args(off), &format!("r{k}-{n}-{c}-off"))
+                w(&wu(&on_args(on)), &format!("r{k}-{n}-{c}-on")),
+                w(&wu(&off_args(off)), &format!("r{k}-{n}-{c}-off"))
             );
         }
     }

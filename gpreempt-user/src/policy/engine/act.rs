@@ -150,9 +150,9 @@ impl Engine {
                         queues: Vec::new(),
                         grace: self.policy.grace,
                         reason: suspend_reason(&self.policy, g, now),
-                        trigger_ns: match &g.tuner {
-                            Some(t) => t.trigger_ns(),
-                            None => g.busy.map(|e| e.at_ns),
+                        trigger_ns: match (&g.tuner, g.deferring()) {
+                            (Some(t), true) => t.trigger_ns(),
+                            _ => g.busy.map(|e| e.at_ns),
                         },
                     });
                     out.len() - 1
@@ -267,8 +267,10 @@ fn suspend_reason(p: &Policy, g: &GpuMem, now: u64) -> String {
         },
     };
     match (p.strategy, &g.tuner) {
-        (Strategy::Adaptive { budget }, Some(t)) => format!("{}; {why}", t.reason(budget)),
-        (Strategy::Adaptive { .. }, None) => match &g.levers {
+        (Strategy::Adaptive { budget }, Some(t)) if g.deferring() => {
+            format!("{}; {why}", t.reason(budget))
+        }
+        (Strategy::Adaptive { .. }, _) => match &g.levers {
             Some(n) if n.tuner.quiet() => {
                 "adaptive: quiet window (offline held to measure the online services alone)".into()
             }

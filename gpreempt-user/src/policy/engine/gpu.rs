@@ -121,6 +121,15 @@ pub(super) fn mix_term(pid: u32, class: Class) -> u64 {
 }
 
 impl GpuMem {
+    /// The defer tuner decides this GPU's suspends: it runs on its own (no lever tuner), or the
+    /// lever tuner applies `defer` outside a quiet window.
+    pub(super) fn deferring(&self) -> bool {
+        match &self.levers {
+            None => self.tuner.is_some(),
+            Some(n) => n.tuner.lever() == Lever::Defer && !n.tuner.quiet(),
+        }
+    }
+
     /// Clears what each tick computes afresh.
     pub(super) fn new_tick(&mut self) {
         self.busy = None;
@@ -150,6 +159,7 @@ impl GpuMem {
                 self.levers = Some(match self.parked.take() {
                     // Back to what a settled tuner measured for: its choice applies again.
                     Some((levers, b, mut n)) if levers == p.levers.candidates && b == budget => {
+                        n.tuner.taken_back(now);
                         let (from, to) = (p.levers.lever, n.tuner.lever());
                         if from != to {
                             n.changes.push(LeverChange {
@@ -170,10 +180,10 @@ impl GpuMem {
         }
         let idle_ns = self.track_episode(p, now);
         self.feed_lever_tuner(p, now);
-        if let (Strategy::Adaptive { budget }, Some(n)) = (p.strategy, &self.levers) {
+        if let Strategy::Adaptive { budget } = p.strategy {
             // The deferred pause: the defer tuner decides when in a burst to suspend (it keeps
             // what it learnt across the lever tuner's epochs).
-            if n.tuner.lever() == Lever::Defer && !n.tuner.quiet() {
+            if self.levers.is_some() && self.deferring() {
                 self.plan_adaptive(p, budget, now);
                 return;
             }

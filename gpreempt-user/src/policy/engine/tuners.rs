@@ -173,7 +173,7 @@ impl Engine {
         let p = &self.policy;
         self.gpus
             .iter()
-            .filter(|(&id, g)| g.fenced.is_none() && p.manages(id))
+            .filter(|(&id, g)| g.fenced.is_none() && p.manages(id) && g.deferring())
             .filter_map(|(_, g)| {
                 let due = g.tuner.as_ref()?.trigger_ns()?;
                 let allowed = g

@@ -320,6 +320,17 @@ impl LeverTuner {
         matches!(self.phase, Phase::Measure { .. })
     }
 
+    /// Taken back after a reload away and back (its choice applies again): a settled tuner's
+    /// next confirmation falls [`RECHECK_NS`] from `now_ns`, not at once, so that switching
+    /// policies back and forth does not measure each time.
+    pub fn taken_back(&mut self, now_ns: u64) {
+        if let Phase::Settled { next_check_ns } = &mut self.phase {
+            if *next_check_ns != u64::MAX {
+                *next_check_ns = now_ns.saturating_add(RECHECK_NS);
+            }
+        }
+    }
+
     /// Time spent in quiet windows so far.
     pub fn quiet_ns(&self) -> u64 {
         self.quiet_ns

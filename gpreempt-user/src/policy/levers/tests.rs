@@ -523,3 +523,21 @@ fn the_tail_is_the_p99_but_never_one_stray_request() {
     let v: Vec<u64> = (1..=300).collect();
     assert_eq!(tail(&v), Some(297));
 }
+
+#[test]
+fn a_tuner_taken_back_after_a_reload_confirms_a_minute_later_not_at_once() {
+    let mut s = Sim::new(Lever::Timeslice);
+    s.run(&null_pair, &rates, 40);
+    assert!(s.t.settled());
+    // Parked for ten minutes (another policy), then taken back.
+    s.now += 600 * S;
+    s.t.taken_back(s.now);
+    assert_eq!(s.t.tick(s.now + STEP), None);
+    assert!(s.t.settled());
+    s.run(&null_pair, &rates, 61);
+    assert!(
+        s.changes.iter().any(|c| c.reason.starts_with("confirming")),
+        "{:?}",
+        s.changes
+    );
+}
