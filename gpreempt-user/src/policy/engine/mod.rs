@@ -152,7 +152,7 @@ impl Engine {
                             reason: "policy reloaded".into(),
                         });
                     }
-                    if let (Some(b), true) = (old_budget, n.tuner.settled()) {
+                    if let (Some(b), true) = (old_budget, n.tuner.concluded()) {
                         g.parked = Some((old_levers, b, n));
                     }
                 }

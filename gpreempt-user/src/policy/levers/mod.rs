@@ -320,15 +320,29 @@ impl LeverTuner {
         matches!(self.phase, Phase::Measure { .. })
     }
 
-    /// Taken back after a reload away and back (its choice applies again): a settled tuner's
-    /// next confirmation falls [`RECHECK_NS`] from `now_ns`, not at once, so that switching
-    /// policies back and forth does not measure each time.
+    /// Whether it has a measured choice to keep (a calibration concluded), even while a
+    /// confirmation or a recalibration is under way: what a reload away sets aside.
+    pub fn concluded(&self) -> bool {
+        self.calibrated
+    }
+
+    /// Taken back after a reload away and back: its choice applies again, and whatever was
+    /// being measured when it was set aside is dropped; the next confirmation falls
+    /// [`RECHECK_NS`] from `now_ns`, not at once, so that switching policies back and forth does
+    /// not measure each time (found on an H200: each return recalibrated).
     pub fn taken_back(&mut self, now_ns: u64) {
-        if let Phase::Settled { next_check_ns } = &mut self.phase {
-            if *next_check_ns != u64::MAX {
-                *next_check_ns = now_ns.saturating_add(RECHECK_NS);
-            }
+        if !self.calibrated {
+            return;
         }
+        self.count_quiet(now_ns);
+        let next_check_ns = match self.phase {
+            Phase::Settled {
+                next_check_ns: u64::MAX,
+            } => u64::MAX,
+            _ => now_ns.saturating_add(RECHECK_NS),
+        };
+        self.phase = Phase::Settled { next_check_ns };
+        self.applied = self.chosen;
     }
 
     /// Time spent in quiet windows so far.

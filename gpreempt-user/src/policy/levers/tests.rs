@@ -540,4 +540,18 @@ fn a_tuner_taken_back_after_a_reload_confirms_a_minute_later_not_at_once() {
         "{:?}",
         s.changes
     );
+    // Set aside in the middle of a confirmation (a reload away while it measured): taken back,
+    // the choice applies at once and nothing is measured for a minute.
+    while !s.t.measuring() {
+        s.run(&null_pair, &rates, 1);
+    }
+    s.run(&null_pair, &rates, 2);
+    assert!(s.t.measuring() && s.t.concluded());
+    s.now += 30 * S;
+    s.t.taken_back(s.now);
+    assert!(s.t.settled());
+    assert_eq!(s.t.lever(), Lever::None);
+    s.changes.clear();
+    s.run(&null_pair, &rates, 50);
+    assert!(s.changes.is_empty(), "{:?}", s.changes);
 }
