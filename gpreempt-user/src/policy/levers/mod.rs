@@ -23,9 +23,10 @@
 //! assumed. An epoch lasts at least [`EPOCH_NS`], the first [`SETTLE_NS`] after a switch
 //! discarded, and until every service seen has [`MIN_REQUESTS`] requests in it (at most
 //! [`MAX_EPOCH_NS`]): at 1 request/s a calibration of four levers concludes in about 70 s.
-//! Requests are pooled per lever and service over the measurement (a few dozen at low rates:
-//! the tail compared is then their second largest, [`measure::tail`]). An epoch without any
-//! request ends it with no conclusion.
+//! Requests are pooled per lever and service over its last [`HISTORY_EPOCHS`] epochs since the
+//! mix last changed, so each confirmation sharpens what the calibration read (a few dozen at
+//! low rates: the tail compared is then their second largest, [`measure::tail`]). An epoch
+//! without any request ends the measurement with no conclusion.
 //!
 //! The decision ([`measure::decide`]): each service's target is its `slo_p99`, or its budget
 //! (`online_p99_budget`) times its p99 alone; a lever's figure is its worst service's ratio of
@@ -77,6 +78,9 @@ pub const INCUMBENT_SLACK: f64 = 1.03;
 /// ...and keeps its place unless another lever within every target makes this much more
 /// offline progress.
 pub const RATE_MARGIN: f64 = 1.05;
+/// Epochs per lever a decision pools (the newest; a calibration's three and those of the
+/// confirmations since).
+pub const HISTORY_EPOCHS: usize = 9;
 /// Requests (or bursts) within [`WATCH_WINDOW_NS`] that start a measurement.
 const START_SAMPLES: usize = 3;
 /// Waiting for evidence, the counts restart after this long without enough of it.
@@ -251,6 +255,9 @@ pub struct LeverTuner {
     calibrated: bool,
     /// The chosen lever met every target when the last calibration chose it.
     met: bool,
+    /// The epochs measured since the mix last changed, at most [`HISTORY_EPOCHS`] per lever:
+    /// what each decision pools.
+    history: Vec<Stat>,
 }
 
 impl LeverTuner {
@@ -292,6 +299,7 @@ impl LeverTuner {
             quiet_ns: 0,
             calibrated: false,
             met: false,
+            history: Vec::new(),
         }
     }
 
@@ -434,6 +442,7 @@ impl LeverTuner {
         self.notes
             .push("mix changed: measuring again once online requests show".into());
         self.count_quiet(now_ns);
+        self.history.clear();
         self.phase = Phase::Watch {
             since_ns: now_ns,
             samples: 0,
@@ -630,7 +639,20 @@ impl LeverTuner {
                 self.alone.add(svc, d);
             }
         }
-        let (sums, targets) = measure::summarize(stats, &self.budgets, self.budget, &self.alone);
+        // Each lever's requests pool over its recent epochs since the mix last changed, not
+        // this measurement's alone: a confirmation sharpens the tail the calibration read from
+        // a dozen requests at low rates.
+        for s in stats.iter().filter(|s| s.lever.is_some()) {
+            let mine = self.history.iter().filter(|h| h.lever == s.lever).count();
+            if mine >= HISTORY_EPOCHS {
+                if let Some(i) = self.history.iter().position(|h| h.lever == s.lever) {
+                    self.history.remove(i);
+                }
+            }
+            self.history.push(s.clone());
+        }
+        let (sums, targets) =
+            measure::summarize(&self.history, &self.budgets, self.budget, &self.alone);
         let d = decide(&sums, self.chosen, INCUMBENT_SLACK, RATE_MARGIN);
         let refs = targets
             .iter()

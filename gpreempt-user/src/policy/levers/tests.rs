@@ -555,3 +555,37 @@ fn a_tuner_taken_back_after_a_reload_confirms_a_minute_later_not_at_once() {
     s.run(&null_pair, &rates, 50);
     assert!(s.changes.is_empty(), "{:?}", s.changes);
 }
+
+#[test]
+fn confirmations_pool_requests_so_a_rare_tail_is_caught() {
+    // A speech-like service at 2 req/s: the static timeslice leaves one request in 8 1.3x
+    // slower (it lands behind an offline step); pause holds it at alone. A calibration reads
+    // a dozen requests per lever; the confirmations add theirs, and the pooled tail decides.
+    let lat = |l: Option<Lever>, _: usize, k: u64| match l {
+        Some(Lever::None) => 120.0,
+        Some(Lever::Dynamic) => 110.0,
+        Some(Lever::Timeslice) if k.wrapping_mul(2_654_435_761).is_multiple_of(8) => 104.0,
+        _ => 80.0,
+    };
+    let mut s = Sim::with(Lever::Timeslice, Some(Lever::Pause), &[(3, S / 2)]);
+    s.run(&lat, &rates, 900);
+    let notes = s.t.take_notes();
+    // The first calibration missed the tail; a confirmation's pooled requests found it.
+    let first = notes.iter().find(|n| n.starts_with("chose")).unwrap();
+    assert!(first.starts_with("chose timeslice"), "{notes:#?}");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("the confirmation finds timeslice over its targets")),
+        "{notes:#?}"
+    );
+    assert_eq!(s.t.chosen(), Lever::Pause, "{notes:#?}");
+    let tl =
+        s.t.summaries()
+            .iter()
+            .find(|x| x.lever == Lever::Timeslice)
+            .cloned();
+    if let Some(tl) = tl {
+        assert!(tl.epochs > ROUNDS, "pooled over confirmations: {tl:?}");
+    }
+}
