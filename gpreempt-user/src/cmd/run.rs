@@ -71,6 +71,10 @@ async fn load_policy(path: &Path, sig: &mut Signals) -> Result<Policy> {
 pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let t_start = std::time::Instant::now();
     crate::observe::probe::preflight()?;
+    let (before, after) = crate::controller::limits::raise_fd_limit();
+    if after > before {
+        log::info!("open files: soft limit raised from {before} to {after}");
+    }
     // Signals first: from here on nothing ends the process without the loop's cleanup.
     let mut signals = Signals::new()?;
     let policy = load_policy(&args.policy, &mut signals).await?;

@@ -9,6 +9,7 @@ pub mod alarm;
 pub mod audit;
 pub mod daemon;
 pub mod hold;
+pub mod limits;
 pub mod metrics;
 pub mod record;
 pub mod requests;

@@ -2185,6 +2185,24 @@ fn a_regex_over_the_limit_of_one_rule_is_refused() {
     assert!(e.contains("(?-u:\\w)"), "{e}");
 }
 
+/// A pattern of megabytes is refused by its length, before the regex parser allocates many
+/// times that (a 15 MiB literal peaked at 1.5 GB).
+#[test]
+fn a_pattern_longer_than_4_kib_is_refused_before_it_is_parsed() {
+    let text = format!(
+        "[[rule]]\nclass = \"offline\"\nuid = 0\ncmdline = '{}'\n",
+        "a".repeat(5000)
+    );
+    let e = one_err(&text);
+    assert!(
+        e.starts_with("policy.toml:4: rule 1: cmdline: regex \"aaaa")
+            && e.ends_with("is 5000 bytes: longer than the 4096 a rule's pattern may be"),
+        "{e}"
+    );
+    let ok = text.replace(&"a".repeat(5000), &"a".repeat(4096));
+    assert!(Policy::parse(&ok, "p.toml").is_ok());
+}
+
 /// Rules each under the limit of one rule, repeated: the first rule past the budget for all
 /// regexes, and every one after it, is named; fewer of them load. A reload of such a file
 /// fails the same way (`Policy::load`), which keeps the running policy (controller/run_loop.rs).

@@ -186,7 +186,18 @@ fn short(s: &str) -> String {
 
 /// Compiles one rule's regex within the per-rule limits and what is `left` of the budget; the
 /// regex and what it costs, or the reason (what to do included).
+/// A rule's pattern may be at most this long: parsing one allocates many times its length
+/// before the compiled-size limit can refuse it (a 15 MiB literal peaked at 1.5 GB).
+pub const MAX_PATTERN_BYTES: usize = 4096;
+
 fn rule_regex(s: &str, left: usize) -> Result<(Regex, usize), String> {
+    if s.len() > MAX_PATTERN_BYTES {
+        return Err(format!(
+            "regex {} is {} bytes: longer than the {MAX_PATTERN_BYTES} a rule's pattern may be",
+            short(s),
+            s.len()
+        ));
+    }
     let too_big = |what: String| {
         format!(
             "regex {} {what}; simplify it: fewer or smaller counted repetitions ({{n}}), ASCII \

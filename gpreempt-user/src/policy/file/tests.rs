@@ -38,7 +38,7 @@ fn only_regular_files_of_bounded_size_are_read() {
     let f = std::fs::File::create(&big).unwrap();
     f.set_len(MAX_POLICY_BYTES + 1).unwrap();
     let e = read_policy_file(&big).unwrap_err().to_string();
-    assert!(e.contains("larger than the 16 MiB"), "{e}");
+    assert!(e.contains("larger than the 1 MiB"), "{e}");
     let ok = dir.join("ok.toml");
     std::fs::write(&ok, "[policy]\n").unwrap();
     assert_eq!(read_policy_file(&ok).unwrap(), "[policy]\n");
