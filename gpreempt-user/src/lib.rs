@@ -19,5 +19,6 @@ pub mod observe;
 pub mod outcome;
 pub mod policy;
 pub mod rundir;
+pub mod term;
 pub mod trace;
 pub mod tui;

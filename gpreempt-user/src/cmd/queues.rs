@@ -1,6 +1,7 @@
 //! `gpreempt-ebpf queues`: the PID -> queue -> HQD map once, as a table or JSON (schema in
 //! docs/observability.md, "queues --json").
 
+use crate::term::clean;
 use std::{fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
 
 use anyhow::{Context as _, Result};
@@ -103,6 +104,7 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 }
 
 /// The readable table: GPUs, then one line per queue (processes without queues get one line).
+/// What processes name themselves is [`clean`]ed: one line per row, nothing a terminal obeys.
 pub fn to_table(state: &State, warnings: &[String]) -> String {
     let mut s = String::new();
     if state.gpus.is_empty() {
@@ -144,9 +146,12 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             "{:>7} {:>6} {:<15} {:<12}",
             p.pid,
             opt(info.and_then(|i| i.ns_pid)),
-            p.comm(),
-            info.and_then(|i| i.container.clone())
-                .unwrap_or_else(|| "-".into()),
+            clean(&p.comm()),
+            clean(
+                &info
+                    .and_then(|i| i.container.clone())
+                    .unwrap_or_else(|| "-".into())
+            ),
         );
         let mut any = false;
         for q in p.live_queues() {
@@ -166,13 +171,13 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             );
         }
         if let Some(d) = p.debug_api.as_ref().filter(|d| !d.enabled) {
-            let _ = writeln!(s, "{head} (not suspendable: {})", d.why);
+            let _ = writeln!(s, "{head} (not suspendable: {})", clean(&d.why));
         }
         if !any {
             rows += 1;
             match &p.unmanaged {
                 Some(why) => {
-                    let _ = writeln!(s, "{head} (unmanaged: {why})");
+                    let _ = writeln!(s, "{head} (unmanaged: {})", clean(why));
                 }
                 None => {
                     let _ = writeln!(s, "{head} {:>6}", "(no queues)");
@@ -190,13 +195,13 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
                 "uncontrollable ({}): pid {} ({}): {}",
                 u.kind,
                 p.pid,
-                p.comm(),
-                u.reason
+                clean(&p.comm()),
+                clean(&u.reason)
             );
         }
     }
     for w in warnings {
-        let _ = writeln!(s, "warning: {w}");
+        let _ = writeln!(s, "warning: {}", clean(w));
     }
     s
 }
@@ -261,5 +266,26 @@ mod tests {
             ),
             "{t}"
         );
+    }
+
+    /// A process naming itself with a screen clear and a newline gets one escaped line in the
+    /// table, no forged row; the JSON keeps the name as it is (escaped by JSON).
+    #[test]
+    fn the_table_shows_control_characters_escaped() {
+        let mut st = known_state();
+        st.apply(Update::ProcInfo {
+            pid: 300,
+            info: crate::tui::app::tests::info("b\x1b[2J\nroot", "x", None),
+        });
+        let t = to_table(&st, &[]);
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert!(t.contains("b\\x1b[2J\\nroot"), "{t}");
+        assert!(!t.lines().any(|l| l.starts_with("root")), "{t}");
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        assert!(v["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["comm"] == "b\x1b[2J\nroot"));
     }
 }

@@ -154,14 +154,20 @@ pub fn to_text(checks: &[Check]) -> String {
         .max(5);
     let mut s = format!("{:<5} {:<width$} FINDING\n", "", "CHECK");
     for c in checks {
+        // Findings quote process names and files: one line each, nothing a terminal obeys.
         s += &format!(
             "{:<5} {:<width$} {}\n",
             c.verdict.as_str(),
             c.name,
-            c.finding
+            crate::term::clean(&c.finding)
         );
         if let Some(fix) = &c.fix {
-            s += &format!("{:<5} {:<width$} fix: {fix}\n", "", "");
+            s += &format!(
+                "{:<5} {:<width$} fix: {}\n",
+                "",
+                "",
+                crate::term::clean(fix)
+            );
         }
     }
     let (ok, warn, fail) = counts(checks);

@@ -1,5 +1,6 @@
 //! `trace --dispatches` lines (JSON Lines schema in docs/observability.md).
 
+use crate::term::clean;
 use std::io::Write;
 
 use serde::Serialize;
@@ -81,6 +82,9 @@ pub fn write_dispatch<W: Write>(
     let p = &d.packet.packet;
     let dispatch = p.kind == gpreempt_common::aql::PacketKind::KernelDispatch;
     if !json {
+        // The process names itself and its code objects name the kernels: nothing a terminal
+        // obeys.
+        let (comm, kernel) = (clean(comm), kernel.map(clean));
         let what = if dispatch {
             format!(
                 "grid {}x{}x{} wg {}x{}x{} object {:#x}{}",
@@ -179,6 +183,7 @@ pub fn write_summary<W: Write>(
 ) -> std::io::Result<()> {
     let m = &q.activity.dispatches;
     if !json {
+        let comm = clean(comm);
         let cov = m
             .coverage()
             .map(|c| format!(" ({:.0}%)", c * 100.0))

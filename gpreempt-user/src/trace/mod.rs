@@ -103,7 +103,8 @@ impl<W: Write> Sink<W> {
             Format::Text => {
                 let ts = ev.origin().ts_ns;
                 let t0 = *self.t0_ns.get_or_insert(ts);
-                writeln!(self.out, "{}", to_line(ev, t0))
+                // The line quotes the process's name: one line, nothing a terminal obeys.
+                writeln!(self.out, "{}", crate::term::clean(&to_line(ev, t0)))
             }
         }
     }

@@ -165,6 +165,21 @@ pub fn draw_rows(f: &mut Frame, app: &App, state: &State, rows: &[TreeRow]) {
     if app.show_help {
         draw_help(f, area);
     }
+    no_controls(f.buffer_mut());
+}
+
+/// The last line of defence for what processes and code objects name themselves (the table
+/// shows them [`crate::term::clean`]ed): no control character reaches the terminal from any
+/// cell. One that took a cell of its own shows as `?`; one appended to a cell's text (a
+/// zero-width one) is dropped, which keeps the columns aligned.
+fn no_controls(buf: &mut ratatui::buffer::Buffer) {
+    for cell in buf.content.iter_mut() {
+        let sym = cell.symbol();
+        if sym.chars().any(char::is_control) {
+            let kept: String = sym.chars().filter(|c| !c.is_control()).collect();
+            cell.set_symbol(if kept.is_empty() { "?" } else { &kept });
+        }
+    }
 }
 
 #[cfg(test)]

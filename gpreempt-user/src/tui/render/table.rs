@@ -209,7 +209,7 @@ fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
                 .map_or_else(|| "-".into(), |s| fmt_requests(&s)),
         ),
         Col::Id => Cell::from(p.pid.to_string()),
-        Col::Comm => Cell::from(p.comm().to_string()),
+        Col::Comm => Cell::from(crate::term::clean(&p.comm()).into_owned()),
         Col::Class => match &p.uncontrollable {
             // `!`: the controller cannot act on it (the detail pane says why).
             Some(_) => Cell::from(format!("{}!", p.class.as_deref().unwrap_or("-")))
@@ -226,8 +226,13 @@ fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
         }
         Col::Rate => Cell::from(fmt_rate(app::proc_rate(p))),
         Col::Age => Cell::from(fmt_age(app::age_ns(now, p.seen_ns))),
-        Col::Container => Cell::from(info.and_then(|i| i.place()).unwrap_or_else(|| "-".into())),
-        Col::Cmdline => Cell::from(info.map(|i| i.cmdline.clone()).unwrap_or_default()),
+        Col::Container => Cell::from(
+            crate::term::clean(&info.and_then(|i| i.place()).unwrap_or_else(|| "-".into()))
+                .into_owned(),
+        ),
+        Col::Cmdline => Cell::from(
+            crate::term::clean(&info.map(|i| i.cmdline.clone()).unwrap_or_default()).into_owned(),
+        ),
         Col::Gpu | Col::Kind | Col::Prio | Col::Hqd | Col::Backlog => Cell::from(""),
     }
 }

@@ -744,3 +744,25 @@ fn an_uncontrollable_process_is_marked_and_says_why() {
     let b = render(&App::default(), &st, 120, 40);
     assert_absent(&b, "online!");
 }
+
+/// A process that names itself with terminal control sequences (a window title, a screen
+/// clear, a newline forging a row): top shows them escaped, and no cell carries a control
+/// character to the terminal.
+#[test]
+fn control_sequences_in_process_names_never_reach_the_terminal() {
+    let mut st = known_state();
+    st.apply(Update::ProcInfo {
+        pid: 300,
+        info: info("x\x1b]0;pwned\x07", "./bench\x1b[2J\nroot 1 online", None),
+    });
+    let b = render(&App::new("100ms"), &st, 220, 30);
+    for (i, l) in lines(&b).iter().enumerate() {
+        assert!(!l.chars().any(char::is_control), "line {i}: {l:?}");
+    }
+    let row = line(&b, find(&b, "bench"));
+    assert!(
+        row.contains("x\\x1b]0;pwned\\x07") || row.contains("x\\x1b]0;p"),
+        "{row}"
+    );
+    assert!(row.contains("./bench\\x1b[2J\\nroot 1 online"), "{row}");
+}
