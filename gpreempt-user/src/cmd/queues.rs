@@ -146,7 +146,7 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             "{:>7} {:>6} {:<15} {:<12}",
             p.pid,
             opt(info.and_then(|i| i.ns_pid)),
-            clean(&p.comm()),
+            clean(p.comm()),
             clean(
                 &info
                     .and_then(|i| i.container.clone())
@@ -195,7 +195,7 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
                 "uncontrollable ({}): pid {} ({}): {}",
                 u.kind,
                 p.pid,
-                clean(&p.comm()),
+                clean(p.comm()),
                 clean(&u.reason)
             );
         }

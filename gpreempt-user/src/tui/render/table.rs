@@ -209,7 +209,7 @@ fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
                 .map_or_else(|| "-".into(), |s| fmt_requests(&s)),
         ),
         Col::Id => Cell::from(p.pid.to_string()),
-        Col::Comm => Cell::from(crate::term::clean(&p.comm()).into_owned()),
+        Col::Comm => Cell::from(crate::term::clean(p.comm()).into_owned()),
         Col::Class => match &p.uncontrollable {
             // `!`: the controller cannot act on it (the detail pane says why).
             Some(_) => Cell::from(format!("{}!", p.class.as_deref().unwrap_or("-")))
