@@ -156,7 +156,20 @@ pub fn serve<S: Source, W: Write, T: Targets>(
                     if let Some(silent) = l.overdue(now) {
                         // One read of the controller's state: the verdict and the log line.
                         let state = g.controller_state();
-                        if silent < SLOW_LEASE && state.is_some_and(super::stopper::is_running) {
+                        if let Some(c) = state.filter(|&c| super::stopper::is_exiting(c)) {
+                            // Killed and not yet gone (threads still leaving the driver): it
+                            // holds nothing it can undo; put back what it held, no kill.
+                            l.armed = false;
+                            g.resume_held(&format!(
+                                "controller exiting (state {c}, no heartbeat for {} ms)",
+                                silent.as_millis()
+                            ));
+                            say(&format!(
+                                "the controller is exiting (state {c}): put back what it held"
+                            ));
+                        } else if silent < SLOW_LEASE
+                            && state.is_some_and(super::stopper::is_running)
+                        {
                             if !l.said_slow {
                                 l.said_slow = true;
                                 say(&format!(

@@ -73,6 +73,12 @@ pub fn is_running(state: char) -> bool {
     matches!(state, 'R' | 'S' | 'D' | 'I' | 'W')
 }
 
+/// A killed process not yet gone: its leader a zombie while its other threads finish leaving
+/// the kernel (a call into a slow driver delays that for seconds), or dead.
+pub fn is_exiting(state: char) -> bool {
+    matches!(state, 'Z' | 'X' | 'x')
+}
+
 /// The state letter of a `/proc/PID/stat` line (after the last `)`: comm may hold any byte).
 fn stat_state(stat: &str) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()

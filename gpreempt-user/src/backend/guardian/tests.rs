@@ -1008,6 +1008,56 @@ fn the_kfd_lease_kills_a_silent_controller_and_only_then() {
     assert!(killed_by_a("kill-wedged", &lines, false));
 }
 
+/// A controller killed with -9 whose threads are still leaving a slow driver call reads as a
+/// zombie past its lease: the guardian puts back what it held at once (not after the 10 s a
+/// running controller gets) and says the controller is exiting, not that it was silent.
+#[test]
+fn an_exiting_controller_past_its_lease_gets_its_holds_put_back() {
+    use super::stopper::is_exiting;
+    assert!(is_exiting('Z') && is_exiting('X'));
+    assert!(!is_exiting('R') && !is_exiting('T') && !is_exiting('D'));
+    let dir = tmpdir("lease-zombie");
+    let journal = Journal::new(&dir.join("nv-journal"));
+    let fake = Fake::default();
+    let mut g = Guardian::new(fake.clone(), journal.clone()).unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let stat = format!("/proc/{}/stat", child.id());
+    while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    g.kill_on_expiry(Stopper::new(child.id()).unwrap());
+    let a = entry(100, 0xa, &[1]);
+    let start = Instant::now();
+    let mut lines: Vec<(u64, String)> = vec![(0, hold_line(&a))];
+    lines.extend((500..=3_000).step_by(500).map(|t| (t, String::new())));
+    lines.push((6_000, String::new()));
+    let reads = Rc::new(RefCell::new(Vec::new()));
+    let script = Script {
+        start,
+        now: start,
+        lines: lines.into_iter().collect(),
+        fake: fake.clone(),
+        journal: journal.clone(),
+        reads: reads.clone(),
+    };
+    assert!(serve(
+        script,
+        &mut Vec::new(),
+        &mut g,
+        Some(Duration::from_secs(2))
+    ));
+    let r = Run {
+        fake,
+        journal,
+        reads: reads.take(),
+        dir,
+    };
+    // The probe at 0, then at the lease's end (3 s + 2 s): no grace for a dying controller.
+    assert_eq!(r.enables(), vec![(0, 1), (5000, 1)]);
+    assert!(child.wait().unwrap().success());
+    std::fs::remove_dir_all(&r.dir).unwrap();
+}
+
 /// A pid is not an identity: the guardian takes its duplicate only of the process a hold names
 /// by pid and start time. A hold for a previous owner of the pid is refused (nothing paused may
 /// follow), and a journal entry whose pid has another owner now is dropped as gone, never

@@ -342,7 +342,7 @@ impl LeverTuner {
         if !self.calibrated {
             return;
         }
-        self.count_quiet(now_ns);
+        // (A quiet window it was set aside in ended then: the time parked was not quiet.)
         let next_check_ns = match self.phase {
             Phase::Settled {
                 next_check_ns: u64::MAX,
