@@ -17,7 +17,7 @@ mod files;
 
 /// The layers, bottom first. A folder may import only from layers below its own.
 const LAYERS: &[&[&str]] = &[
-    &["clock", "lever", "outcome", "rundir"],
+    &["clock", "lever", "outcome", "rundir", "term"],
     &["observe"],
     &["doctor", "policy"],
     &["backend"],
