@@ -156,36 +156,38 @@ pub fn serve<S: Source, W: Write, T: Targets>(
                     if let Some(silent) = l.overdue(now) {
                         // One read of the controller's state: the verdict and the log line.
                         let state = g.controller_state();
-                        if let Some(c) = state.filter(|&c| super::stopper::is_exiting(c)) {
-                            // Killed and not yet gone (threads still leaving the driver): it
-                            // holds nothing it can undo; put back what it held, no kill.
-                            l.armed = false;
-                            g.resume_held(&format!(
-                                "controller exiting (state {c}, no heartbeat for {} ms)",
-                                silent.as_millis()
-                            ));
-                            say(&format!(
-                                "the controller is exiting (state {c}): put back what it held"
-                            ));
-                        } else if silent < SLOW_LEASE
-                            && state.is_some_and(super::stopper::is_running)
-                        {
-                            if !l.said_slow {
-                                l.said_slow = true;
+                        match overdue(silent, state) {
+                            Overdue::Exiting(c) => {
+                                // Killed and not yet gone (threads still leaving the driver):
+                                // put back what it held; there is nothing left to kill.
+                                l.armed = false;
+                                g.resume_held(&format!(
+                                    "controller exiting (state {c}, no heartbeat for {} ms)",
+                                    silent.as_millis()
+                                ));
                                 say(&format!(
-                                    "no heartbeat for {} ms, but the controller is running (not \
-                                     stopped): it gets up to {} s",
-                                    silent.as_millis(),
-                                    SLOW_LEASE.as_secs()
+                                    "the controller is exiting (state {c}): put back what it held"
                                 ));
                             }
-                        } else {
-                            l.armed = false;
-                            g.expired(&format!(
-                                "controller silent for {} ms (state {})",
-                                silent.as_millis(),
-                                state.unwrap_or('?')
-                            ));
+                            Overdue::Slow => {
+                                if !l.said_slow {
+                                    l.said_slow = true;
+                                    say(&format!(
+                                        "no heartbeat for {} ms, but the controller is running \
+                                         (not stopped): it gets up to {} s",
+                                        silent.as_millis(),
+                                        SLOW_LEASE.as_secs()
+                                    ));
+                                }
+                            }
+                            Overdue::Expired => {
+                                l.armed = false;
+                                g.expired(&format!(
+                                    "controller silent for {} ms (state {})",
+                                    silent.as_millis(),
+                                    state.unwrap_or('?')
+                                ));
+                            }
                         }
                     }
                 }
@@ -207,6 +209,27 @@ pub fn serve<S: Source, W: Write, T: Targets>(
         }
     }
     g.shutdown()
+}
+
+/// What an overdue lease means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Overdue {
+    /// The controller was killed and is not gone yet (state Z or X): put back, no kill.
+    Exiting(char),
+    /// Running, sleeping or waiting, and silent for less than [`SLOW_LEASE`]: slowness.
+    Slow,
+    /// Stopped, unreadable, or silent too long: put back and kill.
+    Expired,
+}
+
+/// The verdict on a controller silent for `silent` past its lease, in `state`
+/// (`/proc/PID/stat`'s letter; None: unreadable).
+pub(super) fn overdue(silent: Duration, state: Option<char>) -> Overdue {
+    match state {
+        Some(c) if super::stopper::is_exiting(c) => Overdue::Exiting(c),
+        Some(c) if silent < SLOW_LEASE && super::stopper::is_running(c) => Overdue::Slow,
+        _ => Overdue::Expired,
+    }
 }
 
 /// Milliseconds for poll, rounded up (a wait never ends early), capped.

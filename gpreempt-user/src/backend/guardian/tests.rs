@@ -1013,9 +1013,18 @@ fn the_kfd_lease_kills_a_silent_controller_and_only_then() {
 /// running controller gets) and says the controller is exiting, not that it was silent.
 #[test]
 fn an_exiting_controller_past_its_lease_gets_its_holds_put_back() {
-    use super::stopper::is_exiting;
-    assert!(is_exiting('Z') && is_exiting('X'));
-    assert!(!is_exiting('R') && !is_exiting('T') && !is_exiting('D'));
+    use super::serve::{overdue, Overdue};
+    let s = Duration::from_secs(3);
+    assert_eq!(overdue(s, Some('Z')), Overdue::Exiting('Z'));
+    assert_eq!(overdue(s, Some('X')), Overdue::Exiting('X'));
+    assert_eq!(overdue(s, Some('R')), Overdue::Slow);
+    assert_eq!(overdue(s, Some('D')), Overdue::Slow);
+    assert_eq!(
+        overdue(Duration::from_secs(11), Some('R')),
+        Overdue::Expired
+    );
+    assert_eq!(overdue(s, Some('T')), Overdue::Expired);
+    assert_eq!(overdue(s, None), Overdue::Expired);
     let dir = tmpdir("lease-zombie");
     let journal = Journal::new(&dir.join("nv-journal"));
     let fake = Fake::default();
