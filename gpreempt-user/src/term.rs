@@ -31,19 +31,6 @@ pub fn clean(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// `clean` for a text of several lines: each line cleaned, the line breaks kept.
-pub fn clean_lines(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(|c| c.is_control() && c != '\n') {
-        return Cow::Borrowed(s);
-    }
-    Cow::Owned(
-        s.split('\n')
-            .map(|l| clean(l).into_owned())
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +47,5 @@ mod tests {
         assert_eq!(clean("a\u{9b}2Jb\x7f"), "a\\u{9b}2Jb\\x7f");
         // Unicode text stays.
         assert_eq!(clean("dÃ©jà-vu ✓"), "dÃ©jà-vu ✓");
-        assert_eq!(clean_lines("a\x1b[2J\nb\n"), "a\\x1b[2J\nb\n");
     }
 }

@@ -200,7 +200,7 @@ impl Requests {
 }
 
 /// The `pct`-th nearest-rank percentile of `sorted` (0 when empty).
-fn nearest_rank(sorted: &[u64], pct: u64) -> u64 {
+pub(crate) fn nearest_rank(sorted: &[u64], pct: u64) -> u64 {
     let n = sorted.len() as u64;
     let rank = (pct * n).div_ceil(100).clamp(1, n.max(1));
     sorted.get((rank - 1) as usize).copied().unwrap_or(0)

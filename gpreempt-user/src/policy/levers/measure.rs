@@ -26,9 +26,7 @@ pub fn pct(v: &[u64], p: u64) -> Option<u64> {
     }
     let mut v = v.to_vec();
     v.sort_unstable();
-    let n = v.len() as u64;
-    let rank = (p * n).div_ceil(100).clamp(1, n);
-    Some(v[(rank - 1) as usize])
+    Some(crate::observe::requests::nearest_rank(&v, p))
 }
 
 /// The tail the tuner compares: the nearest-rank p99, but never the single largest of fewer
