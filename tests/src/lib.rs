@@ -313,9 +313,32 @@ struct Leftovers {
     procs: std::collections::BTreeSet<u32>,
 }
 
+/// The variable `cargo xtask test` sets to the lane a test binary runs in: binaries of two
+/// lanes run at the same time, so a leftover counts only where it is this lane's.
+pub const LANE_VAR: &str = "GPREEMPT_TEST_LANE";
+
+/// Whether `pid` was started under this test lane (its environment carries our lane), or, for
+/// a sim's scratch name, whether its sim is gone (a dead sim's leftover is a leak whoever ran
+/// it). Without a lane (a plain `cargo test`) everything is ours.
+fn ours(pid: u32, dead_is_ours: bool) -> bool {
+    let Some(lane) = std::env::var_os(LANE_VAR) else {
+        return true;
+    };
+    let mut mark = std::ffi::OsString::from(format!("{LANE_VAR}="));
+    mark.push(lane);
+    let mark = mark.into_encoded_bytes();
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) => env.split(|&b| b == 0).any(|v| v == mark.as_slice()),
+        Err(_) => dead_is_ours,
+    }
+}
+
 impl Leftovers {
     fn now() -> Self {
-        let sim_name = |n: &String| n.starts_with("gpreempt-sim.");
+        let sim_name = |n: &String| {
+            n.strip_prefix("gpreempt-sim.")
+                .is_some_and(|pid| pid.parse().map_or(true, |pid| ours(pid, true)))
+        };
         let dirs = std::fs::read_dir(std::env::temp_dir())
             .into_iter()
             .flatten()
@@ -335,7 +358,8 @@ impl Leftovers {
                 let e = e.ok()?;
                 let pid: u32 = e.file_name().to_str()?.parse().ok()?;
                 let c = std::fs::read_to_string(e.path().join("cmdline")).ok()?;
-                (c.contains("sim\0workload") || c.starts_with("kfd-client")).then_some(pid)
+                ((c.contains("sim\0workload") || c.starts_with("kfd-client")) && ours(pid, false))
+                    .then_some(pid)
             })
             .collect();
         Self {

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod deploy;
+mod lanes;
 mod package;
 mod screenshot;
 mod vm;
@@ -168,22 +169,14 @@ fn main() -> Result<()> {
             package::package("debug")?;
             // The kernel tests run the built binaries (gpreempt-ebpf with `sim`, kfd-poke).
             run(cargo().args(["build", "--bins"]).args(SIM))?;
-            run(cargo()
-                .args([
-                    "test",
-                    "--no-fail-fast",
-                    "--workspace",
-                    "--exclude",
-                    "gpreempt-ebpf",
-                    "--",
-                ])
-                .args(args))
+            // Every test binary, in two lanes side by side (lanes.rs says which and why).
+            lanes::test(&args)
         }
         Task::Ci => {
             setup()?;
             // Downloads (PyPI, Debian's mirror) while fmt and clippy use the CPU; `test` finds
             // them made. The packages it needs are .ci/run's.
-            let prepared = std::thread::spawn(deploy::prepare);
+            let prepared = std::thread::spawn(|| deploy::prepare().and_then(|()| vm::setup()));
             run(cargo().args(["fmt", "--all", "--check"]))?;
             // The workspace has the emulator (the tests crate enables `sim`); the binary the
             // package ships is gpreempt-user without it, linted on its own (~10 s more).
@@ -202,9 +195,9 @@ fn main() -> Result<()> {
                     "CI runs the tests as root in a fresh mount namespace: sudo -E cargo xtask ci"
                 );
             }
-            prepared
-                .join()
-                .map_err(|_| anyhow::anyhow!("preparing the packaging test's tools panicked"))??;
+            prepared.join().map_err(|_| {
+                anyhow::anyhow!("preparing the packaging and VM tests' tools panicked")
+            })??;
             // As on a freshly booted machine: no tracefs or debugfs mounted, empty /run and
             // /tmp, whatever earlier runs left here.
             run(Command::new(root().join(".ci/fresh")).args(["cargo", "xtask", "test"]))

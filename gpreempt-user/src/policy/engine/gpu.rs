@@ -160,6 +160,10 @@ impl GpuMem {
                     // Back to what a settled tuner measured for: its choice applies again.
                     Some((levers, b, mut n)) if levers == p.levers.candidates && b == budget => {
                         n.tuner.taken_back(now);
+                        // Classes settle over the ticks after a reload: the mix it comes back
+                        // to is adopted, not taken for a change (its confirmation, a minute
+                        // on, catches a pair that changed meanwhile).
+                        n.mix = 0;
                         let (from, to) = (p.levers.lever, n.tuner.lever());
                         if from != to {
                             n.changes.push(LeverChange {

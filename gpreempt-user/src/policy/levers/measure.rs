@@ -229,12 +229,12 @@ pub struct Decision {
     pub reason: String,
 }
 
-/// The rule, pure: `current` is the incumbent, which meets its targets up to `slack` over them
-/// and keeps its place unless another lever within them makes `margin` times its offline
-/// progress.
+/// The rule, pure: `current` is the incumbent, which meets its targets up to `slack` over them.
 ///
-/// - Levers within every service's target: the one with the most offline progress (`none`
-///   whenever it is within: there is nothing to remove).
+/// - Levers within every service's target: `none` whenever it is within (there is nothing to
+///   remove); else, of those whose offline progress is within `margin` of the most, the one
+///   with the most headroom (the lowest worst ratio). The incumbent keeps its place among them
+///   while its worst ratio is within `slack` of that one's.
 /// - None within: the best worst-service ratio, ties by offline progress, then the lesser
 ///   intrusion. That lever is never worse than `none` on the online side, and `none` gives the
 ///   most offline progress, so the pick is never worse than no control on both.
@@ -262,21 +262,42 @@ pub fn decide(sums: &[Summary], current: Lever, slack: f64, margin: f64) -> Deci
             ),
         };
     }
-    if let Some(best) = within.first() {
-        // Without progress reports the intrusion order decides: it has no noise to damp.
-        let keep = within
+    if let Some(&most) = within.first() {
+        // Offline progress within `margin` of the most is a tie at the noise of a few epochs;
+        // among those the most headroom wins: the tail of a few dozen requests reads low as
+        // often as high. Without progress reports the intrusion order decides: it has no
+        // noise to damp.
+        let near: Vec<&Summary> = match most.rate {
+            Some(r) => within
+                .iter()
+                .copied()
+                .filter(|s| rate(s) * margin >= r)
+                .collect(),
+            None => vec![most],
+        };
+        let best = near
+            .iter()
+            .copied()
+            .min_by(|a, b| a.worst.total_cmp(&b.worst).then(cost(a).cmp(&cost(b))))
+            .unwrap_or(most);
+        // The incumbent stays among the near ones unless the best leaves it clearly behind on
+        // the targets too: a lever with as much offline progress and more headroom is taken.
+        let keep = near
             .iter()
             .find(|s| s.lever == current)
-            .filter(|c| best.rate.is_some() && rate(best) <= rate(c) * margin);
-        let pick = keep.unwrap_or(best);
+            .filter(|c| c.worst <= best.worst * slack);
+        let pick = keep.copied().unwrap_or(best);
         return Decision {
             lever: pick.lever,
             runner_up: runner_up(&within, sums, pick.lever),
             reason: format!(
                 "{head}: {} is within every target with the most offline progress{}",
                 pick.lever,
-                if keep.is_some() && best.lever != current {
-                    format!(" (kept: {} is not {margin}x better)", best.lever)
+                if pick.lever != most.lever {
+                    format!(
+                        " and the most headroom (within {margin}x of {}'s progress)",
+                        most.lever
+                    )
                 } else {
                     String::new()
                 }

@@ -683,9 +683,15 @@ impl LeverTuner {
         match kind {
             Kind::Confirm if slipped => {
                 self.notes.push(format!(
-                    "the confirmation finds {} over its targets: calibrating again ({reason})",
-                    self.chosen
+                    "the confirmation finds {} over its targets: {} meanwhile, calibrating \
+                     again ({reason})",
+                    self.chosen, d.lever
                 ));
+                // What the pooled evidence favours now is the lever to fall back to while the
+                // calibration runs (or if it is dropped): not the choice just refuted.
+                self.chosen = d.lever;
+                self.runner_up = d.runner_up;
+                self.met = sums_met(&self.last, d.lever);
                 self.start(Kind::Calibrate, now_ns)
             }
             Kind::Confirm if d.lever == self.chosen => {

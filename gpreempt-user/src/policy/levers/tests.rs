@@ -589,3 +589,78 @@ fn confirmations_pool_requests_so_a_rare_tail_is_caught() {
         assert!(tl.epochs > ROUNDS, "pooled over confirmations: {tl:?}");
     }
 }
+
+#[test]
+fn of_levers_alike_for_offline_the_one_with_more_headroom_wins() {
+    // An H200 calibration (pair A): dynamic made as much offline progress as the timeslice
+    // (within 5%) with far more headroom; the static timeslice, the incumbent, read 0.99x from
+    // 79 requests and was 1.12x over the phase. The headroom decides, incumbent or not.
+    let sum = |lever, worst: f64, rate| Summary {
+        lever,
+        services: vec![ServiceFig {
+            svc: 1,
+            requests: 79,
+            p50_ns: 3_000_000,
+            p99_ns: (worst * 4.72e6) as u64,
+            target_ns: 4_720_000,
+        }],
+        worst,
+        rate: Some(rate),
+        epochs: 5,
+    };
+    let sums = [
+        sum(Lever::None, 1.24, 2160.0),
+        sum(Lever::Dynamic, 0.88, 2117.0),
+        sum(Lever::Timeslice, 0.99, 2057.0),
+        sum(Lever::Pause, 0.92, 1487.0),
+    ];
+    for cur in [Lever::Timeslice, Lever::None, Lever::Pause] {
+        let x = decide(&sums, cur, INCUMBENT_SLACK, RATE_MARGIN);
+        assert_eq!(x.lever, Lever::Dynamic, "from {cur}: {}", x.reason);
+    }
+    // More offline progress than the margin still wins over headroom.
+    let sums = [
+        sum(Lever::Timeslice, 0.99, 2300.0),
+        sum(Lever::Pause, 0.5, 1487.0),
+    ];
+    let x = decide(&sums, Lever::Pause, INCUMBENT_SLACK, RATE_MARGIN);
+    assert_eq!(x.lever, Lever::Timeslice, "{}", x.reason);
+}
+
+#[test]
+fn a_refuted_choice_is_not_what_a_dropped_calibration_falls_back_to() {
+    // Pair F on an H200: dynamic was within at calibration, the confirmation found it at 2x;
+    // the calibration that followed was dropped by a mix change, and the refuted lever ran on.
+    let mut s = Sim::new(Lever::Timeslice);
+    let first = |l: Option<Lever>, _: usize, _: u64| match l {
+        Some(Lever::None) => 8.0,
+        _ => 4.0,
+    };
+    s.run(&first, &rates, 40);
+    assert_eq!(s.t.chosen(), Lever::Dynamic);
+    let later = |l: Option<Lever>, _: usize, _: u64| match l {
+        Some(Lever::None) => 8.0,
+        Some(Lever::Dynamic) => 8.0,
+        _ => 4.0,
+    };
+    // Until the confirmation refutes dynamic.
+    let mut refuted = false;
+    for _ in 0..120 {
+        s.run(&later, &rates, 1);
+        if s.t
+            .take_notes()
+            .iter()
+            .any(|n| n.starts_with("the confirmation finds dynamic over its targets"))
+        {
+            refuted = true;
+            break;
+        }
+    }
+    assert!(refuted, "no confirmation refuted dynamic");
+    assert_eq!(s.t.chosen(), Lever::Timeslice, "the pooled evidence's pick");
+    // The calibration is dropped (a mix change): back to the timeslice, not to dynamic.
+    s.t.on_mix_change(s.now);
+    s.services.clear();
+    s.run(&later, &rates, 2);
+    assert_eq!(s.t.lever(), Lever::Timeslice);
+}
