@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::{
     observe::model::{DebugApi, Gpu, Queue, State, Uncontrollable},
+    observe::nv::gpus::NvGpu,
     observe::procinfo::ProcInfo,
     observe::requests::RequestStats,
 };
@@ -66,9 +67,17 @@ impl From<RequestStats> for RequestsOut {
     }
 }
 
+/// One entry of `gpus`: `"vendor"` says whose, then that vendor's fields.
+#[derive(Serialize)]
+#[serde(tag = "vendor", rename_all = "lowercase")]
+enum GpuOut<'a> {
+    Amd(&'a Gpu),
+    Nvidia(&'a NvGpu),
+}
+
 #[derive(Serialize)]
 struct Out<'a> {
-    gpus: &'a [Gpu],
+    gpus: Vec<GpuOut<'a>>,
     processes: Vec<ProcOut<'a>>,
     warnings: &'a [String],
 }
@@ -92,11 +101,26 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             queues: p.live_queues().collect(),
         })
         .collect();
+    let gpus = state
+        .gpus
+        .iter()
+        .map(GpuOut::Amd)
+        .chain(state.nv_gpus.iter().map(GpuOut::Nvidia))
+        .collect();
     serde_json::to_string_pretty(&Out {
-        gpus: &state.gpus,
+        gpus,
         processes,
         warnings,
     })
+}
+
+/// An NVIDIA TSG's GPU by its index (nvidia-smi's) where the RM said which GPU its device
+/// instance is; a KFD queue's by its gpu_id.
+fn gpu_label(state: &State, q: &Queue) -> String {
+    match q.nv.as_ref().and_then(|_| state.nv_gpu(q.gpu_id)) {
+        Some(g) => g.index.to_string(),
+        None => q.gpu_id.to_string(),
+    }
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
@@ -107,7 +131,7 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 /// What processes name themselves is [`clean`]ed: one line per row, nothing a terminal obeys.
 pub fn to_table(state: &State, warnings: &[String]) -> String {
     let mut s = String::new();
-    if state.gpus.is_empty() {
+    if state.gpus.is_empty() && state.nv_gpus.is_empty() {
         s.push_str("no GPUs in /sys/class/kfd/kfd/topology\n");
     }
     for g in &state.gpus {
@@ -123,9 +147,29 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             if g.stopped { ", scheduler stopped" } else { "" }
         );
     }
+    for g in &state.nv_gpus {
+        let _ = writeln!(
+            s,
+            "NVIDIA GPU {} {} {} {}{}",
+            g.index,
+            clean(&g.name),
+            g.pci_bus_id,
+            clean(g.uuid.as_deref().unwrap_or("(no UUID)")),
+            g.device_node().map(|d| format!(" {d}")).unwrap_or_default()
+        );
+    }
+    // Queue ids whole: an NVIDIA TSG's is a 10-digit RM handle.
+    let qw = state
+        .procs
+        .values()
+        .flat_map(|p| p.live_queues())
+        .map(|q| q.queue_id.checked_ilog10().unwrap_or(0) as usize + 1)
+        .max()
+        .unwrap_or(0)
+        .max(4);
     let _ = writeln!(
         s,
-        "\n{:>7} {:>6} {:<15} {:<12} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+        "\n{:>7} {:>6} {:<15} {:<12} {:>6} {:>qw$} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
         "PID",
         "NSPID",
         "COMM",
@@ -159,8 +203,8 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             rows += 1;
             let _ = writeln!(
                 s,
-                "{head} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
-                q.gpu_id,
+                "{head} {:>6} {:>qw$} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+                gpu_label(state, q),
                 q.queue_id,
                 q.kind.label(),
                 opt(q.priority),

@@ -119,6 +119,12 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     for why in crate::observe::probe::not_live_reasons(probes.sources()) {
         eprintln!("gpreempt-ebpf: {why}");
     }
+    for line in nv_gpu_lines(&crate::observe::nv::gpus::read_joined(
+        std::path::Path::new("/proc"),
+        std::path::Path::new(gpreempt_common::nv::NVIDIACTL).exists(),
+    )) {
+        eprintln!("gpreempt-ebpf: {line}");
+    }
     // Tests and scripts wait for this line before they start the workload.
     eprintln!(
         "gpreempt-ebpf: tracing KFD ioctls on {}{} (Ctrl-C to stop)",
@@ -257,6 +263,22 @@ fn summary(written: u64, probes: &Probes, source: &EventSource) -> Result<String
         k.other_file,
         k.rate_limited
     ))
+}
+
+/// One line per NVIDIA GPU for the banner: its index, name, bus id and UUID (the ids nvidia-smi
+/// and dcgm-exporter use) and the RM device instance its objects carry (`NV01_DEVICE_0`'s
+/// `deviceId` in `rm_alloc` events).
+pub(crate) fn nv_gpu_lines(gpus: &[crate::observe::nv::gpus::NvGpu]) -> Vec<String> {
+    gpus.iter()
+        .map(|g| {
+            format!(
+                "NVIDIA GPU {}, RM device instance {}",
+                crate::term::clean(&g.describe()),
+                g.device_instance
+                    .map_or_else(|| "unknown".to_string(), |i| i.to_string())
+            )
+        })
+        .collect()
 }
 
 /// `trace --dispatches`: the live map's sampler, streaming each packet it decodes once.
