@@ -73,16 +73,18 @@ pub fn info_field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// One GPU from its directory name and its `information` text (None: unreadable). The index is
-/// set by [`list`].
+/// One GPU from its directory name (the driver names it by the GPU's PCI location, as
+/// `Bus Location:` says) and its `information` text (None: unreadable). The index is set by
+/// [`list`].
 pub fn parse_gpu(dir_name: &str, information: Option<&str>) -> Option<NvGpu> {
     let info = information.unwrap_or("");
-    let pci = info_field(info, "Bus Location")
-        .and_then(parse_bus_location)
-        .or_else(|| parse_bus_location(dir_name))?;
+    let pci = parse_bus_location(dir_name)
+        .or_else(|| info_field(info, "Bus Location").and_then(parse_bus_location))?;
     Some(NvGpu {
         index: 0,
-        name: info_field(info, "Model").unwrap_or("NVIDIA GPU").to_string(),
+        name: info_field(info, "Model")
+            .unwrap_or("NVIDIA GPU")
+            .to_string(),
         pci_bus_id: format!("{:08X}:{:02X}:{:02X}.{:X}", pci.0, pci.1, pci.2, pci.3),
         uuid: info_field(info, "GPU UUID").map(str::to_string),
         minor: info_field(info, "Device Minor").and_then(|m| m.parse().ok()),
@@ -161,6 +163,60 @@ pub fn by_instance(gpus: &[NvGpu], gpu_id: u32) -> Option<&NvGpu> {
     gpus.iter().find(|g| g.device_instance == Some(gpu_id))
 }
 
+/// Stand-in `/proc/driver/nvidia/gpus` trees and GPUs for tests.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use super::*;
+
+    /// The two H100s of a stand-in host: (directory, minor, UUID).
+    pub(crate) const TWO_H100: [(&str, u32, &str); 2] = [
+        (
+            "0000:19:00.0",
+            0,
+            "GPU-11111111-2222-3333-4444-555555555555",
+        ),
+        (
+            "0000:3b:00.0",
+            1,
+            "GPU-66666666-7777-8888-9999-aaaaaaaaaaaa",
+        ),
+    ];
+
+    /// Writes `<proc_root>/driver/nvidia/gpus/<bus>/information` for each GPU, in the driver's
+    /// format.
+    pub(crate) fn write_gpus(proc_root: &Path, gpus: &[(&str, u32, &str)]) {
+        for &(bus, minor, uuid) in gpus {
+            let dir = proc_root.join("driver/nvidia/gpus").join(bus);
+            std::fs::create_dir_all(&dir).unwrap();
+            let text = format!(
+                "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 156\nGPU UUID: \t {uuid}\n\
+                 Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n\
+                 DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n\
+                 GPU Firmware: \t 580.159.04\nGPU Excluded:\t No\n"
+            );
+            std::fs::write(dir.join("information"), text).unwrap();
+        }
+    }
+
+    /// [`TWO_H100`] as read, with the RM's device instances crossed (the second by bus id
+    /// attached first): index 0 is device instance 1.
+    pub(crate) fn two_h100_crossed() -> Vec<NvGpu> {
+        let mut gpus = list(
+            TWO_H100
+                .iter()
+                .map(|&(bus, _, _)| parse_gpu(bus, None).unwrap())
+                .collect(),
+        );
+        for (g, &(_, minor, uuid)) in gpus.iter_mut().zip(TWO_H100.iter()) {
+            g.name = "NVIDIA H100 80GB HBM3".into();
+            g.uuid = Some(uuid.into());
+            g.minor = Some(minor);
+        }
+        join_instances(&mut gpus, &[(0x0000_3b00, 0), (0x0000_1900, 1)]);
+        gpus
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +245,41 @@ mod tests {
     }
 
     #[test]
+    fn a_stand_in_proc_tree_lists_its_gpus_by_bus_id() {
+        let root = std::env::temp_dir().join(format!("gpreempt-nvgpus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        assert!(read(&root).is_empty(), "no driver: no GPU");
+        // Written out of order: the index follows the bus id.
+        fixture::write_gpus(&root, &[fixture::TWO_H100[1], fixture::TWO_H100[0]]);
+        std::fs::create_dir_all(root.join("driver/nvidia/gpus/README")).unwrap();
+        let gpus = read_joined(&root, false);
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(
+            gpus.iter()
+                .map(|g| (g.index, g.describe(), g.minor, g.device_instance))
+                .collect::<Vec<_>>(),
+            [
+                (
+                    0,
+                    "0 NVIDIA H100 80GB HBM3 00000000:19:00.0 \
+                     GPU-11111111-2222-3333-4444-555555555555"
+                        .to_string(),
+                    Some(0),
+                    None
+                ),
+                (
+                    1,
+                    "1 NVIDIA H100 80GB HBM3 00000000:3B:00.0 \
+                     GPU-66666666-7777-8888-9999-aaaaaaaaaaaa"
+                        .to_string(),
+                    Some(1),
+                    None
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn gpus_are_indexed_by_bus_id_and_joined_to_device_instances_by_gpu_id() {
         let info = |bus: &str, minor: u32| {
             H100_INFO
@@ -207,7 +298,10 @@ mod tests {
         );
         // The RM attached 3b first: it is device instance 0.
         join_instances(&mut gpus, &[(0x0000_3b00, 0), (0x0000_1900, 1)]);
-        assert_eq!(by_instance(&gpus, 0).unwrap().pci_bus_id, "00000000:3B:00.0");
+        assert_eq!(
+            by_instance(&gpus, 0).unwrap().pci_bus_id,
+            "00000000:3B:00.0"
+        );
         assert_eq!(by_instance(&gpus, 1).unwrap().index, 0);
         assert!(by_instance(&gpus, 2).is_none());
         // Without the RM's answer two GPUs stay unjoined; one is instance 0.

@@ -350,8 +350,14 @@ pub fn attached_gpus() -> Result<Vec<(u32, u32)>> {
     let c = OwnClient::new()?;
     let fd = c.ctl.as_fd();
     let mut ids = [0u8; nv::ATTACHED_IDS_SIZE];
-    rm_control_ok(fd, c.handle, c.handle, nv::CTRL_GPU_GET_ATTACHED_IDS, &mut ids)
-        .context("listing the GPUs attached to the RM")?;
+    rm_control_ok(
+        fd,
+        c.handle,
+        c.handle,
+        nv::CTRL_GPU_GET_ATTACHED_IDS,
+        &mut ids,
+    )
+    .context("listing the GPUs attached to the RM")?;
     let mut out = Vec::new();
     for id in ids.chunks_exact(4).map(|b| nv::u32_at(b, 0)) {
         if id == nv::GPU_INVALID_ID {
@@ -359,8 +365,14 @@ pub fn attached_gpus() -> Result<Vec<(u32, u32)>> {
         }
         let mut info = [0u8; nv::ID_INFO_V2_SIZE];
         info[..4].copy_from_slice(&id.to_le_bytes());
-        rm_control_ok(fd, c.handle, c.handle, nv::CTRL_GPU_GET_ID_INFO_V2, &mut info)
-            .with_context(|| format!("the device instance of GPU id {id:#x}"))?;
+        rm_control_ok(
+            fd,
+            c.handle,
+            c.handle,
+            nv::CTRL_GPU_GET_ID_INFO_V2,
+            &mut info,
+        )
+        .with_context(|| format!("the device instance of GPU id {id:#x}"))?;
         out.push((id, nv::u32_at(&info, nv::ID_INFO_V2_DEVICE_INSTANCE)));
     }
     Ok(out)

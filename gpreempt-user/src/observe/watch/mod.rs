@@ -454,3 +454,6 @@ const APPLIED: [&str; 6] = [
     "launches",
     "exits",
 ];
+
+#[cfg(test)]
+mod tests;

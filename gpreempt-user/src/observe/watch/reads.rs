@@ -47,9 +47,8 @@ impl Watcher {
         }
         // KFD queues only: an NVIDIA TSG has no MQD (its rings come from its alloc params).
         let need_mqds = self.state.procs.values().any(|p| {
-            p.live_queues().any(|q| {
-                q.kind.is_compute() && q.nv.is_none() && q.ring_base_address.is_none()
-            })
+            p.live_queues()
+                .any(|q| q.kind.is_compute() && q.nv.is_none() && q.ring_base_address.is_none())
         });
         if force_mqds || need_mqds {
             let path = self.paths.debugfs.join("mqds");

@@ -308,7 +308,11 @@ fn table_row(r: &TreeRow, cols: &[(&ColSpec, u16)], state: &State) -> Row<'stati
                 return Row::new(Vec::<Cell>::new());
             };
             let style = if q.alive() { Style::new() } else { dim() };
-            Row::new(cols.iter().map(|(c, _)| queue_cell(c.col, q, r.last, state))).style(style)
+            Row::new(
+                cols.iter()
+                    .map(|(c, _)| queue_cell(c.col, q, r.last, state)),
+            )
+            .style(style)
         }
     }
 }
