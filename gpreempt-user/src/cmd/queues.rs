@@ -332,4 +332,40 @@ mod tests {
             .iter()
             .any(|p| p["comm"] == "b\x1b[2J\nroot"));
     }
+
+    /// `gpus` lists NVIDIA GPUs with their vendor and ids (the AMD ones say `"vendor": "amd"`),
+    /// and the table shows a TSG's 10-digit id whole, on the GPU named by its index.
+    #[test]
+    fn nvidia_gpus_are_listed_and_tsg_ids_shown_whole() {
+        let st = crate::tui::app::tests::nvidia_host();
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        let gpus = v["gpus"].as_array().unwrap();
+        assert_eq!(gpus.len(), 2, "{v}");
+        assert_eq!(gpus[0]["vendor"], "nvidia");
+        assert_eq!(gpus[0]["index"], 0);
+        assert_eq!(gpus[0]["name"], "NVIDIA H100 80GB HBM3");
+        assert_eq!(gpus[0]["pci_bus_id"], "00000000:19:00.0");
+        assert_eq!(gpus[0]["uuid"], "GPU-11111111-2222-3333-4444-555555555555");
+        assert_eq!(gpus[0]["minor"], 0);
+        assert_eq!(gpus[0]["device_instance"], 1);
+        assert_eq!(v["processes"][0]["queues"][0]["gpu_id"], 1);
+        let t = to_table(&st, &[]);
+        assert!(
+            t.contains(
+                "NVIDIA GPU 0 NVIDIA H100 80GB HBM3 00000000:19:00.0 \
+                 GPU-11111111-2222-3333-4444-555555555555 /dev/nvidia0"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("no GPUs in /sys/class/kfd"), "{t}");
+        let row = t.lines().find(|l| l.contains("tsg-gr")).unwrap();
+        let w: Vec<&str> = row.split_whitespace().collect();
+        // pid, nspid, comm, container, GPU (index 0), QID (whole), type.
+        assert_eq!(w[4..7], ["0", "1543503893", "tsg-gr"], "{row}");
+        // The AMD entries say whose they are.
+        let v: serde_json::Value =
+            serde_json::from_str(&to_json(&known_state(), &[]).unwrap()).unwrap();
+        assert_eq!(v["gpus"][0]["vendor"], "amd", "{v}");
+        assert!(v["gpus"][0]["gpu_id"].is_number(), "{v}");
+    }
 }

@@ -239,7 +239,7 @@ mod tests {
         let g = parse_gpu("0001:19:00.0", None).unwrap();
         assert_eq!(
             (g.pci_bus_id.as_str(), g.uuid, g.minor),
-            ("00010000:19:00.0", None, None)
+            ("00000001:19:00.0", None, None)
         );
         assert!(parse_gpu("README", None).is_none());
     }

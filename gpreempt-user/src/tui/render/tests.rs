@@ -767,32 +767,11 @@ fn control_sequences_in_process_names_never_reach_the_terminal() {
     assert!(row.contains("./bench\\x1b[2J\\nroot 1 online"), "{row}");
 }
 
-/// A process of an NVIDIA host with one TSG (RM handle 0x5c000015 = 1543503893) on RM device
-/// instance 1, which the crossed fixture says is the GPU at index 0 (00000000:19:00.0).
-fn nvidia_host() -> State {
-    use crate::observe::model::tests::nvidia::rm_alloc;
-    use gpreempt_common::nv::class;
-    let mut st = State::new();
-    st.apply(Update::NvGpus(
-        crate::observe::nv::gpus::fixture::two_h100_crossed(),
-    ));
-    let client = 0xc1d0_001f;
-    for (parent, new, cl, head) in [
-        (0, client, class::NV01_ROOT_CLIENT, 0),
-        (client, 0x5c00_0001, class::NV01_DEVICE_0, 1),
-        (0x5c00_0001, 0x5c00_0002, class::NV20_SUBDEVICE_0, 0),
-        (0x5c00_0001, 0x5c00_0015, class::KEPLER_CHANNEL_GROUP_A, 1),
-    ] {
-        st.apply(rm_alloc(1, 4242, client, parent, new, cl, head));
-    }
-    st
-}
-
 /// An NVIDIA-only host: one line per GPU with the ids nvidia-smi and dcgm-exporter use (index,
 /// name, bus id, UUID) and its queue counts; nothing about KFD topology or HQD slots.
 #[test]
 fn an_nvidia_host_shows_its_gpus_and_no_amd_lines() {
-    let st = nvidia_host();
+    let st = crate::tui::app::tests::nvidia_host();
     let b = render(&App::new("100ms"), &st, 160, 30);
     assert_eq!(
         line(&b, 1).trim_end(),
@@ -805,7 +784,9 @@ fn an_nvidia_host_shows_its_gpus_and_no_amd_lines() {
          queues 0  suspended 0  busy 0"
     );
     assert_absent(&b, "no GPUs found");
-    assert_absent(&b, "HQD");
+    assert_absent(&b, "HQD slots");
+    assert_absent(&b, "HQD map");
+    assert_absent(&b, "kfd");
     // The table's header comes right under the GPU lines.
     assert!(line(&b, 3).starts_with("PID"), "{}", line(&b, 3));
 }
@@ -814,13 +795,13 @@ fn an_nvidia_host_shows_its_gpus_and_no_amd_lines() {
 /// column names the GPU by index, not by RM device instance.
 #[test]
 fn a_tsg_id_is_shown_whole_with_its_gpu_index() {
-    let st = nvidia_host();
+    let st = crate::tui::app::tests::nvidia_host();
     let b = render(&App::new("100ms"), &st, 160, 30);
     let row = words(&row_starting(&b, " └─ 1543503893", "tsg-gr"));
     assert_eq!(row[..4], ["└─", "1543503893", "0", "tsg-gr"], "{row:?}");
     // The columns after it stay aligned with their headers.
     let head = line(&b, find_start(&b, "PID"));
-    let at = |l: &str, w: &str| l.find(w).unwrap();
+    let at = |l: &str, w: &str| l[..l.find(w).unwrap()].chars().count();
     let row_line = row_starting(&b, " └─ 1543503893", "tsg-gr");
     assert_eq!(
         at(&head, "TYPE"),
@@ -841,6 +822,6 @@ fn a_mixed_host_shows_both_vendors_gpus_and_the_hqd_line() {
     let b = render(&App::new("100ms"), &st, 160, 40);
     find(&b, &format!("GPU {GPU_A} "));
     find(&b, "GPU 0 NVIDIA H100 80GB HBM3  00000000:19:00.0");
-    find(&b, "HQD slots unknown");
+    find(&b, "HQD map from debugfs hqds");
     assert_absent(&b, "no GPUs found");
 }
