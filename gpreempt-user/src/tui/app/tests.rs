@@ -103,11 +103,6 @@ fn hqds(gpu_id: u32, pid: u32, qid: u32) -> HqdNode {
     }
 }
 
-/// Two GPUs, three processes:
-/// - 100 `python` (container, class online): queues 0 (GPU A, HQD 0.1.2, 1000 dispatch/s),
-///   1 (GPU A, suspended by 999), 2 (GPU B, destroyed)
-/// - 200 `train` (class offline): queues 0, 1 on GPU B, evicted
-/// - 300 `bench`: queue 5 on GPU A, active
 /// A process of an NVIDIA host with one TSG (RM handle 0x5c000015 = 1543503893) on RM device
 /// instance 1, which the crossed fixture says is the GPU at index 0 (00000000:19:00.0).
 pub(crate) fn nvidia_host() -> State {
@@ -129,6 +124,11 @@ pub(crate) fn nvidia_host() -> State {
     st
 }
 
+/// Two GPUs, three processes:
+/// - 100 `python` (container, class online): queues 0 (GPU A, HQD 0.1.2, 1000 dispatch/s),
+///   1 (GPU A, suspended by 999), 2 (GPU B, destroyed)
+/// - 200 `train` (class offline): queues 0, 1 on GPU B, evicted
+/// - 300 `bench`: queue 5 on GPU A, active
 pub(crate) fn known_state() -> State {
     let s = 1_000_000_000u64;
     let mut st = State::new();
