@@ -808,6 +808,17 @@ fn a_tsg_id_is_shown_whole_with_its_gpu_index() {
         at(&row_line, "tsg-gr"),
         "{head}\n{row_line}"
     );
+    // Its detail pane names the GPU whole, with the device instance the RM gave it.
+    let mut app = App::new("100ms");
+    app.handle(Action::Down, &st);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 160, 40);
+    find(
+        &b,
+        "0 NVIDIA H100 80GB HBM3 00000000:19:00.0 GPU-11111111-2222-3333-4444-555555555555 \
+         (RM device instance 1)",
+    );
+    find(&b, "- (a TSG: see its channels)");
 }
 
 /// A host with both drivers: the KFD GPU line, the NVIDIA GPU line and the HQD line.
