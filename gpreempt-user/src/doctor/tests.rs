@@ -302,7 +302,7 @@ fn doctor_kernel_probes_with_kprobes_and_no_btf() {
     assert!(
         c.finding.starts_with("selected by type byte only (")
             && c.finding.contains("/sys/kernel/btf/vmlinux is missing")
-            && c.finding.contains("hide its KFD calls"),
+            && c.finding.contains("hide its GPU calls"),
         "{c:?}"
     );
 
