@@ -247,9 +247,10 @@ pub(super) fn draw_gpus(
             Some(i) => nv_gpu_line(g, count(true, i), lever_of(state, i)),
             None => nv_gpu_line(g, GpuCounts::default(), None),
         }));
+        // Not the index of a listed GPU: said as what it is.
         all.extend(others.iter().map(|v| {
             Line::from(vec![
-                Span::styled(format!("GPU {}", v.gpu_id), bold()),
+                Span::styled(format!("GPU (RM device instance {})", v.gpu_id), bold()),
                 Span::raw(format!("  {}", lever_text(v))),
             ])
         }));

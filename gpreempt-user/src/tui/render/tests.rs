@@ -598,9 +598,14 @@ fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
         gpu_levers: vec![
             view(GPU_A, "pause", "calibrating", Some((5, 15)), true),
             view(7, "dynamic", "settled", None, false),
+            view(0, "timeslice", "settled", None, false),
         ],
         ..Default::default()
     });
+    // Two NVIDIA GPUs, device instance 0 the one at index 1: its lever is on that line.
+    st.apply(Update::NvGpus(
+        crate::observe::nv::gpus::fixture::two_h100_crossed(),
+    ));
     let b = render(&App::new("100ms"), &st, 220, 30);
     let l = line(&b, find(&b, "quiet window"));
     assert!(
@@ -611,11 +616,13 @@ fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
             ),
         "{l}"
     );
-    let l = line(&b, find(&b, "GPU 7"));
+    let l = line(&b, find(&b, "GPU (RM device instance 7)"));
     assert!(
         l.contains("lever dynamic (settled; worst service p99 0.96x its target, 36 req)"),
         "{l}"
     );
+    let l = line(&b, find(&b, "GPU 1 NVIDIA H100"));
+    assert!(l.contains("lever timeslice (settled, chosen dynamic"), "{l}");
 }
 
 #[test]
