@@ -622,7 +622,10 @@ fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
         "{l}"
     );
     let l = line(&b, find(&b, "GPU 1 NVIDIA H100"));
-    assert!(l.contains("lever timeslice (settled, chosen dynamic"), "{l}");
+    assert!(
+        l.contains("lever timeslice (settled, chosen dynamic"),
+        "{l}"
+    );
 }
 
 #[test]
