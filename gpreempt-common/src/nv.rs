@@ -236,6 +236,11 @@ pub const CTRL_GPU_GET_ID: u32 = 0x2080_0142;
 pub const CTRL_GPU_GET_ID_INFO_V2: u32 = 0x0205;
 pub const ID_INFO_V2_SIZE: usize = 32;
 pub const ID_INFO_V2_DEVICE_INSTANCE: usize = 8;
+/// `NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS` on a client: `{ NvU32 gpuIds[32]; }`, the list ended
+/// by `NV0000_CTRL_GPU_INVALID_ID` (src/common/sdk/nvidia/inc/ctrl/ctrl0000/ctrl0000gpu.h).
+pub const CTRL_GPU_GET_ATTACHED_IDS: u32 = 0x0201;
+pub const ATTACHED_IDS_SIZE: usize = 32 * 4;
+pub const GPU_INVALID_ID: u32 = 0xffff_ffff;
 
 /// NV_STATUS values the tool explains.
 pub mod status {

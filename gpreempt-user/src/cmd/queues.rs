@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::{
     observe::model::{DebugApi, Gpu, Queue, State, Uncontrollable},
+    observe::nv::gpus::NvGpu,
     observe::procinfo::ProcInfo,
     observe::requests::RequestStats,
 };
@@ -66,9 +67,17 @@ impl From<RequestStats> for RequestsOut {
     }
 }
 
+/// One entry of `gpus`: `"vendor"` says whose, then that vendor's fields.
+#[derive(Serialize)]
+#[serde(tag = "vendor", rename_all = "lowercase")]
+enum GpuOut<'a> {
+    Amd(&'a Gpu),
+    Nvidia(&'a NvGpu),
+}
+
 #[derive(Serialize)]
 struct Out<'a> {
-    gpus: &'a [Gpu],
+    gpus: Vec<GpuOut<'a>>,
     processes: Vec<ProcOut<'a>>,
     warnings: &'a [String],
 }
@@ -92,11 +101,26 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             queues: p.live_queues().collect(),
         })
         .collect();
+    let gpus = state
+        .gpus
+        .iter()
+        .map(GpuOut::Amd)
+        .chain(state.nv_gpus.iter().map(GpuOut::Nvidia))
+        .collect();
     serde_json::to_string_pretty(&Out {
-        gpus: &state.gpus,
+        gpus,
         processes,
         warnings,
     })
+}
+
+/// An NVIDIA TSG's GPU by its index (nvidia-smi's) where the RM said which GPU its device
+/// instance is; a KFD queue's by its gpu_id.
+fn gpu_label(state: &State, q: &Queue) -> String {
+    match q.nv.as_ref().and_then(|_| state.nv_gpu(q.gpu_id)) {
+        Some(g) => g.index.to_string(),
+        None => q.gpu_id.to_string(),
+    }
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
@@ -107,7 +131,7 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 /// What processes name themselves is [`clean`]ed: one line per row, nothing a terminal obeys.
 pub fn to_table(state: &State, warnings: &[String]) -> String {
     let mut s = String::new();
-    if state.gpus.is_empty() {
+    if state.gpus.is_empty() && state.nv_gpus.is_empty() {
         s.push_str("no GPUs in /sys/class/kfd/kfd/topology\n");
     }
     for g in &state.gpus {
@@ -123,9 +147,29 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             if g.stopped { ", scheduler stopped" } else { "" }
         );
     }
+    for g in &state.nv_gpus {
+        let _ = writeln!(
+            s,
+            "NVIDIA GPU {} {} {} {}{}",
+            g.index,
+            clean(&g.name),
+            g.pci_bus_id,
+            clean(g.uuid.as_deref().unwrap_or("(no UUID)")),
+            g.device_node().map(|d| format!(" {d}")).unwrap_or_default()
+        );
+    }
+    // Queue ids whole: an NVIDIA TSG's is a 10-digit RM handle.
+    let qw = state
+        .procs
+        .values()
+        .flat_map(|p| p.live_queues())
+        .map(|q| q.queue_id.checked_ilog10().unwrap_or(0) as usize + 1)
+        .max()
+        .unwrap_or(0)
+        .max(4);
     let _ = writeln!(
         s,
-        "\n{:>7} {:>6} {:<15} {:<12} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+        "\n{:>7} {:>6} {:<15} {:<12} {:>6} {:>qw$} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
         "PID",
         "NSPID",
         "COMM",
@@ -159,8 +203,8 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             rows += 1;
             let _ = writeln!(
                 s,
-                "{head} {:>6} {:>4} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
-                q.gpu_id,
+                "{head} {:>6} {:>qw$} {:<7} {:>4} {:<7} {:<9} {:>8} {:>7}",
+                gpu_label(state, q),
                 q.queue_id,
                 q.kind.label(),
                 opt(q.priority),
@@ -287,5 +331,41 @@ mod tests {
             .unwrap()
             .iter()
             .any(|p| p["comm"] == "b\x1b[2J\nroot"));
+    }
+
+    /// `gpus` lists NVIDIA GPUs with their vendor and ids (the AMD ones say `"vendor": "amd"`),
+    /// and the table shows a TSG's 10-digit id whole, on the GPU named by its index.
+    #[test]
+    fn nvidia_gpus_are_listed_and_tsg_ids_shown_whole() {
+        let st = crate::tui::app::tests::nvidia_host();
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        let gpus = v["gpus"].as_array().unwrap();
+        assert_eq!(gpus.len(), 2, "{v}");
+        assert_eq!(gpus[0]["vendor"], "nvidia");
+        assert_eq!(gpus[0]["index"], 0);
+        assert_eq!(gpus[0]["name"], "NVIDIA H100 80GB HBM3");
+        assert_eq!(gpus[0]["pci_bus_id"], "00000000:19:00.0");
+        assert_eq!(gpus[0]["uuid"], "GPU-11111111-2222-3333-4444-555555555555");
+        assert_eq!(gpus[0]["minor"], 0);
+        assert_eq!(gpus[0]["device_instance"], 1);
+        assert_eq!(v["processes"][0]["queues"][0]["gpu_id"], 1);
+        let t = to_table(&st, &[]);
+        assert!(
+            t.contains(
+                "NVIDIA GPU 0 NVIDIA H100 80GB HBM3 00000000:19:00.0 \
+                 GPU-11111111-2222-3333-4444-555555555555 /dev/nvidia0"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("no GPUs in /sys/class/kfd"), "{t}");
+        let row = t.lines().find(|l| l.contains("tsg-gr")).unwrap();
+        let w: Vec<&str> = row.split_whitespace().collect();
+        // pid, nspid, comm, container, GPU (index 0), QID (whole), type.
+        assert_eq!(w[4..7], ["0", "1543503893", "tsg-gr"], "{row}");
+        // The AMD entries say whose they are.
+        let v: serde_json::Value =
+            serde_json::from_str(&to_json(&known_state(), &[]).unwrap()).unwrap();
+        assert_eq!(v["gpus"][0]["vendor"], "amd", "{v}");
+        assert!(v["gpus"][0]["gpu_id"].is_number(), "{v}");
     }
 }

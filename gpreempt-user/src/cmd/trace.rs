@@ -119,10 +119,18 @@ pub async fn main(g: &Global, args: &Args) -> Result<ExitCode> {
     for why in crate::observe::probe::not_live_reasons(probes.sources()) {
         eprintln!("gpreempt-ebpf: {why}");
     }
+    let nvidia = std::path::Path::new(gpreempt_common::nv::NVIDIACTL).exists();
+    for line in nv_gpu_lines(&crate::observe::nv::gpus::read_joined(
+        std::path::Path::new("/proc"),
+        nvidia,
+    )) {
+        eprintln!("gpreempt-ebpf: {line}");
+    }
     // Tests and scripts wait for this line before they start the workload.
     eprintln!(
-        "gpreempt-ebpf: tracing KFD ioctls on {}{} (Ctrl-C to stop)",
+        "gpreempt-ebpf: tracing KFD ioctls on {}{}{} (Ctrl-C to stop)",
         g.kfd_device.display(),
+        if nvidia { " and NVIDIA RM escapes" } else { "" },
         args.pid.map(|p| format!(" of pid {p}")).unwrap_or_default()
     );
     let mut batch: Vec<Event> = Vec::with_capacity(256);
@@ -257,6 +265,22 @@ fn summary(written: u64, probes: &Probes, source: &EventSource) -> Result<String
         k.other_file,
         k.rate_limited
     ))
+}
+
+/// One line per NVIDIA GPU for the banner: its index, name, bus id and UUID (the ids nvidia-smi
+/// and dcgm-exporter use) and the RM device instance its objects carry (`NV01_DEVICE_0`'s
+/// `deviceId` in `rm_alloc` events).
+pub(crate) fn nv_gpu_lines(gpus: &[crate::observe::nv::gpus::NvGpu]) -> Vec<String> {
+    gpus.iter()
+        .map(|g| {
+            format!(
+                "NVIDIA GPU {}, RM device instance {}",
+                crate::term::clean(&g.describe()),
+                g.device_instance
+                    .map_or_else(|| "unknown".to_string(), |i| i.to_string())
+            )
+        })
+        .collect()
 }
 
 /// `trace --dispatches`: the live map's sampler, streaming each packet it decodes once.
@@ -438,4 +462,24 @@ pub(crate) fn write_failed(e: std::io::Error) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     Err(e).context("writing events")
+}
+
+#[cfg(test)]
+mod tests {
+    /// The banner names each NVIDIA GPU by index, name, bus id and UUID, with the RM device
+    /// instance its `rm_alloc` events carry.
+    #[test]
+    fn the_banner_names_nvidia_gpus_with_their_device_instance() {
+        let mut gpus = crate::observe::nv::gpus::fixture::two_h100_crossed();
+        gpus[1].device_instance = None;
+        assert_eq!(
+            super::nv_gpu_lines(&gpus),
+            [
+                "NVIDIA GPU 0 NVIDIA H100 80GB HBM3 00000000:19:00.0 \
+                 GPU-11111111-2222-3333-4444-555555555555, RM device instance 1",
+                "NVIDIA GPU 1 NVIDIA H100 80GB HBM3 00000000:3B:00.0 \
+                 GPU-66666666-7777-8888-9999-aaaaaaaaaaaa, RM device instance unknown",
+            ]
+        );
+    }
 }

@@ -161,8 +161,9 @@ pub fn ioctl_filter_check(facts: &HostProbeFacts, devices: &str) -> Check {
     Check::warn(
         NAME,
         format!(
-            "selected by type byte only ({}): a process can hide its KFD calls behind another type \
-             byte, and 'K' ioctls on other files reach user space",
+            "selected by type byte only ({}): a process can hide its GPU calls behind another type \
+             byte, and ioctls of the GPU type bytes ('K' KFD, 'F' NVIDIA) on other files reach \
+             user space",
             why.join("; ")
         ),
         "use a kernel built with BTF (CONFIG_DEBUG_INFO_BTF=y)",

@@ -57,9 +57,15 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
         &try_bpf_map_create(),
     ));
     checks.push(btf_vmlinux_check(root));
-    checks.push(btf_amdgpu_check(root));
+    // A host with the NVIDIA driver and no trace of amdgpu gets one line for every AMD check.
+    let amd = amd_applies(root, kfd_device);
+    if amd {
+        checks.push(btf_amdgpu_check(root));
+    }
     let facts = HostProbeFacts::read(&root.base);
-    checks.push(btf_offsets_check(&facts));
+    if amd {
+        checks.push(btf_offsets_check(&facts));
+    }
     let mut devices = crate::observe::gpufiles::Devices::read(kfd_device, &[]);
     devices.kprobed = facts.kfd_pair().is_ok();
     let (rules, _) = devices.rules();
@@ -71,9 +77,13 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
     // decide, not the BTF alone. Only on the running host.
     let fentry = (root.base == Path::new("/") && p.bpf)
         .then(|| crate::observe::probe::try_fentry_pair(&facts));
-    checks.push(ioctl_source_check(&facts, &devices, fentry.as_ref()));
+    if amd {
+        checks.push(ioctl_source_check(&facts, &devices, fentry.as_ref()));
+    }
     checks.push(kprobes_check(root));
-    checks.extend(kernel_probe_checks(&facts));
+    if amd {
+        checks.extend(kernel_probe_checks(&facts));
+    }
     checks.push(launch_uprobes_check(root));
     checks.push(tracefs_check(root));
     // Loading programs touches the running kernel: only for the host itself, never a fake tree.
@@ -93,18 +103,26 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
             )
         });
     }
-    checks.push(debugfs_check(root, p.admin || euid == 0));
-    let topology = sysfs::read_topology(&root.path("/sys/class/kfd/kfd"));
-    let version = kfd_get_version(kfd_device);
-    checks.push(kfd_check(
-        kfd_device,
-        &version,
-        &topology,
-        nvidia_present(root),
-    ));
-    checks.push(pc_sampling_check(&version));
-    checks.extend(amdgpu_params_checks(root));
-    checks.extend(gpu_checks(root, &topology));
+    if amd {
+        checks.push(debugfs_check(root, p.admin || euid == 0));
+        let topology = sysfs::read_topology(&root.path("/sys/class/kfd/kfd"));
+        let version = kfd_get_version(kfd_device);
+        checks.push(kfd_check(
+            kfd_device,
+            &version,
+            &topology,
+            nvidia_present(root),
+        ));
+        checks.push(pc_sampling_check(&version));
+        checks.extend(amdgpu_params_checks(root));
+        checks.extend(gpu_checks(root, &topology));
+    } else {
+        checks.push(Check::ok(
+            "amd",
+            "not applicable: no amdgpu on this host (no amdgpu module, no KFD node; the NVIDIA \
+             driver is loaded): the AMD checks are skipped",
+        ));
+    }
     // The pidfd probe is a syscall on this process: only for the host itself, and only when it has
     // the NVIDIA driver (nothing NVIDIA is printed elsewhere).
     let pidfd = (root.base == Path::new("/") && nvidia_present(root)).then(try_pidfd_getfd);
@@ -133,6 +151,15 @@ pub fn run_checks(root: &Root, kfd_device: &Path, run_dir: &Path) -> Vec<Check> 
         .flatten();
     checks.push(suspendable_check(status.as_ref()));
     checks
+}
+
+/// Whether the AMD checks apply: the host has amdgpu (its module, the KFD topology or the KFD
+/// node), or has no NVIDIA driver either (then they say what an AMD host needs).
+pub fn amd_applies(root: &Root, kfd_device: &Path) -> bool {
+    !nvidia_present(root)
+        || root.exists("/sys/module/amdgpu")
+        || root.exists("/sys/class/kfd/kfd")
+        || kfd_device.exists()
 }
 
 /// (ok, warn, fail)

@@ -161,6 +161,24 @@ pub fn nvidia_gsp_checks(root: &Root) -> Vec<Check> {
         .collect()
 }
 
+/// `nvidia-gpus`: the GPUs by the ids nvidia-smi and dcgm-exporter use (index, name, PCI bus id,
+/// UUID), as `top` and `queues` name them.
+pub fn nvidia_gpus_check(gpus: &[crate::observe::nv::gpus::NvGpu]) -> Check {
+    let list: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("GPU {}", g.describe()))
+        .collect();
+    Check::ok(
+        "nvidia-gpus",
+        format!(
+            "{} GPU{}: {}",
+            gpus.len(),
+            if gpus.len() == 1 { "" } else { "s" },
+            list.join("; ")
+        ),
+    )
+}
+
 /// A failed pidfd_getfd probe: the syscall that failed and how.
 #[derive(Debug)]
 pub struct PidfdError {
@@ -306,6 +324,10 @@ pub fn nvidia_checks(
         root.read("/proc/driver/nvidia/version").ok().as_deref(),
         root.exists(gpreempt_common::nv::NVIDIACTL),
     )];
+    let gpus = crate::observe::nv::gpus::read(&root.path("/proc"));
+    if !gpus.is_empty() {
+        checks.push(nvidia_gpus_check(&gpus));
+    }
     checks.extend(nvidia_gsp_checks(root));
     if let Some(p) = pidfd {
         checks.push(pidfd_getfd_check(p, ptrace));

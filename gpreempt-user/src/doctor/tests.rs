@@ -302,7 +302,7 @@ fn doctor_kernel_probes_with_kprobes_and_no_btf() {
     assert!(
         c.finding.starts_with("selected by type byte only (")
             && c.finding.contains("/sys/kernel/btf/vmlinux is missing")
-            && c.finding.contains("hide its KFD calls"),
+            && c.finding.contains("hide its GPU calls"),
         "{c:?}"
     );
 
@@ -804,6 +804,7 @@ fn doctor_nvidia_open_580_with_gsp_is_all_ok() {
         verdicts(&cs),
         [
             ("nvidia-driver", Verdict::Ok),
+            ("nvidia-gpus", Verdict::Ok),
             ("nvidia-gsp:0000:00:06.0", Verdict::Ok),
             ("pidfd_getfd", Verdict::Ok),
             ("nvidia-mps", Verdict::Ok),
@@ -813,7 +814,12 @@ fn doctor_nvidia_open_580_with_gsp_is_all_ok() {
     // Not probed (a fake root): no pidfd_getfd line.
     assert_eq!(
         nv_names(&nvidia_checks(&t.root(), None, true)),
-        ["nvidia-driver", "nvidia-gsp:0000:00:06.0", "nvidia-mps"]
+        [
+            "nvidia-driver",
+            "nvidia-gpus",
+            "nvidia-gsp:0000:00:06.0",
+            "nvidia-mps"
+        ]
     );
 }
 
@@ -835,6 +841,7 @@ fn doctor_nvidia_proprietary_535_without_gsp() {
         verdicts(&cs),
         [
             ("nvidia-driver", Verdict::Warn),
+            ("nvidia-gpus", Verdict::Ok),
             ("nvidia-gsp:0000:00:1e.0", Verdict::Fail),
             ("nvidia-gsp:0000:00:1f.0", Verdict::Ok),
             ("nvidia-mps", Verdict::Ok),
@@ -1061,4 +1068,98 @@ fn suspendable_names_processes_without_the_debug_api_and_the_fallback() {
             .contains("no_debug_api"),
         "{c:?}"
     );
+}
+
+/// A stand-in host with the NVIDIA driver (`nvidia`), an amdgpu module and KFD node (`amd`),
+/// both or neither.
+fn vendor_host(nvidia: bool, amd: bool) -> Tree {
+    let t = Tree::new();
+    t.write(
+        "/proc/self/status",
+        "Name:\tdoctor\nCapEff:\t000001ffffffffff\n",
+    );
+    if nvidia {
+        t.write("/dev/nvidiactl", "")
+            .write("/proc/driver/nvidia/version", NV_OPEN_580);
+        crate::observe::nv::gpus::fixture::write_gpus(
+            &t.root().path("/proc"),
+            &crate::observe::nv::gpus::fixture::TWO_H100,
+        );
+    }
+    if amd {
+        t.write("/dev/kfd", "")
+            .write("/sys/module/amdgpu/parameters/sched_policy", "0\n");
+    }
+    t
+}
+
+/// What an AMD check's line or fix says: amdgpu, the KFD, its debugfs.
+fn amd_advice(cs: &[Check]) -> Vec<String> {
+    cs.iter()
+        .filter(|c| c.name != "amd")
+        .filter(|c| {
+            let text = format!("{} {}", c.finding, c.fix.as_deref().unwrap_or(""));
+            ["amdgpu", "/dev/kfd", "kfd_ioctl", "debugfs"]
+                .iter()
+                .any(|w| text.contains(w))
+                && c.verdict != Verdict::Ok
+        })
+        .map(|c| format!("{}: {} / {:?}", c.name, c.finding, c.fix))
+        .collect()
+}
+
+/// An NVIDIA-only host: the AMD checks are one `amd` line ("not applicable"), no line advises
+/// amdgpu, and `nvidia-gpus` lists the GPUs by index, name, bus id and UUID.
+#[test]
+fn doctor_on_an_nvidia_only_host_says_the_amd_checks_do_not_apply() {
+    let t = vendor_host(true, false);
+    assert!(!amd_applies(&t.root(), &t.root().path("/dev/kfd")));
+    let cs = run_checks(&t.root(), &t.root().path("/dev/kfd"), &t.0);
+    let amd = by_name(&cs, "amd");
+    assert_eq!(amd.verdict, Verdict::Ok);
+    assert!(
+        amd.finding
+            .starts_with("not applicable: no amdgpu on this host"),
+        "{amd:?}"
+    );
+    for name in [
+        "kfd",
+        "debugfs",
+        "amdgpu",
+        "btf-amdgpu",
+        "btf-offsets",
+        "ioctl-source",
+    ] {
+        assert!(cs.iter().all(|c| c.name != name), "{name} listed: {cs:#?}");
+    }
+    assert!(amd_advice(&cs).is_empty(), "{:#?}", amd_advice(&cs));
+    assert_eq!(
+        by_name(&cs, "nvidia-gpus").finding,
+        "2 GPUs: GPU 0 NVIDIA H100 80GB HBM3 00000000:19:00.0 \
+         GPU-11111111-2222-3333-4444-555555555555; GPU 1 NVIDIA H100 80GB HBM3 00000000:3B:00.0 \
+         GPU-66666666-7777-8888-9999-aaaaaaaaaaaa"
+    );
+}
+
+/// A host with both drivers gets both vendors' lines; one with neither keeps the AMD advice
+/// (what an AMD host needs) and no NVIDIA line.
+#[test]
+fn doctor_on_a_mixed_host_and_one_with_neither() {
+    for (nvidia, amd) in [(true, true), (false, false), (false, true)] {
+        let t = vendor_host(nvidia, amd);
+        assert!(amd_applies(&t.root(), &t.root().path("/dev/kfd")));
+        let cs = run_checks(&t.root(), &t.root().path("/dev/kfd"), &t.0);
+        assert!(cs.iter().all(|c| c.name != "amd"), "{cs:#?}");
+        assert!(cs.iter().any(|c| c.name == "kfd"), "{cs:#?}");
+        assert!(cs.iter().any(|c| c.name == "debugfs"), "{cs:#?}");
+        assert_eq!(
+            cs.iter().any(|c| c.name == "nvidia-gpus"),
+            nvidia,
+            "{cs:#?}"
+        );
+    }
+    // Neither: the AMD advice is today's (load amdgpu).
+    let t = vendor_host(false, false);
+    let cs = run_checks(&t.root(), &t.root().path("/dev/kfd"), &t.0);
+    assert!(!amd_advice(&cs).is_empty(), "{cs:#?}");
 }

@@ -28,7 +28,10 @@ pub const LOG_CAP: usize = 512;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct State {
+    /// KFD GPUs (AMD).
     pub gpus: Vec<Gpu>,
+    /// NVIDIA GPUs, by index; their queues' `gpu_id` is a GPU's `device_instance`.
+    pub nv_gpus: Vec<crate::observe::nv::gpus::NvGpu>,
     pub procs: BTreeMap<u32, Process>,
     #[serde(skip)]
     pub log: VecDeque<LogEntry>,
@@ -83,6 +86,16 @@ impl State {
     /// The packets decoded since the last call; the first call starts keeping them.
     pub fn take_dispatches(&mut self) -> Vec<FreshDispatch> {
         std::mem::take(self.fresh_dispatches.get_or_insert_with(Vec::new))
+    }
+
+    /// The NVIDIA GPU an NVIDIA queue's `gpu_id` (its RM device instance) names.
+    pub fn nv_gpu(&self, gpu_id: u32) -> Option<&crate::observe::nv::gpus::NvGpu> {
+        crate::observe::nv::gpus::by_instance(&self.nv_gpus, gpu_id)
+    }
+
+    /// The host shows NVIDIA GPUs and no KFD GPU: nothing AMD (HQD slots, debugfs) applies.
+    pub fn nvidia_only(&self) -> bool {
+        self.gpus.is_empty() && !self.nv_gpus.is_empty()
     }
 
     pub fn gpu(&self, gpu_id: u32) -> Option<&Gpu> {
@@ -204,6 +217,7 @@ impl State {
             Update::Evicted { ts_ns, pid } => self.evict(ts_ns, pid, true),
             Update::Restored { ts_ns, pid } => self.evict(ts_ns, pid, false),
             Update::Topology(nodes) => self.topology(nodes),
+            Update::NvGpus(g) => self.nv_gpus = g,
             Update::Procs(s) => self.reconcile(s),
             Update::ProcInfo { pid, info } => self.proc_info(pid, info),
             Update::ProcGone { pid } => {

@@ -539,6 +539,8 @@ pub enum Update {
         pid: u32,
     },
     Topology(Vec<GpuNode>),
+    /// The NVIDIA GPUs (`/proc/driver/nvidia/gpus`), joined to the RM's device instances.
+    NvGpus(Vec<crate::observe::nv::gpus::NvGpu>),
     /// `/sys/class/kfd/kfd/proc`.
     Procs(ProcSnapshot),
     /// `/proc/PID` facts; a different start time than before means the pid was reused.

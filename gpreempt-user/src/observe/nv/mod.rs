@@ -3,4 +3,5 @@
 //! a restarted controller adopts ([`adopt`]).
 pub mod activity;
 pub mod adopt;
+pub mod gpus;
 pub mod rm;

@@ -277,42 +277,61 @@ pub fn handle_info(fd: BorrowedFd, h_client: u32, h_object: u32, index: u32) -> 
     Ok(nv::u64_at(&p, hi::DATA))
 }
 
+/// A client of our own on a fresh /dev/nvidiactl, freed on drop (closing the file would free it
+/// too; the explicit free keeps it short-lived).
+struct OwnClient {
+    ctl: std::fs::File,
+    handle: u32,
+}
+
+impl OwnClient {
+    fn new() -> Result<Self> {
+        use nv::alloc as a;
+        let ctl = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(nv::NVIDIACTL)
+            .with_context(|| format!("opening {}", nv::NVIDIACTL))?;
+        let mut args = [0u8; a::NVOS21_SIZE as usize];
+        args[a::H_CLASS..a::H_CLASS + 4]
+            .copy_from_slice(&nv::class::NV01_ROOT_CLIENT.to_le_bytes());
+        let req = nv::iowr(nv::nr::RM_ALLOC, a::NVOS21_SIZE);
+        // SAFETY: `args` is the 32-byte NVOS21 the request's size names, with no params pointer.
+        let r = unsafe { libc::ioctl(ctl.as_raw_fd(), req as _, args.as_mut_ptr()) };
+        if r < 0 {
+            return Err(anyhow!("RM_ALLOC of a client: {}", Errno::last()));
+        }
+        let status = nv::u32_at(&args, a::NVOS21_STATUS);
+        if status != nv::status::OK {
+            return Err(anyhow!(
+                "RM_ALLOC of a client: {}",
+                nv::status::name(status)
+            ));
+        }
+        let handle = nv::u32_at(&args, a::H_OBJECT_NEW);
+        Ok(Self { ctl, handle })
+    }
+}
+
+impl Drop for OwnClient {
+    fn drop(&mut self) {
+        use nv::free as fr;
+        let mut f = [0u8; fr::SIZE as usize];
+        for at in [fr::H_ROOT, fr::H_OBJECT_PARENT, fr::H_OBJECT_OLD] {
+            f[at..at + 4].copy_from_slice(&self.handle.to_le_bytes());
+        }
+        let req = nv::iowr(nv::nr::RM_FREE, fr::SIZE);
+        // SAFETY: `f` is the 16-byte NVOS00 the request's size names.
+        let _ = unsafe { libc::ioctl(self.ctl.as_raw_fd(), req as _, f.as_mut_ptr()) };
+    }
+}
+
 /// The index the RM gives the next client it makes (`RS_CLIENT_HANDLE_BASE` + index): a client
 /// is made on a fresh /dev/nvidiactl and freed at once. Clients of processes that ran before are
 /// below it (indices increase; a wrap past `CLIENT_HANDLE_MAX` is not followed).
 pub fn next_client_index() -> Result<u32> {
-    use nv::{alloc as a, free as fr};
-    use std::os::fd::AsFd as _;
-    let ctl = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(nv::NVIDIACTL)
-        .with_context(|| format!("opening {}", nv::NVIDIACTL))?;
-    let mut args = [0u8; a::NVOS21_SIZE as usize];
-    args[a::H_CLASS..a::H_CLASS + 4].copy_from_slice(&nv::class::NV01_ROOT_CLIENT.to_le_bytes());
-    let req = nv::iowr(nv::nr::RM_ALLOC, a::NVOS21_SIZE);
-    // SAFETY: `args` is the 32-byte NVOS21 the request's size names, with no params pointer.
-    let r = unsafe { libc::ioctl(ctl.as_fd().as_raw_fd(), req as _, args.as_mut_ptr()) };
-    if r < 0 {
-        return Err(anyhow!("RM_ALLOC of a client: {}", Errno::last()));
-    }
-    let status = nv::u32_at(&args, a::NVOS21_STATUS);
-    if status != nv::status::OK {
-        return Err(anyhow!(
-            "RM_ALLOC of a client: {}",
-            nv::status::name(status)
-        ));
-    }
-    let h = nv::u32_at(&args, a::H_OBJECT_NEW);
-    let mut f = [0u8; fr::SIZE as usize];
-    for at in [fr::H_ROOT, fr::H_OBJECT_PARENT, fr::H_OBJECT_OLD] {
-        f[at..at + 4].copy_from_slice(&h.to_le_bytes());
-    }
-    let req = nv::iowr(nv::nr::RM_FREE, fr::SIZE);
-    // SAFETY: `f` is the 16-byte NVOS00 the request's size names. Closing the file frees the
-    // client anyway; the explicit free only keeps it short-lived.
-    let _ = unsafe { libc::ioctl(ctl.as_fd().as_raw_fd(), req as _, f.as_mut_ptr()) };
+    let h = OwnClient::new()?.handle;
     anyhow::ensure!(
         h & !(nv::CLIENT_HANDLE_MAX - 1) == nv::CLIENT_HANDLE_BASE,
         "the RM made client {h:#x}, outside {:#x}..{:#x}",
@@ -320,6 +339,43 @@ pub fn next_client_index() -> Result<u32> {
         nv::CLIENT_HANDLE_BASE + nv::CLIENT_HANDLE_MAX
     );
     Ok((h - nv::CLIENT_HANDLE_BASE) + 1)
+}
+
+/// The GPUs attached to the RM now, as (GPU id, device instance): on a client of our own,
+/// `NV0000_CTRL_CMD_GPU_GET_ATTACHED_IDS`, then `NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2` per id. A
+/// GPU no process has open (and no persistence daemon holds) may not be attached: it has no
+/// device instance, and no queues either.
+pub fn attached_gpus() -> Result<Vec<(u32, u32)>> {
+    use std::os::fd::AsFd as _;
+    let c = OwnClient::new()?;
+    let fd = c.ctl.as_fd();
+    let mut ids = [0u8; nv::ATTACHED_IDS_SIZE];
+    rm_control_ok(
+        fd,
+        c.handle,
+        c.handle,
+        nv::CTRL_GPU_GET_ATTACHED_IDS,
+        &mut ids,
+    )
+    .context("listing the GPUs attached to the RM")?;
+    let mut out = Vec::new();
+    for id in ids.chunks_exact(4).map(|b| nv::u32_at(b, 0)) {
+        if id == nv::GPU_INVALID_ID {
+            break;
+        }
+        let mut info = [0u8; nv::ID_INFO_V2_SIZE];
+        info[..4].copy_from_slice(&id.to_le_bytes());
+        rm_control_ok(
+            fd,
+            c.handle,
+            c.handle,
+            nv::CTRL_GPU_GET_ID_INFO_V2,
+            &mut info,
+        )
+        .with_context(|| format!("the device instance of GPU id {id:#x}"))?;
+        out.push((id, nv::u32_at(&info, nv::ID_INFO_V2_DEVICE_INSTANCE)));
+    }
+    Ok(out)
 }
 
 /// The device instance (a device's alloc `deviceId`) of the GPU behind subdevice `h_subdevice`:

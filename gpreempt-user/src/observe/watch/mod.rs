@@ -96,6 +96,10 @@ pub struct Watcher {
     nv_log: Option<crate::observe::nv::adopt::ObjectLog>,
     /// Records applied per process while a census runs ([`Self::census_start`]).
     census: Option<std::collections::HashMap<u32, u64>>,
+    /// The NVIDIA driver's control node exists: the RM can say which GPU a device instance is.
+    nv_rm: bool,
+    /// Device instances of live TSGs that no GPU had when the RM was last asked.
+    nv_unjoined: std::collections::BTreeSet<u32>,
 }
 
 impl Watcher {
@@ -111,6 +115,7 @@ impl Watcher {
             for line in w.adopt_nv(&crate::rundir::run_dir(), false) {
                 log::info!("{line}");
             }
+            w.nv_gpus_now(false);
         }
         std::thread::sleep(gap);
         w.sample_now();
@@ -157,6 +162,8 @@ impl Watcher {
             channels: Default::default(),
             nv_log: None,
             census: None,
+            nv_rm: Path::new(gpreempt_common::nv::NVIDIACTL).exists(),
+            nv_unjoined: Default::default(),
         })
     }
 
@@ -281,6 +288,7 @@ impl Watcher {
     fn read_all(&mut self, mqds: bool) {
         let t = std::time::Instant::now();
         self.reconcile_now(mqds);
+        self.nv_gpus_now(true);
         let reconciled = t.elapsed();
         self.controller_now();
         self.hqds_now();
@@ -357,6 +365,7 @@ impl Watcher {
             }
             Due::Reconcile => {
                 self.reconcile_now(false);
+                self.nv_gpus_now(false);
                 self.prune_launches();
                 self.controller_now();
                 self.state.apply(Update::Tick {
@@ -445,3 +454,6 @@ const APPLIED: [&str; 6] = [
     "launches",
     "exits",
 ];
+
+#[cfg(test)]
+mod tests;

@@ -45,9 +45,10 @@ impl Watcher {
                 Err(_) => {}
             }
         }
+        // KFD queues only: an NVIDIA TSG has no MQD (its rings come from its alloc params).
         let need_mqds = self.state.procs.values().any(|p| {
             p.live_queues()
-                .any(|q| q.kind.is_compute() && q.ring_base_address.is_none())
+                .any(|q| q.kind.is_compute() && q.nv.is_none() && q.ring_base_address.is_none())
         });
         if force_mqds || need_mqds {
             let path = self.paths.debugfs.join("mqds");
@@ -131,7 +132,33 @@ impl Watcher {
         }
     }
 
+    /// The NVIDIA GPUs (`<proc>/driver/nvidia/gpus`), joined with the RM's device instances.
+    /// Without `force` only when a live TSG names a device instance no GPU has that was not
+    /// asked about already (a GPU attaches when its first process opens it).
+    pub(super) fn nv_gpus_now(&mut self, force: bool) {
+        let unjoined: std::collections::BTreeSet<u32> = self
+            .state
+            .procs
+            .values()
+            .flat_map(|p| p.live_queues())
+            .filter(|q| q.nv.is_some() && self.state.nv_gpu(q.gpu_id).is_none())
+            .map(|q| q.gpu_id)
+            .collect();
+        if !force && (unjoined.is_empty() || unjoined == self.nv_unjoined) {
+            return;
+        }
+        self.nv_unjoined = unjoined;
+        let gpus = crate::observe::nv::gpus::read_joined(&self.paths.proc, self.nv_rm);
+        if gpus != self.state.nv_gpus {
+            self.state.apply(Update::NvGpus(gpus));
+        }
+    }
+
     pub(super) fn hqds_now(&mut self) {
+        // No amdgpu here: no HQDs to read, and no advice about debugfs to give.
+        if self.state.nvidia_only() {
+            return;
+        }
         let path = self.paths.debugfs.join("hqds");
         let taken_ns = monotonic_ns();
         match std::fs::read_to_string(&path) {

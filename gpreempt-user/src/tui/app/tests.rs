@@ -103,6 +103,27 @@ fn hqds(gpu_id: u32, pid: u32, qid: u32) -> HqdNode {
     }
 }
 
+/// A process of an NVIDIA host with one TSG (RM handle 0x5c000015 = 1543503893) on RM device
+/// instance 1, which the crossed fixture says is the GPU at index 0 (00000000:19:00.0).
+pub(crate) fn nvidia_host() -> State {
+    use crate::observe::model::tests::nvidia::rm_alloc;
+    use gpreempt_common::nv::class;
+    let mut st = State::new();
+    st.apply(Update::NvGpus(
+        crate::observe::nv::gpus::fixture::two_h100_crossed(),
+    ));
+    let client = 0xc1d0_001f;
+    for (parent, new, cl, head) in [
+        (0, client, class::NV01_ROOT_CLIENT, 0),
+        (client, 0x5c00_0001, class::NV01_DEVICE_0, 1),
+        (0x5c00_0001, 0x5c00_0002, class::NV20_SUBDEVICE_0, 0),
+        (0x5c00_0001, 0x5c00_0015, class::KEPLER_CHANNEL_GROUP_A, 1),
+    ] {
+        st.apply(rm_alloc(1, 4242, client, parent, new, cl, head));
+    }
+    st
+}
+
 /// Two GPUs, three processes:
 /// - 100 `python` (container, class online): queues 0 (GPU A, HQD 0.1.2, 1000 dispatch/s),
 ///   1 (GPU A, suspended by 999), 2 (GPU B, destroyed)

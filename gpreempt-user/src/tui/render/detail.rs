@@ -53,12 +53,20 @@ fn sample_label(s: &SampleStatus) -> String {
 /// Every field of a queue, the most useful first; long values get a line of their own.
 fn queue_pairs(q: &Queue, state: &State) -> (Pairs, Pairs) {
     let now = state.now_ns;
-    let gpu = match state.gpu(q.gpu_id) {
-        Some(g) => format!("{} {}", q.gpu_id, g.gfx_target),
-        None => q.gpu_id.to_string(),
+    // An NVIDIA TSG's gpu_id is its RM device instance: the GPU by the ids nvidia-smi uses.
+    let gpu = match (&q.nv, state.gpu(q.gpu_id), state.nv_gpu(q.gpu_id)) {
+        (Some(_), _, Some(g)) => format!(
+            "{} (RM device instance {})",
+            crate::term::clean(&g.describe()),
+            q.gpu_id
+        ),
+        (Some(_), _, None) => format!("RM device instance {}", q.gpu_id),
+        (None, Some(g), _) => format!("{} {}", q.gpu_id, g.gfx_target),
+        (None, None, _) => q.gpu_id.to_string(),
     };
     let hqd = match q.hqd {
         Some(h) => h.to_string(),
+        None if q.nv.is_some() => "- (a TSG: see its channels)".into(),
         None if state.hqds_ns.is_none() && q.alive() => "unknown (no debugfs)".into(),
         None => "- (not mapped)".into(),
     };

@@ -62,11 +62,23 @@ pub(super) struct GpuCounts {
     pub(super) busy: usize,
 }
 
+/// Which GPU a queue is on: a KFD `gpu_id`, or an NVIDIA TSG's RM device instance (the two
+/// number spaces overlap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct GpuKey {
+    pub(super) nvidia: bool,
+    pub(super) id: u32,
+}
+
 /// [`GpuCounts`] of every GPU queues are on, in one pass over the queues.
-pub(super) fn gpu_counts(state: &State) -> BTreeMap<u32, GpuCounts> {
-    let mut m: BTreeMap<u32, GpuCounts> = BTreeMap::new();
+pub(super) fn gpu_counts(state: &State) -> BTreeMap<GpuKey, GpuCounts> {
+    let mut m: BTreeMap<GpuKey, GpuCounts> = BTreeMap::new();
     for q in state.procs.values().flat_map(|p| p.live_queues()) {
-        let c = m.entry(q.gpu_id).or_default();
+        let key = GpuKey {
+            nvidia: q.nv.is_some(),
+            id: q.gpu_id,
+        };
+        let c = m.entry(key).or_default();
         c.live += 1;
         c.suspended += usize::from(q.state == QueueState::Suspended);
         c.busy += usize::from(q.activity.busy == Some(true));
@@ -99,19 +111,23 @@ pub(super) fn lever_text(v: &LeverView) -> String {
     format!("lever {} ({phase}{chosen}{last})", v.lever)
 }
 
-/// Lever tuners of GPUs with no line of their own (no KFD node: NVIDIA).
+/// Lever tuners of GPUs with no line of their own (an NVIDIA device instance no listed GPU
+/// has: the RM could not be asked which GPU it is).
 fn other_levers(state: &State) -> Vec<&LeverView> {
     state.controller.as_ref().map_or(Vec::new(), |c| {
         c.gpu_levers
             .iter()
-            .filter(|v| !state.gpus.iter().any(|g| g.node.gpu_id == v.gpu_id))
+            .filter(|v| {
+                !state.gpus.iter().any(|g| g.node.gpu_id == v.gpu_id)
+                    && state.nv_gpu(v.gpu_id).is_none()
+            })
             .collect()
     })
 }
 
 /// How many GPU lines there are to show.
 pub(super) fn gpu_line_count(state: &State) -> usize {
-    state.gpus.len() + other_levers(state).len()
+    state.gpus.len() + state.nv_gpus.len() + other_levers(state).len()
 }
 
 fn lever_of(state: &State, id: u32) -> Option<&LeverView> {
@@ -121,25 +137,15 @@ fn lever_of(state: &State, id: u32) -> Option<&LeverView> {
         .and_then(|c| c.gpu_levers.iter().find(|v| v.gpu_id == id))
 }
 
-fn gpu_line(
-    g: &crate::observe::model::Gpu,
-    counts: GpuCounts,
-    adaptive: Option<&crate::observe::status::AdaptiveView>,
-    lever: Option<&LeverView>,
-) -> Line<'static> {
-    let id = g.node.gpu_id;
+/// `queues N  suspended S  busy B` (suspended in yellow when any).
+fn count_spans(counts: GpuCounts) -> Vec<Span<'static>> {
     let GpuCounts {
         live,
         suspended,
         busy,
     } = counts;
-    let used = opt(g.hqds_used).replace('-', "?");
-    let mut spans = vec![
-        Span::styled(format!("GPU {id}"), bold()),
-        Span::raw(format!(
-            " {} {}CU  HQD {used}/{}  queues {}  ",
-            g.gfx_target, g.node.cu_count, g.hqds_total, live
-        )),
+    vec![
+        Span::raw(format!("queues {live}  ")),
         Span::styled(
             format!("suspended {suspended}"),
             if suspended > 0 {
@@ -149,7 +155,25 @@ fn gpu_line(
             },
         ),
         Span::raw(format!("  busy {busy}")),
+    ]
+}
+
+fn gpu_line(
+    g: &crate::observe::model::Gpu,
+    counts: GpuCounts,
+    adaptive: Option<&crate::observe::status::AdaptiveView>,
+    lever: Option<&LeverView>,
+) -> Line<'static> {
+    let id = g.node.gpu_id;
+    let used = opt(g.hqds_used).replace('-', "?");
+    let mut spans = vec![
+        Span::styled(format!("GPU {id}"), bold()),
+        Span::raw(format!(
+            " {} {}CU  HQD {used}/{}  ",
+            g.gfx_target, g.node.cu_count, g.hqds_total
+        )),
     ];
+    spans.extend(count_spans(counts));
     if g.stopped {
         spans.push(Span::styled("  STOPPED", Style::new().fg(Color::Red)));
     }
@@ -162,32 +186,71 @@ fn gpu_line(
     Line::from(spans)
 }
 
+/// An NVIDIA GPU: `GPU 0 NVIDIA H100 80GB HBM3  00000000:19:00.0  GPU-...  queues ...`, the ids
+/// nvidia-smi and dcgm-exporter use.
+fn nv_gpu_line(
+    g: &crate::observe::nv::gpus::NvGpu,
+    counts: GpuCounts,
+    lever: Option<&LeverView>,
+) -> Line<'static> {
+    let mut spans = vec![
+        Span::styled(format!("GPU {}", g.index), bold()),
+        Span::raw(format!(
+            " {}  {}  {}  ",
+            crate::term::clean(&g.name),
+            g.pci_bus_id,
+            crate::term::clean(g.uuid.as_deref().unwrap_or("-"))
+        )),
+    ];
+    spans.extend(count_spans(counts));
+    if let Some(v) = lever {
+        spans.push(Span::raw(format!("  {}", lever_text(v))));
+    }
+    Line::from(spans)
+}
+
 pub(super) fn draw_gpus(
     f: &mut Frame,
     area: Rect,
     state: &State,
-    counts: &BTreeMap<u32, GpuCounts>,
+    counts: &BTreeMap<GpuKey, GpuCounts>,
 ) {
     let others = other_levers(state);
-    let lines: Vec<Line> = if state.gpus.is_empty() && others.is_empty() {
+    let lines: Vec<Line> = if state.gpus.is_empty() && state.nv_gpus.is_empty() && others.is_empty()
+    {
         vec![Line::styled(
             "no GPUs found (no GPU node in /sys/class/kfd/kfd/topology)",
             bold(),
         )]
     } else {
         let room = usize::from(area.height);
+        let count = |nvidia: bool, id: u32| {
+            counts
+                .get(&GpuKey { nvidia, id })
+                .copied()
+                .unwrap_or_default()
+        };
         let mut all: Vec<Line> = state
             .gpus
             .iter()
             .map(|g| {
                 let id = g.node.gpu_id;
-                let c = counts.get(&id).copied().unwrap_or_default();
-                gpu_line(g, c, state.adaptive.get(&id), lever_of(state, id))
+                gpu_line(
+                    g,
+                    count(false, id),
+                    state.adaptive.get(&id),
+                    lever_of(state, id),
+                )
             })
             .collect();
+        all.extend(state.nv_gpus.iter().map(|g| match g.device_instance {
+            Some(i) => nv_gpu_line(g, count(true, i), lever_of(state, i)),
+            None => nv_gpu_line(g, GpuCounts::default(), None),
+        }));
+        // Not the index of a listed GPU: said as what it is.
         all.extend(others.iter().map(|v| {
             Line::from(vec![
-                Span::styled(format!("GPU {}", v.gpu_id), bold()),
+                Span::styled(format!("GPU (RM device instance {})", v.gpu_id), bold()),
                 Span::raw(format!("  {}", lever_text(v))),
             ])
         }));
@@ -206,7 +269,15 @@ pub(super) fn draw_gpus(
     f.render_widget(Paragraph::new(lines), area);
 }
 
+/// The HQD line is AMD's: a host whose only GPUs are NVIDIA's has none.
+pub(super) fn hqd_line_shown(state: &State) -> bool {
+    !state.nvidia_only()
+}
+
 pub(super) fn draw_hqd_line(f: &mut Frame, area: Rect, state: &State) {
+    if area.height == 0 {
+        return;
+    }
     let line = match state.hqds_ns {
         None => Line::from(vec![
             Span::styled("HQD slots unknown", bold()),

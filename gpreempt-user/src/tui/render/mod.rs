@@ -58,7 +58,8 @@ fn gpu_lines(state: &State, height: u16) -> u16 {
 
 fn split(area: Rect, app: &App, state: &State, detail_lines: u16) -> Areas {
     let g = gpu_lines(state, area.height);
-    let rest = area.height.saturating_sub(3 + g);
+    let h = u16::from(header::hqd_line_shown(state));
+    let rest = area.height.saturating_sub(2 + h + g);
     let mut detail_h = 0;
     if app.detail && detail_lines > 0 {
         let cap = rest.saturating_sub(TABLE_MIN).min((rest / 2).max(3));
@@ -83,7 +84,7 @@ fn split(area: Rect, app: &App, state: &State, detail_lines: u16) -> Areas {
     };
     let title = take(1);
     let gpus = take(g);
-    let hqd = take(1);
+    let hqd = take(h);
     let table = take(table_h);
     let detail = (detail_h > 0).then(|| take(detail_h));
     let log = (log_h > 0).then(|| take(log_h));

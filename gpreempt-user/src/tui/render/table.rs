@@ -135,16 +135,30 @@ pub(super) const COLS: [ColSpec; 15] = [
     },
 ];
 
+/// [`columns_for`] with the PID column at its own width.
+#[cfg(test)]
+pub(super) fn columns(width: u16) -> Vec<(&'static ColSpec, u16)> {
+    columns_for(width, 0)
+}
+
 /// The columns that fit `width` (one space between columns), with their widths: the most
 /// important first (pid, comm, HQD, state), then by rank until one does not fit; COMM and
-/// CMDLINE share what is left.
-pub(super) fn columns(width: u16) -> Vec<(&'static ColSpec, u16)> {
+/// CMDLINE share what is left. The PID column is at least `id_width` wide: a queue row's id
+/// after its tree mark, whole (an NVIDIA TSG's is a 10-digit RM handle).
+pub(super) fn columns_for(width: u16, id_width: u16) -> Vec<(&'static ColSpec, u16)> {
+    let w = |c: &ColSpec| {
+        if c.col == Col::Id {
+            c.width.max(id_width)
+        } else {
+            c.width
+        }
+    };
     let mut by_rank: Vec<&ColSpec> = COLS.iter().collect();
     by_rank.sort_by_key(|c| c.drop_rank);
     let mut used = 0u16;
     let mut keep = Vec::new();
     for c in by_rank {
-        let need = c.width + u16::from(!keep.is_empty());
+        let need = w(c) + u16::from(!keep.is_empty());
         if used + need > width {
             break;
         }
@@ -155,7 +169,7 @@ pub(super) fn columns(width: u16) -> Vec<(&'static ColSpec, u16)> {
     let mut out: Vec<(&ColSpec, u16)> = COLS
         .iter()
         .filter(|c| keep.contains(&c.col))
-        .map(|c| (c, c.width))
+        .map(|c| (c, w(c)))
         .collect();
     let has_cmdline = keep.contains(&Col::Cmdline);
     for (c, w) in &mut out {
@@ -237,10 +251,30 @@ fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
     }
 }
 
-fn queue_cell(c: Col, q: &Queue, last: bool, hqds_known: bool, now: u64) -> Cell<'static> {
+/// The width of the PID column's text in `rows`: a pid, or a queue id after ` ├─ `.
+pub(super) fn id_width(rows: &[TreeRow]) -> u16 {
+    let digits = |n: u32| n.checked_ilog10().unwrap_or(0) as u16 + 1;
+    rows.iter()
+        .map(|r| r.queue.map_or(digits(r.pid), |q| 4 + digits(q)))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A queue's GPU as `top` names it: an NVIDIA TSG's GPU by its index (nvidia-smi's), once the
+/// RM said which GPU its device instance is; a KFD queue's by its gpu_id.
+fn gpu_label(q: &Queue, state: &State) -> String {
+    match q.nv.as_ref().and_then(|_| state.nv_gpu(q.gpu_id)) {
+        Some(g) => g.index.to_string(),
+        None => q.gpu_id.to_string(),
+    }
+}
+
+fn queue_cell(c: Col, q: &Queue, last: bool, state: &State) -> Cell<'static> {
+    let hqds_known = state.hqds_ns.is_some();
+    let now = state.now_ns;
     match c {
         Col::Id => Cell::from(format!(" {}─ {}", if last { '└' } else { '├' }, q.queue_id)),
-        Col::Gpu => Cell::from(q.gpu_id.to_string()),
+        Col::Gpu => Cell::from(gpu_label(q, state)),
         Col::Kind => Cell::from(q.kind.label()),
         Col::Prio => Cell::from(opt(q.priority)),
         // An NVIDIA TSG has no HQD slot: its hardware side is its channels.
@@ -261,7 +295,6 @@ fn queue_cell(c: Col, q: &Queue, last: bool, hqds_known: bool, now: u64) -> Cell
 }
 
 fn table_row(r: &TreeRow, cols: &[(&ColSpec, u16)], state: &State) -> Row<'static> {
-    let now = state.now_ns;
     let Some(p) = state.procs.get(&r.pid) else {
         return Row::new(Vec::<Cell>::new());
     };
@@ -274,11 +307,10 @@ fn table_row(r: &TreeRow, cols: &[(&ColSpec, u16)], state: &State) -> Row<'stati
             let Some(q) = p.queues.get(&qid) else {
                 return Row::new(Vec::<Cell>::new());
             };
-            let known = state.hqds_ns.is_some();
             let style = if q.alive() { Style::new() } else { dim() };
             Row::new(
                 cols.iter()
-                    .map(|(c, _)| queue_cell(c.col, q, r.last, known, now)),
+                    .map(|(c, _)| queue_cell(c.col, q, r.last, state)),
             )
             .style(style)
         }
@@ -286,7 +318,7 @@ fn table_row(r: &TreeRow, cols: &[(&ColSpec, u16)], state: &State) -> Row<'stati
 }
 
 pub(super) fn draw_table(f: &mut Frame, area: Rect, app: &App, state: &State, rows: &[TreeRow]) {
-    let cols = columns(area.width);
+    let cols = columns_for(area.width, id_width(rows));
     let sorted = sort_col(app.sort);
     let header = Row::new(cols.iter().map(|(c, _)| {
         if c.col == sorted {
@@ -326,7 +358,11 @@ pub(super) fn draw_table(f: &mut Frame, area: Rect, app: &App, state: &State, ro
     app.scroll.set(start);
     if rows.is_empty() && area.height > 1 {
         let msg = if state.procs.is_empty() {
-            "no KFD processes (no process has /dev/kfd open)".to_string()
+            if state.nv_gpus.is_empty() {
+                "no KFD processes (no process has /dev/kfd open)".to_string()
+            } else {
+                "no GPU processes (none has /dev/kfd or an NVIDIA device open)".to_string()
+            }
         } else {
             format!("no process or queue matches the filter {:?}", app.filter)
         };

@@ -598,9 +598,14 @@ fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
         gpu_levers: vec![
             view(GPU_A, "pause", "calibrating", Some((5, 15)), true),
             view(7, "dynamic", "settled", None, false),
+            view(0, "timeslice", "settled", None, false),
         ],
         ..Default::default()
     });
+    // Two NVIDIA GPUs, device instance 0 the one at index 1: its lever is on that line.
+    st.apply(Update::NvGpus(
+        crate::observe::nv::gpus::fixture::two_h100_crossed(),
+    ));
     let b = render(&App::new("100ms"), &st, 220, 30);
     let l = line(&b, find(&b, "quiet window"));
     assert!(
@@ -611,9 +616,14 @@ fn a_lever_tuner_shows_its_lever_and_phase_per_gpu() {
             ),
         "{l}"
     );
-    let l = line(&b, find(&b, "GPU 7"));
+    let l = line(&b, find(&b, "GPU (RM device instance 7)"));
     assert!(
         l.contains("lever dynamic (settled; worst service p99 0.96x its target, 36 req)"),
+        "{l}"
+    );
+    let l = line(&b, find(&b, "GPU 1 NVIDIA H100"));
+    assert!(
+        l.contains("lever timeslice (settled, chosen dynamic"),
         "{l}"
     );
 }
@@ -765,4 +775,74 @@ fn control_sequences_in_process_names_never_reach_the_terminal() {
         "{row}"
     );
     assert!(row.contains("./bench\\x1b[2J\\nroot 1 online"), "{row}");
+}
+
+/// An NVIDIA-only host: one line per GPU with the ids nvidia-smi and dcgm-exporter use (index,
+/// name, bus id, UUID) and its queue counts; nothing about KFD topology or HQD slots.
+#[test]
+fn an_nvidia_host_shows_its_gpus_and_no_amd_lines() {
+    let st = crate::tui::app::tests::nvidia_host();
+    let b = render(&App::new("100ms"), &st, 160, 30);
+    assert_eq!(
+        line(&b, 1).trim_end(),
+        "GPU 0 NVIDIA H100 80GB HBM3  00000000:19:00.0  GPU-11111111-2222-3333-4444-555555555555  \
+         queues 1  suspended 0  busy 0"
+    );
+    assert_eq!(
+        line(&b, 2).trim_end(),
+        "GPU 1 NVIDIA H100 80GB HBM3  00000000:3B:00.0  GPU-66666666-7777-8888-9999-aaaaaaaaaaaa  \
+         queues 0  suspended 0  busy 0"
+    );
+    assert_absent(&b, "no GPUs found");
+    assert_absent(&b, "HQD slots");
+    assert_absent(&b, "HQD map");
+    assert_absent(&b, "kfd");
+    // The table's header comes right under the GPU lines.
+    assert!(line(&b, 3).starts_with("PID"), "{}", line(&b, 3));
+}
+
+/// A TSG's id is an RM handle of 10 digits: shown whole (the PID column widens), and its GPU
+/// column names the GPU by index, not by RM device instance.
+#[test]
+fn a_tsg_id_is_shown_whole_with_its_gpu_index() {
+    let st = crate::tui::app::tests::nvidia_host();
+    let b = render(&App::new("100ms"), &st, 160, 30);
+    let row = words(&row_starting(&b, " └─ 1543503893", "tsg-gr"));
+    assert_eq!(row[..4], ["└─", "1543503893", "0", "tsg-gr"], "{row:?}");
+    // The columns after it stay aligned with their headers.
+    let head = line(&b, find_start(&b, "PID"));
+    let at = |l: &str, w: &str| l[..l.find(w).unwrap()].chars().count();
+    let row_line = row_starting(&b, " └─ 1543503893", "tsg-gr");
+    assert_eq!(
+        at(&head, "TYPE"),
+        at(&row_line, "tsg-gr"),
+        "{head}\n{row_line}"
+    );
+    // Its detail pane names the GPU whole, with the device instance the RM gave it.
+    let mut app = App::new("100ms");
+    app.handle(Action::Down, &st);
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 160, 40);
+    find(
+        &b,
+        "0 NVIDIA H100 80GB HBM3 00000000:19:00.0 GPU-11111111-2222-3333-4444-555555555555 \
+         (RM device instance 1)",
+    );
+    find(&b, "- (a TSG: see its channels)");
+}
+
+/// A host with both drivers: the KFD GPU line, the NVIDIA GPU line and the HQD line.
+#[test]
+fn a_mixed_host_shows_both_vendors_gpus_and_the_hqd_line() {
+    let mut st = known_state();
+    let one = crate::observe::nv::gpus::fixture::two_h100_crossed()
+        .into_iter()
+        .take(1)
+        .collect();
+    st.apply(Update::NvGpus(one));
+    let b = render(&App::new("100ms"), &st, 160, 40);
+    find(&b, &format!("GPU {GPU_A} "));
+    find(&b, "GPU 0 NVIDIA H100 80GB HBM3  00000000:19:00.0");
+    find(&b, "HQD map from debugfs hqds");
+    assert_absent(&b, "no GPUs found");
 }
