@@ -25,6 +25,9 @@ impl Watcher {
         };
         match sysfs::read_procs(&self.paths.sysfs, known) {
             Ok(s) => self.state.apply(Update::Procs(s)),
+            // No KFD at all (an NVIDIA host, or amdgpu not loaded): nothing to reconcile; the
+            // header and doctor say what a host without GPUs lacks.
+            Err(_) if !self.paths.sysfs.exists() => {}
             Err(e) => self.warn_once(format!("{e:#}")),
         }
         // Pid reuse and processes gone without an exit event.

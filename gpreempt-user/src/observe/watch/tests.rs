@@ -74,7 +74,9 @@ fn watch(root: &Path, paths: Paths) -> Watcher {
 fn amd_warnings(w: &Watcher) -> Vec<&String> {
     w.warnings
         .iter()
-        .filter(|m| m.contains("hqds") || m.contains("mqds") || m.contains("HQD"))
+        .filter(|m| {
+            m.contains("hqds") || m.contains("mqds") || m.contains("HQD") || m.contains("kfd")
+        })
         .collect()
 }
 
