@@ -113,7 +113,14 @@ fn assert_docs_installed() {
     walk(&repo.join("examples"), &mut examples);
     examples.retain(|p| p.extension().is_some_and(|x| x == "toml"));
     assert!(shipped.len() > 10 && examples.len() >= 5);
-    shipped.push(repo.join("README.md"));
+    for f in [
+        "README.md",
+        "LICENSE-MIT",
+        "LICENSE-APACHE",
+        "LICENSE-GPL-2.0",
+    ] {
+        shipped.push(repo.join(f));
+    }
     shipped.extend(examples.iter().cloned());
     for src in &shipped {
         let rel = src.strip_prefix(repo).unwrap();
@@ -553,7 +560,7 @@ fn the_package_life_cycle_restarts_stops_and_purges_as_debian_expects() {
     let t = TempDir::new("lifecycle");
     std::fs::write(t.path("systemctl"), STUB_SYSTEMCTL).unwrap();
     std::fs::write(t.path("deb-systemd-invoke"), STUB_INVOKE).unwrap();
-    // Two packages of higher versions, the same contents.
+    // Two packages of higher versions, the same contents (uncompressed: quicker to make).
     for (n, v) in [(2, "+upgrade1"), (3, "+upgrade2")] {
         let x = t.path(&format!("x{n}"));
         let out = sh(Command::new("dpkg-deb").arg("-R").arg(&deb).arg(&x));
@@ -569,7 +576,7 @@ fn the_package_life_cycle_restarts_stops_and_purges_as_debian_expects() {
         )
         .unwrap();
         let out = sh(Command::new("dpkg-deb")
-            .args(["--root-owner-group", "-b"])
+            .args(["--root-owner-group", "-Znone", "-b"])
             .arg(&x)
             .arg(t.path(&format!("v{n}.deb"))));
         assert!(
@@ -606,10 +613,11 @@ step() {{
   done > {d}/out/$name.files
   dpkg --root=$R -s gpreempt-ebpf 2>/dev/null | sed -n 's/^Status: //p;s/^Version: //p' > {d}/out/$name.status || true
 }}
-step install dpkg --root=$R -i {deb1}
-step upgrade-stopped dpkg --root=$R -i {d}/v2.deb
+# --no-triggers: man-db re-indexing the scratch root is not under test, and was most of the time.
+step install dpkg --root=$R --no-triggers -i {deb1}
+step upgrade-stopped dpkg --root=$R --no-triggers -i {d}/v2.deb
 touch $R/stub/active
-step upgrade-running dpkg --root=$R -i {d}/v3.deb
+step upgrade-running dpkg --root=$R --no-triggers -i {d}/v3.deb
 # What an operator and the controller leave: a policy, audit logs, the unit enabled.
 mkdir -p $R/etc/gpreempt-ebpf $R/var/log/gpreempt-ebpf $R/etc/systemd/system/multi-user.target.wants
 echo '[policy]' > $R/etc/gpreempt-ebpf/policy.toml
@@ -619,11 +627,11 @@ chmod 0750 $R/var/log/gpreempt-ebpf
 ln -sf /lib/systemd/system/gpreempt-ebpf.service $R/etc/systemd/system/multi-user.target.wants/gpreempt-ebpf.service
 step logrotate chroot $R logrotate -v -f -s /stub/logrotate.state /etc/logrotate.d/gpreempt-ebpf
 ls $R/var/log/gpreempt-ebpf > {d}/out/logrotate.ls
-step remove dpkg --root=$R -r gpreempt-ebpf
-step purge dpkg --root=$R -P gpreempt-ebpf
+step remove dpkg --root=$R --no-triggers -r gpreempt-ebpf
+step purge dpkg --root=$R --no-triggers -P gpreempt-ebpf
 rmdir $R/run/systemd/system
-step install-nosystemd dpkg --root=$R -i {deb1}
-step purge-nosystemd dpkg --root=$R -P gpreempt-ebpf
+step install-nosystemd dpkg --root=$R --no-triggers -i {deb1}
+step purge-nosystemd dpkg --root=$R --no-triggers -P gpreempt-ebpf
 "#
     );
     let out = sh(Command::new("unshare").args([
