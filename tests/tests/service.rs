@@ -685,7 +685,7 @@ step purge-nosystemd dpkg --root=$R --no-triggers -P gpreempt-ebpf
 
     // First install: systemd learns of the unit, nothing is started (no policy yet).
     let s = step("install");
-    assert_eq!(s.calls, [reload.clone()]);
+    assert_eq!(s.calls, std::slice::from_ref(&reload));
     assert!(!s.active && s.events.is_empty());
     assert!(everything(&s), "{:?}", s.files);
     assert_eq!(s.status, format!("install ok installed {version}"));
@@ -755,7 +755,7 @@ step purge-nosystemd dpkg --root=$R --no-triggers -P gpreempt-ebpf
     );
     // Purge: nothing of it is left.
     let s = step("purge");
-    assert_eq!(s.calls, [reload.clone()]);
+    assert_eq!(s.calls, std::slice::from_ref(&reload));
     assert!(s.files.is_empty(), "{:?}", s.files);
     assert_eq!(s.status, "");
     // Without a running systemd (a chroot, an image build): no systemctl at all.

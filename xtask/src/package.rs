@@ -45,15 +45,7 @@ pub fn package(profile: &str) -> Result<PathBuf> {
     let dir = root().join("target/debian");
     let stage = dir.join("stage");
     let _ = fs::remove_dir_all(&stage);
-    let put = |rel: &str, mode: u32, bytes: &[u8]| -> Result<()> {
-        let p = stage.join(rel);
-        if let Some(parent) = p.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
-        Ok(())
-    };
+    let put = |rel: &str, mode: u32, bytes: &[u8]| put(&stage, rel, mode, bytes);
     put("usr/bin/gpreempt-ebpf", 0o755, &fs::read(&bin)?)?;
     // The release profile keeps debug info for profiling; the package does not need it.
     if Path::new("/usr/bin/strip").exists() {
@@ -67,20 +59,8 @@ pub fn package(profile: &str) -> Result<PathBuf> {
         &fs::read(root().join("packaging/gpreempt-ebpf.service"))?,
     )?;
     fs::create_dir_all(stage.join("etc/gpreempt-ebpf"))?;
-    let deb_dir = root().join("packaging/deb");
-    let conffiles = [
-        ("etc/logrotate.d/gpreempt-ebpf", "logrotate"),
-        ("etc/default/gpreempt-ebpf", "default"),
-    ];
-    for (rel, src) in conffiles {
-        put(rel, 0o644, &fs::read(deb_dir.join(src))?)?;
-    }
+    life_cycle(&stage)?;
     let doc = "usr/share/doc/gpreempt-ebpf";
-    put(
-        &format!("{doc}/copyright"),
-        0o644,
-        copyright(&fs::read_to_string(deb_dir.join("copyright"))?)?.as_bytes(),
-    )?;
     // The licence files too: README and docs/licenses.md link them (the copyright file has
     // them besides, by reference).
     for f in [
@@ -151,20 +131,6 @@ pub fn package(profile: &str) -> Result<PathBuf> {
         glibc = glibc_needed(&stage.join("usr/bin/gpreempt-ebpf"))
     );
     put("DEBIAN/control", 0o644, control.as_bytes())?;
-    // The policy the admin writes is not shipped (the unit waits for policy.toml): the purge
-    // removes it (postrm).
-    let listed: String = conffiles
-        .iter()
-        .map(|(rel, _)| format!("/{rel}\n"))
-        .collect();
-    put("DEBIAN/conffiles", 0o644, listed.as_bytes())?;
-    for script in ["postinst", "prerm", "postrm"] {
-        put(
-            &format!("DEBIAN/{script}"),
-            0o755,
-            &fs::read(deb_dir.join(script))?,
-        )?;
-    }
     let deb = dir.join(format!("gpreempt-ebpf_{version}_amd64.deb"));
     run(Command::new("dpkg-deb")
         .args(["--root-owner-group", "--build"])
@@ -172,6 +138,48 @@ pub fn package(profile: &str) -> Result<PathBuf> {
         .arg(&deb))?;
     println!("{}", deb.display());
     Ok(deb)
+}
+
+/// Writes `bytes` to `rel` under `stage` with `mode`, making the directories on the way.
+fn put(stage: &Path, rel: &str, mode: u32, bytes: &[u8]) -> Result<()> {
+    let p = stage.join(rel);
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))?;
+    fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+/// What packaging/deb/ holds into the stage: the conffiles (and DEBIAN/conffiles naming them),
+/// the copyright file, the maintainer scripts.
+fn life_cycle(stage: &Path) -> Result<()> {
+    let src = root().join("packaging/deb");
+    let conffiles = [
+        ("etc/logrotate.d/gpreempt-ebpf", "logrotate"),
+        ("etc/default/gpreempt-ebpf", "default"),
+    ];
+    for (rel, from) in conffiles {
+        put(stage, rel, 0o644, &fs::read(src.join(from))?)?;
+    }
+    // The policy the admin writes is not shipped (the unit waits for policy.toml): the purge
+    // removes it (postrm).
+    let listed: String = conffiles
+        .iter()
+        .map(|(rel, _)| format!("/{rel}\n"))
+        .collect();
+    put(stage, "DEBIAN/conffiles", 0o644, listed.as_bytes())?;
+    for script in ["postinst", "prerm", "postrm"] {
+        let body = fs::read(src.join(script))?;
+        put(stage, &format!("DEBIAN/{script}"), 0o755, &body)?;
+    }
+    let text = copyright(&fs::read_to_string(src.join("copyright"))?)?;
+    put(
+        stage,
+        "usr/share/doc/gpreempt-ebpf/copyright",
+        0o644,
+        text.as_bytes(),
+    )
 }
 
 /// The package's Maintainer field.
