@@ -2,7 +2,9 @@
 //! builds it first) is installed with dpkg, the installed binary runs `doctor` and has no
 //! emulator (`sim` says so), systemd accepts the unit, and `run` started exactly as the unit's
 //! ExecStart says serves metrics that a real Prometheus (Debian's) scrapes inside the test
-//! build's `sim`, with one workload in a fake Kubernetes pod; the package is removed again. Nothing here is skipped: a missing package or tool fails loudly.
+//! build's `sim`, with one workload in a fake Kubernetes pod; the package is removed again. The
+//! maintainer scripts run through dpkg in a scratch root (install, upgrades, logrotate, remove,
+//! purge). Nothing here is skipped: a missing package or tool fails loudly.
 
 use std::{
     io::{Read as _, Write as _},
