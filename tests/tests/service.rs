@@ -558,6 +558,31 @@ fn the_package_life_cycle_restarts_stops_and_purges_as_debian_expects() {
             "{f} (0644 root) not in dpkg-deb -c:\n{contents}"
         );
     }
+    // Every third-party crate the copyright file lists has the licence files it ships under
+    // third-party/NAME-VERSION/.
+    let out = sh(Command::new("sh").arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -xO ./usr/share/doc/gpreempt-ebpf/copyright",
+        deb.display()
+    )));
+    let copyright = String::from_utf8_lossy(&out.stdout).into_owned();
+    let listed: Vec<String> = copyright
+        .lines()
+        .filter_map(|l| {
+            let (p, _) = l.strip_prefix(' ')?.split_once(": ")?;
+            let (name, v) = p.split_once(" v")?;
+            (!name.contains(' ') && !v.contains(' ')).then(|| format!("{name}-{v}"))
+        })
+        .collect();
+    assert!(listed.len() > 50, "{copyright}");
+    for c in &listed {
+        let prefix = format!("./usr/share/doc/gpreempt-ebpf/third-party/{c}/");
+        assert!(
+            contents
+                .lines()
+                .any(|l| l.starts_with("-rw-r--r-- root/root") && l.contains(&prefix)),
+            "no licence file of {c} in the package"
+        );
+    }
 
     let t = TempDir::new("lifecycle");
     std::fs::write(t.path("systemctl"), STUB_SYSTEMCTL).unwrap();

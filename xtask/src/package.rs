@@ -11,6 +11,7 @@
 //! install or pin beyond dpkg-deb.
 
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
@@ -152,7 +153,7 @@ fn put(stage: &Path, rel: &str, mode: u32, bytes: &[u8]) -> Result<()> {
 }
 
 /// What packaging/deb/ holds into the stage: the conffiles (and DEBIAN/conffiles naming them),
-/// the copyright file, the maintainer scripts.
+/// the copyright file (and the third-party licence files), the maintainer scripts.
 fn life_cycle(stage: &Path) -> Result<()> {
     let src = root().join("packaging/deb");
     let conffiles = [
@@ -173,51 +174,145 @@ fn life_cycle(stage: &Path) -> Result<()> {
         let body = fs::read(src.join(script))?;
         put(stage, &format!("DEBIAN/{script}"), 0o755, &body)?;
     }
-    let text = copyright(&fs::read_to_string(src.join("copyright"))?)?;
-    put(
-        stage,
-        "usr/share/doc/gpreempt-ebpf/copyright",
-        0o644,
-        text.as_bytes(),
-    )
+    copyright(stage, &fs::read_to_string(src.join("copyright"))?)
 }
 
 /// The package's Maintainer field.
 const MAINTAINER: &str = "gpreempt-ebpf developers <gpreempt-ebpf@users.noreply.github.com>";
 
-/// packaging/deb/copyright with `@CRATES@` replaced by the third-party crates the packaged build
-/// links (`cargo tree` of gpreempt-user without `sim`, as built above; proc-macros run at build
-/// time only) and their declared licences.
-fn copyright(template: &str) -> Result<String> {
-    let out = cargo()
-        .args([
-            "tree",
-            "-p",
-            "gpreempt-user",
-            "-e",
-            "normal,no-proc-macro",
-            "--prefix",
-            "none",
-        ])
-        .args(["--format", "{p} :: {l}"])
-        .current_dir(root())
-        .output()
-        .context("cargo tree")?;
-    if !out.status.success() {
-        bail!("cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+/// A third-party crate the packaged binary links.
+struct Linked {
+    name: String,
+    version: String,
+    /// As its Cargo.toml declares it.
+    licence: String,
+    /// Its source directory (in cargo's registry).
+    dir: PathBuf,
+}
+
+/// The third-party crates the packaged build links (`cargo tree` of gpreempt-user without `sim`,
+/// as built above; proc-macros run at build time only), with their sources (`cargo metadata`).
+fn linked_crates() -> Result<Vec<Linked>> {
+    let stdout = |c: &mut Command| -> Result<String> {
+        let out = c.current_dir(root()).output()?;
+        if !out.status.success() {
+            bail!("{c:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let tree = stdout(
+        cargo()
+            .args(["tree", "-p", "gpreempt-user", "--prefix", "none"])
+            .args(["-e", "normal,no-proc-macro", "--format", "{p} :: {l}"]),
+    )?;
+    let meta: serde_json::Value = serde_json::from_str(&stdout(cargo().args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--filter-platform",
+        "x86_64-unknown-linux-gnu",
+    ]))?)?;
+    let mut dirs = BTreeMap::new();
+    for p in meta["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+    {
+        if let (Some(n), Some(v), Some(dir)) = (
+            p["name"].as_str(),
+            p["version"].as_str(),
+            p["manifest_path"]
+                .as_str()
+                .and_then(|m| Path::new(m).parent()),
+        ) {
+            dirs.insert((n.to_owned(), v.to_owned()), dir.to_path_buf());
+        }
     }
-    let mut crates: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim_end_matches(" (*)").to_string())
-        .filter(|l| l.contains(" :: ") && !l.starts_with("gpreempt-"))
-        .map(|l| format!(" {}", l.replace(" :: ", ": ")))
-        .collect();
-    crates.sort();
-    crates.dedup();
-    if crates.len() < 20 {
-        bail!("cargo tree listed {} crates: {crates:?}", crates.len());
+    let mut out = BTreeMap::new();
+    for line in tree.lines() {
+        let Some((p, licence)) = line.trim_end_matches(" (*)").split_once(" :: ") else {
+            continue;
+        };
+        let mut words = p.split_whitespace();
+        let (Some(name), Some(v)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if name.starts_with("gpreempt-") {
+            continue;
+        }
+        let key = (name.to_owned(), v.trim_start_matches('v').to_owned());
+        let dir = dirs
+            .get(&key)
+            .with_context(|| format!("{name} {v}: not in cargo metadata"))?
+            .clone();
+        out.insert(
+            key.clone(),
+            Linked {
+                name: key.0,
+                version: key.1,
+                licence: licence.to_owned(),
+                dir,
+            },
+        );
     }
-    Ok(template.replace("@CRATES@", &crates.join("\n")))
+    if out.len() < 20 {
+        bail!("cargo tree listed only {} crates", out.len());
+    }
+    Ok(out.into_values().collect())
+}
+
+/// The licence and notice files a crate's source ships (LICENSE*, COPYING*, NOTICE*, ...).
+fn licence_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    const NAMES: [&str; 6] = [
+        "LICENSE",
+        "LICENCE",
+        "COPYING",
+        "NOTICE",
+        "COPYRIGHT",
+        "UNLICENSE",
+    ];
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().to_uppercase();
+        if !NAMES.iter().any(|n| name.starts_with(n)) {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            out.extend(files_under(&e.path())?);
+        } else if e.file_type()?.is_file() {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The copyright file (packaging/deb/copyright with `@CRATES@` replaced by every linked crate
+/// and its declared licence) and, under third-party/NAME-VERSION/, the licence files each crate
+/// ships, with their copyright notices.
+fn copyright(stage: &Path, template: &str) -> Result<()> {
+    let doc = "usr/share/doc/gpreempt-ebpf";
+    let crates = linked_crates()?;
+    let mut listed = Vec::new();
+    for c in &crates {
+        listed.push(format!(" {} v{}: {}", c.name, c.version, c.licence));
+        let files = licence_files(&c.dir)?;
+        if files.is_empty() {
+            bail!(
+                "{} {} ships no licence file in {}",
+                c.name,
+                c.version,
+                c.dir.display()
+            );
+        }
+        for f in files {
+            let rel = f.strip_prefix(&c.dir)?.display().to_string();
+            let to = format!("{doc}/third-party/{}-{}/{rel}", c.name, c.version);
+            put(stage, &to, 0o644, &fs::read(&f)?)?;
+        }
+    }
+    let text = template.replace("@CRATES@", &listed.join("\n"));
+    put(stage, &format!("{doc}/copyright"), 0o644, text.as_bytes())
 }
 
 /// Every regular file below `dir`, sorted.
