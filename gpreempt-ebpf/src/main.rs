@@ -166,6 +166,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// The kernel lets only GPL-compatible programs call GPL-only helpers (bpf_probe_read_*,
+// bpf_get_current_task, ...): "Dual MIT/GPL" is one of the strings it accepts
+// (license_is_gpl_compatible), and matches this crate's `MIT OR GPL-2.0-only` (docs/licenses.md).
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

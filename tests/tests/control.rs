@@ -315,6 +315,98 @@ class = "offline"
 cmdline = '--profile resnet50_b1024\b'
 "#;
 
+/// The audit log stays bounded (docs/service.md, "The audit log's bound"): under
+/// `--audit-max-size` the controller keeps the file and one FILE.1, each within the size, whole
+/// lines only; renamed away (as logrotate does), the file keeps the records until SIGHUP, after
+/// which they land in a new file of mode 0640, and the policy is reloaded as before.
+#[test]
+fn the_audit_log_rotates_at_its_cap_and_reopens_on_sighup() {
+    let _one = serial();
+    let t = TempDir::new("auditcap");
+    let d = t.0.display();
+    // The example's short resume_after: a suspend and a resume per online request.
+    let policy =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/resnet-online-offline.toml");
+    let policy = policy.display();
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+$GP sim workload {ONLINE} --duration 60 2>/dev/null >/dev/null & A=$!
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+sleep 1
+$GP run --policy {policy} --audit {d}/log/audit.jsonl --audit-max-size 4KiB 2>{d}/run1.err & R=$!
+for i in $(seq 150); do [ -e {d}/log/audit.jsonl.1 ] && break; sleep 0.2; done
+sleep 2
+kill -INT $R; wait $R; echo $? > {d}/run1.rc
+mkdir {d}/cap
+mv {d}/log/audit.jsonl {d}/log/audit.jsonl.1 {d}/cap/
+$GP run --policy {policy} --audit {d}/log/audit.jsonl 2>{d}/run2.err & R=$!
+for i in $(seq 150); do [ -s {d}/log/audit.jsonl ] && break; sleep 0.2; done
+sleep 1
+mv {d}/log/audit.jsonl {d}/log/audit.jsonl-away
+sleep 1
+if [ -e {d}/log/audit.jsonl ]; then echo before SIGHUP > {d}/early; fi
+kill -HUP $R
+sleep 2
+kill -INT $R; wait $R; echo $? > {d}/run2.rc
+kill -INT $A $B; wait $A $B
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let run1 = text(&t.path("run1.err"));
+    assert_eq!(num(&t.path("run1.rc")), 0, "{run1}");
+    assert!(!run1.contains("audit file"), "{run1}");
+    let cap = 4096;
+    let (cur, prev) = (t.path("cap/audit.jsonl"), t.path("cap/audit.jsonl.1"));
+    for f in [&cur, &prev] {
+        let len = std::fs::metadata(f).unwrap().len();
+        assert!(len > 0 && len <= cap, "{}: {len} bytes", f.display());
+        // Whole lines only, each a record.
+        let body = text(f);
+        assert!(body.ends_with('\n'));
+        assert_eq!(audit_log(f).len(), body.lines().count(), "{body}");
+    }
+    let ts = |f: &Path, first: bool| -> u64 {
+        let body = text(f);
+        let l = if first {
+            body.lines().next()
+        } else {
+            body.lines().last()
+        };
+        serde_json::from_str::<Value>(l.unwrap()).unwrap()["ts_ns"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        ts(&prev, false) <= ts(&cur, true),
+        "FILE.1 holds the older records"
+    );
+
+    let run2 = text(&t.path("run2.err"));
+    assert_eq!(num(&t.path("run2.rc")), 0, "{run2}");
+    assert!(
+        !t.path("early").exists(),
+        "a new file appeared before SIGHUP: {run2}"
+    );
+    let (away, new) = (t.path("log/audit.jsonl-away"), t.path("log/audit.jsonl"));
+    assert!(!audit_log(&away).is_empty());
+    assert!(
+        !audit_log(&new).is_empty(),
+        "no records in the reopened file: {run2}"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&new).unwrap().permissions().mode() & 0o7777,
+        0o640
+    );
+    assert!(ts(&away, false) <= ts(&new, true));
+    assert!(
+        run2.contains("policy reloaded"),
+        "SIGHUP still reloads: {run2}"
+    );
+    assert_nothing_left();
+}
+
 #[test]
 fn kill_9_of_run_leaves_nothing_suspended_and_sigterm_resumes() {
     let _one = serial();

@@ -290,6 +290,15 @@ fn the_manifests_give_the_controller_what_it_needs_per_vendor() {
             );
         }
         let audit = Path::new(arg("--audit"));
+        // No logrotate in a pod: the controller's own cap keeps the node's disk bounded.
+        let cap = match parsed.as_ref().map(|c| &c.command) {
+            Ok(gpreempt_user::cli::Command::Run(r)) => r.audit_max_size,
+            _ => None,
+        };
+        assert!(
+            cap.is_some_and(|c| c <= 1 << 30),
+            "{name}: --audit-max-size {cap:?}"
+        );
         assert!(
             mounts
                 .iter()

@@ -2,7 +2,9 @@
 //! builds it first) is installed with dpkg, the installed binary runs `doctor` and has no
 //! emulator (`sim` says so), systemd accepts the unit, and `run` started exactly as the unit's
 //! ExecStart says serves metrics that a real Prometheus (Debian's) scrapes inside the test
-//! build's `sim`, with one workload in a fake Kubernetes pod; the package is removed again. Nothing here is skipped: a missing package or tool fails loudly.
+//! build's `sim`, with one workload in a fake Kubernetes pod; the package is removed again. The
+//! maintainer scripts run through dpkg in a scratch root (install, upgrades, logrotate, remove,
+//! purge). Nothing here is skipped: a missing package or tool fails loudly.
 
 use std::{
     io::{Read as _, Write as _},
@@ -113,7 +115,14 @@ fn assert_docs_installed() {
     walk(&repo.join("examples"), &mut examples);
     examples.retain(|p| p.extension().is_some_and(|x| x == "toml"));
     assert!(shipped.len() > 10 && examples.len() >= 5);
-    shipped.push(repo.join("README.md"));
+    for f in [
+        "README.md",
+        "LICENSE-MIT",
+        "LICENSE-APACHE",
+        "LICENSE-GPL-2.0",
+    ] {
+        shipped.push(repo.join(f));
+    }
     shipped.extend(examples.iter().cloned());
     for src in &shipped {
         let rel = src.strip_prefix(repo).unwrap();
@@ -454,4 +463,337 @@ for i in $(seq 50); do rmdir {cg}/cri-containerd-{CID}.scope {cg} {cg2}/kubepods
     assert!(run_err.contains("nothing is left suspended"), "{run_err}");
     assert!(!Path::new(&format!("{cg2}/kubepods.slice")).exists());
     assert_nothing_left();
+}
+
+/// The stub `systemctl` in the scratch root: records every call and models one unit's state
+/// (/stub/active while it runs; starts and restarts are logged in /stub/events).
+const STUB_SYSTEMCTL: &str = r#"#!/bin/sh
+echo "systemctl $*" >> /stub/calls
+verb=""; for a in "$@"; do case "$a" in -*) ;; *) [ -z "$verb" ] && verb=$a ;; esac; done
+case "$verb" in
+is-active) [ -e /stub/active ] ;;
+start) touch /stub/active; echo start >> /stub/events ;;
+stop) rm -f /stub/active; echo stop >> /stub/events ;;
+restart) touch /stub/active; echo restart >> /stub/events ;;
+try-restart) if [ -e /stub/active ]; then echo restart >> /stub/events; fi ;;
+reload) if [ -e /stub/active ]; then echo reload >> /stub/events; else exit 1; fi ;;
+daemon-reload) ;;
+*) echo "stub systemctl: unexpected $*" >&2; exit 1 ;;
+esac
+"#;
+
+/// The stub `deb-systemd-invoke`: recorded, then what the real one does (systemctl).
+const STUB_INVOKE: &str =
+    "#!/bin/sh\necho \"deb-systemd-invoke $*\" >> /stub/calls\nexec systemctl \"$@\"\n";
+
+/// After a step of the life cycle in the scratch root: what was called, the unit's state and
+/// starts/stops, which of the package's paths exist, and dpkg's status line and version.
+struct Step {
+    calls: Vec<String>,
+    active: bool,
+    events: Vec<String>,
+    files: Vec<String>,
+    status: String,
+}
+
+/// The maintainer scripts as dpkg runs them, without touching the host's dpkg database or
+/// files: `dpkg --root` over an overlay of `/` (writes go to a tmpfs, in a private mount
+/// namespace; dpkg chroots into it for the scripts), with `systemctl` and `deb-systemd-invoke`
+/// stubbed there, and `/run/systemd/system` present as on a host booted with systemd (last, absent:
+/// nothing is called). Install starts nothing; an upgrade restarts a running unit and leaves a
+/// stopped one stopped (never stopping it in between); logrotate's postrotate reloads it; remove
+/// stops it and keeps the configuration and logs; purge removes them all. `dpkg-deb` shows the
+/// control fields, conffiles, scripts, copyright and logrotate files.
+#[test]
+fn the_package_life_cycle_restarts_stops_and_purges_as_debian_expects() {
+    let _one = serial();
+    require_root();
+    let deb = deb();
+    let info = |args: &[&str]| -> String {
+        let out = sh(Command::new("dpkg-deb").args(args).arg(&deb));
+        assert!(out.status.success(), "dpkg-deb {args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let version = info(&["-f"])
+        .lines()
+        .find_map(|l| l.strip_prefix("Version: ").map(str::to_owned))
+        .expect("Version");
+    let fields = info(&["-I"]);
+    for want in [
+        "Package: gpreempt-ebpf",
+        "Maintainer: gpreempt-ebpf developers <gpreempt-ebpf@users.noreply.github.com>",
+        "Section: admin",
+    ] {
+        assert!(
+            fields.contains(want),
+            "no {want:?} in dpkg-deb -I:\n{fields}"
+        );
+    }
+    for script in ["postinst", "prerm", "postrm"] {
+        assert!(
+            fields
+                .lines()
+                .any(|l| l.contains(script) && l.contains("#!/bin/sh")),
+            "no {script} in dpkg-deb -I:\n{fields}"
+        );
+    }
+    let conffiles = sh(Command::new("dpkg-deb")
+        .arg("-I")
+        .arg(&deb)
+        .arg("conffiles"));
+    assert_eq!(
+        String::from_utf8_lossy(&conffiles.stdout),
+        "/etc/logrotate.d/gpreempt-ebpf\n/etc/default/gpreempt-ebpf\n"
+    );
+    let contents = info(&["-c"]);
+    for f in [
+        "./usr/share/doc/gpreempt-ebpf/copyright",
+        "./etc/logrotate.d/gpreempt-ebpf",
+        "./etc/default/gpreempt-ebpf",
+    ] {
+        assert!(
+            contents
+                .lines()
+                .any(|l| l.starts_with("-rw-r--r-- root/root") && l.ends_with(f)),
+            "{f} (0644 root) not in dpkg-deb -c:\n{contents}"
+        );
+    }
+    // Every third-party crate the copyright file lists has the licence files it ships under
+    // third-party/NAME-VERSION/.
+    let out = sh(Command::new("sh").arg("-c").arg(format!(
+        "dpkg-deb --fsys-tarfile '{}' | tar -xO ./usr/share/doc/gpreempt-ebpf/copyright",
+        deb.display()
+    )));
+    let copyright = String::from_utf8_lossy(&out.stdout).into_owned();
+    let listed: Vec<String> = copyright
+        .lines()
+        .filter_map(|l| {
+            let (p, _) = l.strip_prefix(' ')?.split_once(": ")?;
+            let (name, v) = p.split_once(" v")?;
+            (!name.contains(' ') && !v.contains(' ')).then(|| format!("{name}-{v}"))
+        })
+        .collect();
+    assert!(listed.len() > 50, "{copyright}");
+    for c in &listed {
+        let prefix = format!("./usr/share/doc/gpreempt-ebpf/third-party/{c}/");
+        assert!(
+            contents
+                .lines()
+                .any(|l| l.starts_with("-rw-r--r-- root/root") && l.contains(&prefix)),
+            "no licence file of {c} in the package"
+        );
+    }
+
+    let t = TempDir::new("lifecycle");
+    std::fs::write(t.path("systemctl"), STUB_SYSTEMCTL).unwrap();
+    std::fs::write(t.path("deb-systemd-invoke"), STUB_INVOKE).unwrap();
+    // Two packages of higher versions, the same contents (uncompressed: quicker to make).
+    for (n, v) in [(2, "+upgrade1"), (3, "+upgrade2")] {
+        let x = t.path(&format!("x{n}"));
+        let out = sh(Command::new("dpkg-deb").arg("-R").arg(&deb).arg(&x));
+        assert!(out.status.success());
+        let control = x.join("DEBIAN/control");
+        let text = std::fs::read_to_string(&control).unwrap();
+        std::fs::write(
+            &control,
+            text.replace(
+                &format!("Version: {version}\n"),
+                &format!("Version: {version}{v}\n"),
+            ),
+        )
+        .unwrap();
+        let out = sh(Command::new("dpkg-deb")
+            .args(["--root-owner-group", "-Znone", "-b"])
+            .arg(&x)
+            .arg(t.path(&format!("v{n}.deb"))));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let d = t.0.display();
+    let deb1 = deb.display();
+    let script = format!(
+        r#"set -eu
+mkdir -p {d}/ovl {d}/out
+mount -t tmpfs -o mode=0755 lifecycle {d}/ovl
+mkdir {d}/ovl/upper {d}/ovl/work {d}/ovl/root
+R={d}/ovl/root
+mount -t overlay overlay -o lowerdir=/,upperdir={d}/ovl/upper,workdir={d}/ovl/work $R
+mount --rbind /dev $R/dev
+mount -t proc proc $R/proc
+mkdir -p $R/stub $R/run/systemd/system
+install -m 0755 {d}/systemctl $R/usr/bin/systemctl
+install -m 0755 {d}/deb-systemd-invoke $R/usr/bin/deb-systemd-invoke
+dpkg --root=$R --purge gpreempt-ebpf > /dev/null 2>&1 || true
+step() {{
+  name=$1; shift
+  : > $R/stub/calls; : > $R/stub/events
+  if ! "$@" > {d}/out/$name.log 2>&1; then echo "FAILED: $*" >> {d}/out/$name.log; fi
+  cp $R/stub/calls {d}/out/$name.calls; cp $R/stub/events {d}/out/$name.events
+  if [ -e $R/stub/active ]; then echo active; else echo inactive; fi > {d}/out/$name.state
+  for f in usr/bin/gpreempt-ebpf usr/share/doc/gpreempt-ebpf/copyright etc/logrotate.d/gpreempt-ebpf \
+      etc/default/gpreempt-ebpf etc/gpreempt-ebpf/policy.toml var/log/gpreempt-ebpf \
+      etc/systemd/system/multi-user.target.wants/gpreempt-ebpf.service; do
+    if [ -e $R/$f ] || [ -L $R/$f ]; then echo /$f; fi
+  done > {d}/out/$name.files
+  dpkg --root=$R -s gpreempt-ebpf 2>/dev/null | sed -n 's/^Status: //p;s/^Version: //p' > {d}/out/$name.status || true
+}}
+# --no-triggers: man-db re-indexing the scratch root is not under test, and was most of the time.
+step install dpkg --root=$R --no-triggers -i {deb1}
+step upgrade-stopped dpkg --root=$R --no-triggers -i {d}/v2.deb
+touch $R/stub/active
+step upgrade-running dpkg --root=$R --no-triggers -i {d}/v3.deb
+# What an operator and the controller leave: a policy, audit logs, the unit enabled.
+mkdir -p $R/etc/gpreempt-ebpf $R/var/log/gpreempt-ebpf $R/etc/systemd/system/multi-user.target.wants
+echo '[policy]' > $R/etc/gpreempt-ebpf/policy.toml
+echo '{{"action":"adapt"}}' > $R/var/log/gpreempt-ebpf/audit.jsonl
+echo '{{"action":"adapt"}}' > $R/var/log/gpreempt-ebpf/audit.jsonl.1
+chmod 0750 $R/var/log/gpreempt-ebpf
+ln -sf /lib/systemd/system/gpreempt-ebpf.service $R/etc/systemd/system/multi-user.target.wants/gpreempt-ebpf.service
+step logrotate chroot $R logrotate -v -f -s /stub/logrotate.state /etc/logrotate.d/gpreempt-ebpf
+ls $R/var/log/gpreempt-ebpf > {d}/out/logrotate.ls
+step remove dpkg --root=$R --no-triggers -r gpreempt-ebpf
+step purge dpkg --root=$R --no-triggers -P gpreempt-ebpf
+rmdir $R/run/systemd/system
+step install-nosystemd dpkg --root=$R --no-triggers -i {deb1}
+step purge-nosystemd dpkg --root=$R --no-triggers -P gpreempt-ebpf
+"#
+    );
+    let out = sh(Command::new("unshare").args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |name: &str, ext: &str| -> Vec<String> {
+        std::fs::read_to_string(t.path(&format!("out/{name}.{ext}")))
+            .unwrap_or_else(|e| panic!("{name}.{ext}: {e}"))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let step = |name: &str| -> Step {
+        let log = read(name, "log").join("\n");
+        assert!(!log.contains("FAILED"), "{name}:\n{log}");
+        Step {
+            calls: read(name, "calls"),
+            active: read(name, "state") == ["active"],
+            events: read(name, "events"),
+            files: read(name, "files"),
+            status: read(name, "status").join(" "),
+        }
+    };
+    const UNIT_NAME: &str = "gpreempt-ebpf.service";
+    let reload = "systemctl --system daemon-reload".to_string();
+    let try_restart = [
+        format!("deb-systemd-invoke try-restart {UNIT_NAME}"),
+        format!("systemctl try-restart {UNIT_NAME}"),
+    ];
+    let everything = |s: &Step| {
+        [
+            "/usr/bin/gpreempt-ebpf",
+            "/usr/share/doc/gpreempt-ebpf/copyright",
+            "/etc/logrotate.d/gpreempt-ebpf",
+            "/etc/default/gpreempt-ebpf",
+        ]
+        .iter()
+        .all(|f| s.files.iter().any(|x| x == f))
+    };
+
+    // First install: systemd learns of the unit, nothing is started (no policy yet).
+    let s = step("install");
+    assert_eq!(s.calls, std::slice::from_ref(&reload));
+    assert!(!s.active && s.events.is_empty());
+    assert!(everything(&s), "{:?}", s.files);
+    assert_eq!(s.status, format!("install ok installed {version}"));
+    // Upgrade of a stopped unit: asked to restart only if running, so it stays stopped.
+    let s = step("upgrade-stopped");
+    let mut want = vec![reload.clone()];
+    want.extend(try_restart.iter().cloned());
+    assert_eq!(s.calls, want);
+    assert!(!s.active && s.events.is_empty(), "{:?}", s.events);
+    assert_eq!(s.status, format!("install ok installed {version}+upgrade1"));
+    // Upgrade of a running unit: restarted on the new binary, never stopped by the old prerm.
+    let s = step("upgrade-running");
+    assert_eq!(s.calls, want);
+    assert!(s.active);
+    assert_eq!(s.events, ["restart"]);
+    // logrotate: the shipped file parses, rotates to a dated name (never FILE.1, the
+    // controller's), creates nothing (the controller does, reopening), and reloads the unit.
+    let s = step("logrotate");
+    let log = read("logrotate", "log").join("\n");
+    assert!(!log.to_lowercase().contains("error"), "{log}");
+    assert_eq!(
+        s.calls,
+        [
+            "systemctl -q is-active gpreempt-ebpf.service".to_string(),
+            format!("systemctl reload {UNIT_NAME}")
+        ],
+        "{log}"
+    );
+    assert_eq!(s.events, ["reload"]);
+    let ls = read("logrotate", "ls");
+    assert_eq!(ls.len(), 2, "{ls:?}");
+    assert!(ls.contains(&"audit.jsonl.1".to_string()), "{ls:?}");
+    let dated = ls
+        .iter()
+        .find(|f| f.starts_with("audit.jsonl-"))
+        .unwrap_or_else(|| panic!("{ls:?}"));
+    let stamp = dated.trim_start_matches("audit.jsonl-");
+    assert!(
+        stamp.len() > 10 && stamp.chars().all(|c| c.is_ascii_digit() || c == '-'),
+        "{dated}"
+    );
+    // Remove: stopped before the binary goes; the configuration and logs stay.
+    let s = step("remove");
+    assert_eq!(
+        s.calls,
+        [
+            format!("deb-systemd-invoke stop {UNIT_NAME}"),
+            format!("systemctl stop {UNIT_NAME}"),
+            reload.clone()
+        ]
+    );
+    assert!(!s.active);
+    assert_eq!(s.events, ["stop"]);
+    assert_eq!(
+        s.files,
+        [
+            "/etc/logrotate.d/gpreempt-ebpf",
+            "/etc/default/gpreempt-ebpf",
+            "/etc/gpreempt-ebpf/policy.toml",
+            "/var/log/gpreempt-ebpf",
+            "/etc/systemd/system/multi-user.target.wants/gpreempt-ebpf.service",
+        ]
+    );
+    assert_eq!(
+        s.status,
+        format!("deinstall ok config-files {version}+upgrade2")
+    );
+    // Purge: nothing of it is left.
+    let s = step("purge");
+    assert_eq!(s.calls, std::slice::from_ref(&reload));
+    assert!(s.files.is_empty(), "{:?}", s.files);
+    assert_eq!(s.status, "");
+    // Without a running systemd (a chroot, an image build): no systemctl at all.
+    let s = step("install-nosystemd");
+    assert!(s.calls.is_empty(), "{:?}", s.calls);
+    assert!(everything(&s));
+    let s = step("purge-nosystemd");
+    assert!(
+        s.calls.is_empty() && s.files.is_empty(),
+        "{:?} {:?}",
+        s.calls,
+        s.files
+    );
 }

@@ -115,6 +115,7 @@ fn test_packages() -> Result<()> {
         ("dpkg", "/usr/bin/dpkg-deb"),
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),
+        ("logrotate", "/usr/sbin/logrotate"),
         ("prometheus", "/usr/bin/prometheus"),
         ("buildah", "/usr/bin/buildah"),
         ("mmdebstrap", "/usr/bin/mmdebstrap"),

@@ -29,6 +29,11 @@ pub struct Args {
     /// Append every decision and its outcome here, as JSON Lines.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<std::path::PathBuf>,
+    /// Keep the audit file under SIZE (e.g. 64MiB): past it the file becomes FILE.1 (replacing
+    /// the one before) and a new FILE starts; at most twice SIZE on disk. SIGHUP reopens FILE
+    /// (for logrotate).
+    #[arg(long, value_name = "SIZE", requires = "audit", value_parser = crate::controller::audit::parse_size)]
+    pub audit_max_size: Option<u64>,
     /// How often the policy decides (ms).
     #[arg(long, default_value_t = 1, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub tick: u64,
@@ -131,6 +136,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         policy_path: args.policy.clone(),
         dry_run: args.dry_run,
         audit: args.audit.clone(),
+        audit_max_size: args.audit_max_size,
         tick: Duration::from_millis(args.tick),
         dir,
         metrics,

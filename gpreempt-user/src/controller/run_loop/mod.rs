@@ -1,7 +1,8 @@
 //! The controller's loop (`gpreempt-ebpf run --policy FILE`; `cmd/run.rs` wires it). The
 //! watcher keeps the host model current, the policy engine decides once per tick, the backends
 //! act; every decision can be audited as JSON Lines. On SIGINT, SIGTERM, any error, a panic, or Drop, everything is resumed
-//! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one).
+//! and the debug trap disabled; SIGHUP reloads the policy (a bad file keeps the old one) and
+//! reopens the audit file (logrotate).
 //!
 //! A backend that acts from a worker thread returns at once: its results arrive later
 //! ([`Arrival`]) and are applied then (engine, model, audit, the socket's reply), so the loop
@@ -28,6 +29,7 @@ use crate::{
     backend::{ActError, Acted, Arrival, Ticket},
     clock::monotonic_ns,
     controller::{
+        audit::{Audit, LogFile},
         daemon::{self, Request, Response, Status},
         hold::Holder,
         record::{
@@ -63,7 +65,7 @@ struct Ctx {
     /// the loop calls the backends itself (the holder derefs to them) and restores through it.
     backends: Holder,
     engine: Engine,
-    audit: Option<crate::controller::audit::Audit<std::fs::File>>,
+    audit: Option<Audit<LogFile>>,
     recent: VecDeque<serde_json::Value>,
     /// Processes that cannot be controlled, and why (each reported once).
     refused: BTreeMap<u32, Uncontrollable>,
@@ -89,7 +91,7 @@ impl Ctx {
         policy: Policy,
         dry_run: bool,
         mut backends: Holder,
-        audit: Option<crate::controller::audit::Audit<std::fs::File>>,
+        audit: Option<Audit<LogFile>>,
     ) -> Self {
         for b in &mut backends.list {
             b.set_policy(&policy);
@@ -514,6 +516,8 @@ pub struct Setup {
     pub policy_path: PathBuf,
     pub dry_run: bool,
     pub audit: Option<PathBuf>,
+    /// `--audit-max-size`: rotate the audit file to FILE.1 before it grows past this.
+    pub audit_max_size: Option<u64>,
     pub tick: Duration,
     /// The run directory (lock, status file, socket).
     pub dir: PathBuf,
@@ -549,6 +553,13 @@ impl Reload {
 }
 
 impl Ctx {
+    /// SIGHUP: the audit file is opened by its name again (logrotate moved it away).
+    fn reopen_audit(&mut self) {
+        if let Some(Err(e)) = self.audit.as_mut().map(Audit::reopen) {
+            log::warn!("audit file NOT reopened, still writing to the one open before: {e:#}");
+        }
+    }
+
     /// A reload read off the loop came back: the new policy, or the old one kept.
     fn reloaded(&mut self, r: Result<Policy>) {
         if let Some((m, _)) = &self.metrics {
@@ -613,6 +624,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         policy_path,
         dry_run,
         audit,
+        audit_max_size,
         tick,
         dir,
         metrics,
@@ -623,9 +635,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
     } = s;
     let mut arrivals = backends.take_arrivals();
     let audit = match &audit {
-        Some(p) => Some(crate::controller::audit::Audit::new(
-            crate::controller::audit::open_file(p)?,
-        )),
+        Some(p) => Some(Audit::new(LogFile::open(p)?).with_max_size(audit_max_size)),
         None => None,
     };
     eprintln!(
@@ -659,7 +669,10 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
                 biased;
                 _ = signals.int.recv() => return Ok("interrupted".into()),
                 _ = signals.term.recv() => return Ok("terminated".into()),
-                _ = signals.hup.recv() => reload.start(&policy_path),
+                _ = signals.hup.recv() => {
+                    ctx.reopen_audit();
+                    reload.start(&policy_path);
+                }
                 Some(r) = reload.rx.recv() => {
                     reload.busy = false;
                     ctx.reloaded(r);

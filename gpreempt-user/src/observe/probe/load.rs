@@ -8,8 +8,9 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::kfd_ioctl_target;
 
-/// The programs, built by build.rs from gpreempt-ebpf.
-pub(super) static EBPF_OBJECT: &[u8] =
+/// The programs, built by build.rs from gpreempt-ebpf (public for the licence test, which reads
+/// the object's `license` section).
+pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gpreempt-ebpf"));
 
 const TRACEFS: &str = "/sys/kernel/tracing";

@@ -28,7 +28,7 @@ mod pairs;
 mod source;
 
 pub use facts::{kallsyms_present, kfd_ioctl_target, HostProbeFacts, Planned};
-pub use load::{load_object, preflight, verify_programs, ProgramCheck};
+pub use load::{load_object, preflight, verify_programs, ProgramCheck, EBPF_OBJECT};
 pub use pairs::{attach_fentry_pair, try_fentry_pair, try_nv_pair, FENTRY_PAIR, NV_FENTRY_PAIR};
 pub use source::{IoctlSource, Pair, SourceKind, NV_IOCTL};
 
