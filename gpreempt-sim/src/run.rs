@@ -28,6 +28,10 @@ pub struct SimOptions {
     pub gpus: u32,
     pub model: Model,
     pub seed: u64,
+    /// Mount in the caller's mount namespace instead of a private one, so that processes
+    /// started elsewhere later (a systemd unit) see the emulated driver too. The mounts then
+    /// outlive `sim`: for a machine or container that is thrown away after.
+    pub shared_mounts: bool,
 }
 
 /// A process to start inside.
@@ -353,14 +357,16 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     }
     let _guardian_pipe = wr; // closes when we are gone
 
-    unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-    mount_flags(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )?;
+    if !opts.shared_mounts {
+        unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
+        mount_flags(
+            None,
+            Path::new("/"),
+            None,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None,
+        )?;
+    }
     mount_flags(
         Some(Path::new("tmpfs")),
         &dir,

@@ -221,7 +221,8 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
         // process nothing it could not do: go on as we are. Root must not.
         if privileged {
             return Err(e).context(format!(
-                "cannot take its credentials (fsuid {}, fsgid {})",
+                "cannot take its credentials (fsuid {}, fsgid {}): the controller needs \
+                 CAP_SETUID and CAP_SETGID (a systemd unit's CapabilityBoundingSet= must keep them)",
                 creds.fsuid, creds.fsgid
             ));
         }
@@ -281,6 +282,59 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
         bail!("the file changed while it was opened");
     }
     Ok(File::from(fd))
+}
+
+/// Whether opening failed for want of a permission (EPERM, EACCES anywhere in the chain): the
+/// controller's own sandbox or capabilities, or the file's modes. Worth a warning, unlike a
+/// process that exited or a file that is not there.
+pub(crate) fn permission_problem(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+            .is_some_and(|n| n == libc::EPERM || n == libc::EACCES)
+    })
+}
+
+/// At most one warning a minute from one place: the names that fail are the processes' to
+/// choose, so they could otherwise flood the journal. The rest go to debug.
+pub(crate) struct WarnGate {
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a [`WarnGate`] stays shut after a warning.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl WarnGate {
+    pub(crate) const fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether a warning may go out at `now` (it then counts as given).
+    pub(crate) fn open(&self, now: std::time::Instant) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match *last {
+            Some(t) if now.saturating_duration_since(t) < WARN_EVERY => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+}
+
+/// Logs a failed open of a file `pid` names: a permission problem as a warning (through
+/// `gate`), anything else at debug level.
+pub(crate) fn log_failure(gate: &WarnGate, what: &str, pid: u32, name: &str, e: &anyhow::Error) {
+    if permission_problem(e) && gate.open(std::time::Instant::now()) {
+        log::warn!(
+            "{what}: pid {pid}: cannot read {name}: {e:#} (permission problems of this kind are \
+             logged once a minute, the rest at debug level)"
+        );
+    } else {
+        log::debug!("{what}: pid {pid}: {name}: {e:#}");
+    }
 }
 
 /// A status file with this process's credentials, for fake `/proc` trees in tests.
@@ -456,6 +510,31 @@ mod tests {
         let gone = open(proc, 1 << 30, Path::new("/x")).unwrap_err();
         assert!(crate::observe::launch::is_gone(&gone), "{gone:#}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Refusals for want of a permission are told apart from the rest, however deep in the
+    /// chain; the gate lets one warning a minute through.
+    #[test]
+    fn permission_problems_warn_once_a_minute() {
+        let eperm = anyhow::Error::new(io::Error::from_raw_os_error(libc::EPERM))
+            .context("cannot take its credentials")
+            .context("opening /x as pid 3");
+        assert!(permission_problem(&eperm));
+        let eacces: anyhow::Error = io::Error::from_raw_os_error(libc::EACCES).into();
+        assert!(permission_problem(&eacces));
+        for other in [
+            anyhow::Error::new(io::Error::from_raw_os_error(libc::ENOENT)),
+            anyhow::anyhow!("not a regular file (a FIFO)"),
+            ProcessGone { pid: 3 }.into(),
+        ] {
+            assert!(!permission_problem(&other), "{other:#}");
+        }
+        let gate = WarnGate::new();
+        let t0 = Instant::now();
+        assert!(gate.open(t0));
+        assert!(!gate.open(t0 + Duration::from_secs(59)));
+        assert!(gate.open(t0 + WARN_EVERY));
+        assert!(!gate.open(t0 + WARN_EVERY + Duration::from_secs(1)));
     }
 
     #[test]
