@@ -133,7 +133,13 @@ fn overlay_with(
     );
     for (i, m) in keep_paths.iter().enumerate() {
         let hold = saved.join(i.to_string());
-        fs::create_dir_all(&hold)?;
+        // A container's /dev has files bound in (nspawn's /dev/console, a --bind=/dev/fuse):
+        // a bind mount's target is of its source's kind.
+        if m.is_dir() {
+            fs::create_dir_all(&hold)?;
+        } else {
+            fs::File::create(&hold)?;
+        }
         bind(m, &hold)?;
         moved.push((hold, m.clone()));
     }

@@ -28,6 +28,8 @@ pub struct KernelNames {
     answers: Option<tokio::sync::mpsc::UnboundedReceiver<Answer>>,
     /// When each pid was last asked, and whether that read failed.
     asked: HashMap<u32, (Instant, bool)>,
+    /// Pids whose names were read once (said at info level once).
+    named: std::collections::HashSet<u32>,
     pending: Option<u32>,
 }
 
@@ -48,6 +50,7 @@ impl KernelNames {
         }
         let now = Instant::now();
         self.asked.retain(|pid, _| state.procs.contains_key(pid));
+        self.named.retain(|pid| self.asked.contains_key(pid));
         let due = state.procs.values().find(|p| {
             p.exited_ns.is_none()
                 && p.queues
@@ -104,8 +107,9 @@ impl KernelNames {
         }
     }
 
-    /// Notes an answer; the names to apply, if any. A failure is said once per pid at debug
-    /// level (most processes on a host are not ROCr processes with code objects).
+    /// Notes an answer; the names to apply, if any. The first answer per pid is said: names read
+    /// at info level, a failure at debug level (most processes on a host are not ROCr processes
+    /// with code objects; a permission problem was warned about where the file was opened).
     pub fn answered(
         &mut self,
         (pid, r): Answer,
@@ -114,7 +118,15 @@ impl KernelNames {
             self.pending = None;
         }
         match r {
-            Ok(names) => Some(names),
+            Ok(names) => {
+                if self.asked.contains_key(&pid) && self.named.insert(pid) {
+                    log::info!(
+                        "pid {pid}: kernel names read from {} code object(s)",
+                        names.code_objects
+                    );
+                }
+                Some(names)
+            }
             Err(why) => {
                 if let Some(a) = self.asked.get_mut(&pid) {
                     if !a.1 {

@@ -246,7 +246,10 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
     if fd < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::ENOSYS) {
-            bail!("this kernel has no openat2 (Linux 5.6 or later is needed to open it safely)");
+            return Err(e).context(
+                "no openat2 here (Linux 5.6 or later is needed to open it safely; a seccomp \
+                 filter may refuse it: systemd's RestrictSUIDSGID= does, and containers' may)",
+            );
         }
         if e.raw_os_error() == Some(libc::EXDEV) || e.raw_os_error() == Some(libc::ELOOP) {
             return Err(e).context("its path goes through a /proc magic link or out of its root");
@@ -284,14 +287,15 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
     Ok(File::from(fd))
 }
 
-/// Whether opening failed for want of a permission (EPERM, EACCES anywhere in the chain): the
-/// controller's own sandbox or capabilities, or the file's modes. Worth a warning, unlike a
-/// process that exited or a file that is not there.
+/// Whether opening failed for want of a permission or a system call (EPERM, EACCES, ENOSYS
+/// anywhere in the chain): the controller's own sandbox, capabilities or seccomp filter (a
+/// container's refuses what it does not know, openat2 among them), or the file's modes. Worth a
+/// warning, unlike a process that exited or a file that is not there.
 pub(crate) fn permission_problem(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<io::Error>()
             .and_then(io::Error::raw_os_error)
-            .is_some_and(|n| n == libc::EPERM || n == libc::EACCES)
+            .is_some_and(|n| [libc::EPERM, libc::EACCES, libc::ENOSYS].contains(&n))
     })
 }
 
@@ -522,6 +526,9 @@ mod tests {
         assert!(permission_problem(&eperm));
         let eacces: anyhow::Error = io::Error::from_raw_os_error(libc::EACCES).into();
         assert!(permission_problem(&eacces));
+        let seccomp =
+            anyhow::Error::new(io::Error::from_raw_os_error(libc::ENOSYS)).context("no openat2");
+        assert!(permission_problem(&seccomp));
         for other in [
             anyhow::Error::new(io::Error::from_raw_os_error(libc::ENOENT)),
             anyhow::anyhow!("not a regular file (a FIFO)"),
