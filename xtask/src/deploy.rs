@@ -90,7 +90,7 @@ pub fn prepare() -> Result<()> {
     prepare_unit_root()
 }
 
-/// `.tools/unit-root`: made once (about 3 min on 2 cores with its downloads; 0 s when made).
+/// `.tools/unit-root`: made once (9 min here on 2 busy cores with its downloads; 0 s when made).
 fn prepare_unit_root() -> Result<()> {
     let dir = unit_root();
     let marker = dir.join(".gpreempt-unit-root");
