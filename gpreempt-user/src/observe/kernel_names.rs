@@ -18,8 +18,16 @@ pub const RETRY_FAILED: Duration = Duration::from_secs(30);
 /// A pid and its names, or why there are none.
 pub type Answer = (
     u32,
-    Result<crate::observe::kfd::codeobj::KernelNames, String>,
+    Result<crate::observe::kfd::codeobj::KernelNames, Unread>,
 );
+
+/// Why a process's names could not be read; `denied`: for want of a permission (the
+/// controller's capabilities or sandbox), which the journal must show.
+#[derive(Debug)]
+pub struct Unread {
+    pub why: String,
+    pub denied: bool,
+}
 
 #[derive(Default)]
 pub struct KernelNames {
@@ -79,17 +87,21 @@ impl KernelNames {
             .proc_root
             .clone()
             .unwrap_or_else(|| PathBuf::from("/proc"));
-        let spawned = std::thread::Builder::new()
-            .name("kernel-names".into())
-            .spawn(move || {
-                for pid in asked {
-                    let r = crate::observe::kfd::codeobj::read_kernel_names(&root, pid)
-                        .map_err(|e| format!("{e:#}"));
-                    if tx.send((pid, r)).is_err() {
-                        return;
+        let spawned =
+            std::thread::Builder::new()
+                .name("kernel-names".into())
+                .spawn(move || {
+                    for pid in asked {
+                        let r = crate::observe::kfd::codeobj::read_kernel_names(&root, pid)
+                            .map_err(|e| Unread {
+                                why: format!("{e:#}"),
+                                denied: crate::observe::target_file::permission_problem(&e),
+                            });
+                        if tx.send((pid, r)).is_err() {
+                            return;
+                        }
                     }
-                }
-            });
+                });
         match spawned {
             Ok(_) => {
                 self.ask = Some(ask);
@@ -127,9 +139,13 @@ impl KernelNames {
                 }
                 Some(names)
             }
-            Err(why) => {
+            Err(Unread { why, denied }) => {
+                static GATE: crate::observe::target_file::WarnGate =
+                    crate::observe::target_file::WarnGate::new();
                 if let Some(a) = self.asked.get_mut(&pid) {
-                    if !a.1 {
+                    if GATE.warn(denied, Instant::now()) {
+                        log::warn!("pid {pid}: no kernel names: {why}");
+                    } else if !a.1 {
                         log::debug!("pid {pid}: no kernel names: {why}");
                     }
                     a.1 = true;

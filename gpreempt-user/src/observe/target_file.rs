@@ -315,6 +315,12 @@ impl WarnGate {
         }
     }
 
+    /// Whether a failure is worth a warning at `now`: one for want of a permission (`denied`),
+    /// through the gate; anything else stays at its usual level.
+    pub(crate) fn warn(&self, denied: bool, now: std::time::Instant) -> bool {
+        denied && self.open(now)
+    }
+
     /// Whether a warning may go out at `now` (it then counts as given).
     pub(crate) fn open(&self, now: std::time::Instant) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -331,7 +337,7 @@ impl WarnGate {
 /// Logs a failed open of a file `pid` names: a permission problem as a warning (through
 /// `gate`), anything else at debug level.
 pub(crate) fn log_failure(gate: &WarnGate, what: &str, pid: u32, name: &str, e: &anyhow::Error) {
-    if permission_problem(e) && gate.open(std::time::Instant::now()) {
+    if gate.warn(permission_problem(e), std::time::Instant::now()) {
         log::warn!(
             "{what}: pid {pid}: cannot read {name}: {e:#} (permission problems of this kind are \
              logged once a minute, the rest at debug level)"
@@ -542,6 +548,11 @@ mod tests {
         assert!(!gate.open(t0 + Duration::from_secs(59)));
         assert!(gate.open(t0 + WARN_EVERY));
         assert!(!gate.open(t0 + WARN_EVERY + Duration::from_secs(1)));
+        // Only refusals for want of a permission go through it.
+        let gate = WarnGate::new();
+        assert!(!gate.warn(false, t0));
+        assert!(gate.warn(true, t0));
+        assert!(!gate.warn(true, t0 + Duration::from_secs(1)));
     }
 
     #[test]
