@@ -28,6 +28,10 @@ pub struct SimOptions {
     pub gpus: u32,
     pub model: Model,
     pub seed: u64,
+    /// Mount in the caller's mount namespace instead of a private one, so that processes
+    /// started elsewhere later (a systemd unit) see the emulated driver too. The mounts then
+    /// outlive `sim`: for a machine or container that is thrown away after.
+    pub shared_mounts: bool,
 }
 
 /// A process to start inside.
@@ -129,7 +133,13 @@ fn overlay_with(
     );
     for (i, m) in keep_paths.iter().enumerate() {
         let hold = saved.join(i.to_string());
-        fs::create_dir_all(&hold)?;
+        // A container's /dev has files bound in (nspawn's /dev/console, a --bind=/dev/fuse):
+        // a bind mount's target is of its source's kind.
+        if m.is_dir() {
+            fs::create_dir_all(&hold)?;
+        } else {
+            fs::File::create(&hold)?;
+        }
         bind(m, &hold)?;
         moved.push((hold, m.clone()));
     }
@@ -353,14 +363,16 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     }
     let _guardian_pipe = wr; // closes when we are gone
 
-    unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
-    mount_flags(
-        None,
-        Path::new("/"),
-        None,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None,
-    )?;
+    if !opts.shared_mounts {
+        unshare(CloneFlags::CLONE_NEWNS).context("unshare(CLONE_NEWNS)")?;
+        mount_flags(
+            None,
+            Path::new("/"),
+            None,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None,
+        )?;
+    }
     mount_flags(
         Some(Path::new("tmpfs")),
         &dir,

@@ -11,6 +11,10 @@
 //! (tests/tests/rocm.rs): `.tools/rocm-trixie`, a Debian 13 root file system with its ROCm
 //! (rocminfo 6.1.2, ROCr 6.1.2, libhsakmt 6.2.4, HIP 5.7.1) made by mmdebstrap, which the test
 //! chroots into inside `sim` (Debian 12, the host's suite, has ROCm 5.2 only).
+//!
+//! And what the systemd unit test boots (tests/tests/unit.rs): `.tools/unit-root`, a Debian 12
+//! root file system with systemd as its init, made by mmdebstrap, which the test boots with
+//! `systemd-nspawn --boot --volatile=overlay` (every boot starts from it unchanged).
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -25,6 +29,14 @@ const SUITE: &str = "bookworm";
 /// Debian 13's ROCm userspace; the marker records it, so a changed list makes the root again.
 const ROCM_SUITE: &str = "trixie";
 const ROCM_PACKAGES: &str = "rocminfo,libamdhip64-5";
+
+/// The unit test's root: systemd as init (`systemd-sysv`), D-Bus for `systemctl`'s usual path;
+/// the marker records it, so a changed list makes the root again.
+const UNIT_ROOT_PACKAGES: &str = "systemd,systemd-sysv,dbus";
+
+pub fn unit_root() -> PathBuf {
+    root().join(".tools/unit-root")
+}
 
 pub fn rocm_root() -> PathBuf {
     root().join(".tools/rocm-trixie")
@@ -74,7 +86,36 @@ pub fn prepare() -> Result<()> {
             .arg(&tmp))?;
         fs::rename(&tmp, &tar).with_context(|| format!("renaming {}", tmp.display()))?;
     }
-    prepare_rocm_root()
+    prepare_rocm_root()?;
+    prepare_unit_root()
+}
+
+/// `.tools/unit-root`: made once (9 min here on 2 busy cores with its downloads; 0 s when made).
+fn prepare_unit_root() -> Result<()> {
+    let dir = unit_root();
+    let marker = dir.join(".gpreempt-unit-root");
+    let want = format!("{SUITE} minbase {UNIT_ROOT_PACKAGES}\n");
+    if fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(());
+    }
+    let tmp = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&tmp);
+    // `minbase` (apt and dpkg: the test installs the .deb with dpkg -i) plus systemd; no
+    // documentation or translations. Root mode: systemd's files keep their owners.
+    run(Command::new("mmdebstrap")
+        .args(["--variant=minbase", "--mode=root", "--quiet"])
+        .arg(format!("--include={UNIT_ROOT_PACKAGES}"))
+        .args([
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            SUITE,
+        ])
+        .arg(&tmp))?;
+    fs::write(tmp.join(".gpreempt-unit-root"), &want)?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&tmp, &dir).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
 }
 
 /// `.tools/rocm-trixie`: made once (about 40 s on 2 cores, downloads included; 0 s when made).

@@ -2,7 +2,7 @@
 //! same time: the kernel lane runs, one binary after another, every test that starts sims or
 //! controllers (they share the run directory and the host's eBPF and KFD state), and the side
 //! lane runs what does not: the crates' unit tests, the docs and layering checks, the VM tier
-//! (QEMU), the image and the systemd tests. `cargo test --workspace` ran all of them one after
+//! (QEMU) and the image test. `cargo test --workspace` ran all of them one after
 //! another; on a 2-vCPU machine the side lane's minutes now pass beside the kernel lane's.
 //!
 //! Each binary's output goes to target/test-logs/NAME.log and is printed whole when it ends, so
@@ -26,7 +26,6 @@ use crate::{cargo, root};
 const SIDE: &[&str] = &[
     "vm",
     "packaging",
-    "unit",
     "btf",
     "trace",
     "layers",

@@ -51,7 +51,8 @@ enum Task {
     /// Prepare the VM tier (QEMU, virtme-ng, distribution kernels with amdgpu; idempotent).
     VmSetup,
     /// Prepare the packaging test (kubernetes-validate from PyPI, a Debian image base made by
-    /// mmdebstrap, both in .tools; idempotent; `test` runs it).
+    /// mmdebstrap), the real-ROCm test's Debian 13 root and the unit test's systemd root, all in
+    /// .tools; idempotent; `test` runs it.
     DeploySetup,
     /// Build the Debian package (target/debian/gpreempt-ebpf_VERSION_amd64.deb): the binary, the
     /// systemd unit, README, docs/ and example policies, man pages, shell completions.
@@ -99,6 +100,7 @@ fn setup() -> Result<()> {
 /// holds a process the controller must refuse, then leaves), python3 (the MI kit's report
 /// generator), and for the service
 /// test: dpkg-deb, binutils (strip, objdump), systemd (systemd-analyze), Prometheus and promtool;
+/// for the unit test: systemd-container (systemd-nspawn boots systemd on a Debian root);
 /// for the packaging test: buildah (builds the image, no daemon), mmdebstrap (its Debian base)
 /// and python3-pip (installs the manifest validator); rocminfo and hipcc (Debian's ROCm 5.2.3:
 /// rocminfo, libhsakmt, ROCr, HIP and its clang-15 compiler; the real-runtime test,
@@ -116,6 +118,7 @@ fn test_packages() -> Result<()> {
         ("binutils", "/usr/bin/objdump"),
         ("systemd", "/usr/bin/systemd-analyze"),
         ("logrotate", "/usr/sbin/logrotate"),
+        ("systemd-container", "/usr/bin/systemd-nspawn"),
         ("prometheus", "/usr/bin/prometheus"),
         ("buildah", "/usr/bin/buildah"),
         ("mmdebstrap", "/usr/bin/mmdebstrap"),

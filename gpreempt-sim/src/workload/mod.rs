@@ -113,8 +113,9 @@ impl AqlQueue {
             .load(Ordering::Acquire)
     }
 
-    /// Open the device and create the queue as ROCr would.
-    pub fn open(device: &Path, gpu: usize, priority: u32) -> Result<Self> {
+    /// Open the device and create the queue as ROCr would (`debug_api`: as ROCr 5.7 and later,
+    /// which enable the KFD debug API in `hsa_init`; false: as earlier releases, which never do).
+    pub fn open(device: &Path, gpu: usize, priority: u32, debug_api: bool) -> Result<Self> {
         let fd = OpenOptions::new()
             .read(true)
             .write(true)
@@ -139,6 +140,9 @@ impl AqlQueue {
             gpu_id,
         };
         kfd_ioctl(&fd, nr::ACQUIRE_VM, &mut vm).context("AMDKFD_IOC_ACQUIRE_VM")?;
+        if !debug_api {
+            return Self::create(fd, gpu_id, priority);
+        }
         // As ROCr's hsa_init does: tells the KFD (and so debuggers) where the code object list is.
         let mut rt = kfd::RuntimeEnableArgs {
             r_debug: crate::codeobj::r_debug_address(),
@@ -619,7 +623,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// The working queue and the idle ones beside it (`opts.idle_queues`).
 fn open_queues(opts: &WorkloadOptions, device: &Path) -> Result<(AqlQueue, Vec<AqlQueue>)> {
-    let q = AqlQueue::open(device, opts.gpu, opts.priority)?;
+    let q = AqlQueue::open(device, opts.gpu, opts.priority, opts.debug_api)?;
     let idle = (0..opts.idle_queues)
         .map(|_| AqlQueue::create(q.fd.try_clone()?, q.gpu_id, opts.priority))
         .collect::<Result<Vec<_>>>()

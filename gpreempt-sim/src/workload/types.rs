@@ -67,6 +67,9 @@ pub struct WorkloadOptions {
     /// Run this long first, unmeasured (a controller's start-up), then `duration` measured: the
     /// same process throughout, as a controller sees one service.
     pub warmup: Duration,
+    /// Enable the KFD debug API at start (RUNTIME_ENABLE) as ROCm 5.7 and later do; false: as
+    /// earlier runtimes (Debian 12's ROCm 5.2), whose queues the debug API cannot suspend.
+    pub debug_api: bool,
 }
 
 #[derive(Serialize, Debug)]

@@ -11,6 +11,7 @@ use crate::{
         alarm::Alarm,
         daemon,
         hold::Holder,
+        notify::{Message, Notifier},
         run_loop::{self, Setup, Signals},
     },
     observe::kfd::Paths,
@@ -82,6 +83,8 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     }
     // Signals first: from here on nothing ends the process without the loop's cleanup.
     let mut signals = Signals::new()?;
+    let mut notify = Notifier::from_env();
+    notify.send(&Message::Status("starting: loading programs, self-testing"));
     let policy = load_policy(&args.policy, &mut signals).await?;
     for w in policy.trust_warnings() {
         log::warn!("{w}");
@@ -117,8 +120,13 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     let discovery =
         (!args.dry_run && nvidiactl.exists()).then(|| watcher.adopt_nv_start(&dir, true));
     let t_test = std::time::Instant::now();
-    let tested =
-        crate::controller::startup::self_test(&mut backends, &mut watcher, &mut signals).await;
+    let tested = crate::controller::startup::self_test(
+        &mut backends,
+        &mut watcher,
+        &mut signals,
+        &mut notify,
+    )
+    .await;
     let test_ms = t_test.elapsed().as_millis();
     if let Some(d) = discovery {
         for line in watcher.adopt_nv_finish(d) {
@@ -144,6 +152,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
         backends: Holder::new(lock, backends, "run"),
         watcher,
         signals,
+        notify,
     })
     .await
 }

@@ -26,6 +26,11 @@ pub struct Args {
     /// Seed for everything the emulator derives (gpu_ids); runs with one seed are reproducible.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Mount the emulated driver in this mount namespace, not a private one, so services started
+    /// later (a systemd unit) see it too. The mounts outlive `sim`: only on a machine or
+    /// container that is thrown away after (the systemd unit test's).
+    #[arg(long, hide = true)]
+    pub shared_mounts: bool,
     /// Command to run inside, after `--` (default: an online and an offline workload, watched).
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -90,6 +95,10 @@ pub struct WorkloadArgs {
     /// measured: one process throughout.
     #[arg(long, default_value_t = 0.0, value_name = "SECONDS")]
     pub warmup: f64,
+    /// Never enable the KFD debug API (no RUNTIME_ENABLE), as ROCm runtimes before 5.7 (Debian
+    /// 12's 5.2): the kernel then refuses to suspend its queues (`no_debug_api` in a policy).
+    #[arg(long)]
+    pub no_debug_api: bool,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -128,6 +137,7 @@ pub fn main(g: &Global, args: &Args) -> Result<ExitCode> {
         gpus: args.gpus,
         model: args.model,
         seed: args.seed,
+        shared_mounts: args.shared_mounts,
     };
     let code = gpreempt_sim::run::run(&opts, children)?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
@@ -231,6 +241,7 @@ fn workload(g: &Global, w: &WorkloadArgs) -> Result<ExitCode> {
         } else {
             0.0
         }),
+        debug_api: !w.no_debug_api,
     };
     let report = gpreempt_sim::workload::run(&opts, &g.kfd_device, &STOP)?;
     let json = serde_json::to_string_pretty(&report)?;

@@ -3,7 +3,8 @@
 //! ([`hold`]: lock, backends, held queues, restore), the control socket
 //! ([`socket`]: who may send what) and how it answers requests
 //! ([`requests`], through the backend seam), the loop of `run` itself ([`run_loop`])
-//! and what comes before it ([`startup`]: the self-tests); what it audits ([`record`], written
+//! and what comes before it ([`startup`]: the self-tests), what it tells systemd ([`notify`]:
+//! readiness, reloads, the watchdog); what it audits ([`record`], written
 //! by [`audit`]) and publishes ([`metrics`]).
 pub mod alarm;
 pub mod audit;
@@ -11,6 +12,7 @@ pub mod daemon;
 pub mod hold;
 pub mod limits;
 pub mod metrics;
+pub mod notify;
 pub mod record;
 pub mod requests;
 pub mod run_loop;

@@ -9,7 +9,10 @@ use anyhow::Result;
 use crate::{
     backend::{Backends, HostBusy},
     clock::monotonic_ns,
-    controller::run_loop::Signals,
+    controller::{
+        notify::{Message, Notifier},
+        run_loop::Signals,
+    },
     observe::watch::Watcher,
     outcome::Notice,
 };
@@ -19,7 +22,12 @@ use crate::{
 /// because the host was busy ([`HostBusy`]) is tried again after a backoff (1 s, doubling to
 /// [`BUSY_BACKOFF_MAX`]) for as long as it stays busy, the events drained and the leases kept
 /// meanwhile; SIGINT or SIGTERM end the wait.
-pub async fn self_test(backends: &mut Backends, w: &mut Watcher, sig: &mut Signals) -> Result<()> {
+pub async fn self_test(
+    backends: &mut Backends,
+    w: &mut Watcher,
+    sig: &mut Signals,
+    notify: &mut Notifier,
+) -> Result<()> {
     let mut failed = None;
     for i in 0..backends.list.len() {
         let mut backoff = Duration::from_secs(1);
@@ -34,6 +42,11 @@ pub async fn self_test(backends: &mut Backends, w: &mut Watcher, sig: &mut Signa
                         b.vendor(),
                         backoff.as_secs()
                     );
+                    // Under systemd the start may take this long and more: the wait must not
+                    // run into TimeoutStartSec= while the host is busy.
+                    notify.send(&Message::ExtendTimeout {
+                        by: backoff + EXTEND_MARGIN,
+                    });
                     if let Err(e) = busy_wait(backends, w, sig, backoff).await {
                         failed = Some(e);
                         break;
@@ -57,6 +70,9 @@ pub async fn self_test(backends: &mut Backends, w: &mut Watcher, sig: &mut Signa
         None => Ok(()),
     }
 }
+
+/// Beyond a wait, what systemd grants the self-test that follows it.
+const EXTEND_MARGIN: Duration = Duration::from_secs(60);
 
 /// The longest wait between self-tests on a busy host.
 pub const BUSY_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -162,6 +178,20 @@ mod tests {
     }
 
     fn try_with(busy: u32, fail: bool) -> (Result<()>, u32, Duration) {
+        let (r, tries, waited, _) = try_notified(busy, fail);
+        (r, tries, waited)
+    }
+
+    /// Also: what systemd was told, one datagram a line.
+    fn try_notified(busy: u32, fail: bool) -> (Result<()>, u32, Duration, Vec<String>) {
+        let sock = std::env::temp_dir().join(format!(
+            "gpreempt-startup-notify-{}-{busy}-{fail}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&sock);
+        let rx = std::os::unix::net::UnixDatagram::bind(&sock).expect("bind");
+        rx.set_nonblocking(true).expect("nonblocking");
+        let mut notify = Notifier::to(sock.to_str().expect("utf-8"), None).expect("notifier");
         let tries = std::rc::Rc::new(std::cell::Cell::new(0));
         let mut b = Backends::of(vec![Box::new(Flaky {
             busy,
@@ -177,10 +207,31 @@ mod tests {
             let mut w = Watcher::for_tests();
             let mut sig = Signals::new().expect("signals");
             let t0 = tokio::time::Instant::now();
-            let r = self_test(&mut b, &mut w, &mut sig).await;
+            let r = self_test(&mut b, &mut w, &mut sig, &mut notify).await;
             (r, t0.elapsed())
         });
-        (r, tries.get(), waited)
+        let mut said = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = rx.recv(&mut buf) {
+            said.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        let _ = std::fs::remove_file(&sock);
+        (r, tries.get(), waited, said)
+    }
+
+    /// Each wait on a busy host asks systemd for more start-up time than it lasts, so a unit
+    /// started into a busy host is not failed by TimeoutStartSec= meanwhile.
+    #[test]
+    fn a_busy_host_extends_the_start_timeout_per_wait() {
+        let (r, _, _, said) = try_notified(2, false);
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(
+            said,
+            [
+                "EXTEND_TIMEOUT_USEC=61000000\n",
+                "EXTEND_TIMEOUT_USEC=62000000\n"
+            ]
+        );
     }
 
     #[test]

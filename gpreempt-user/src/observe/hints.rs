@@ -7,7 +7,11 @@ use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::{Context as _, Result};
 
-use crate::observe::{launch::LaunchTarget, probe::Probes};
+use crate::observe::{
+    launch::LaunchTarget,
+    probe::Probes,
+    target_file::{permission_problem, WarnGate},
+};
 
 /// A pid, its launch entry points (or why none were found), and how long the search took.
 pub type Resolution = (u32, Result<Vec<LaunchTarget>>, Duration);
@@ -19,8 +23,9 @@ pub enum Outcome {
     Attached(usize),
     /// The process maps no launch entry point (no HIP/HSA/libcuda library, or not yet).
     NoneMapped,
-    /// Resolving or attaching failed.
-    Failed(String),
+    /// Resolving or attaching failed; `denied`: for want of a permission (the controller's
+    /// capabilities or sandbox), which the journal must show.
+    Failed { why: String, denied: bool },
     /// Nobody wants it any more (unwatched, or the process is gone).
     Dropped,
 }
@@ -36,8 +41,24 @@ impl Outcome {
             Self::NoneMapped => Some(format!(
                 "pid {pid}: no launch entry point mapped (searched in {ms} ms)"
             )),
-            Self::Failed(e) => Some(format!("pid {pid}: no launch hints: {e}")),
+            Self::Failed { why, .. } => Some(format!("pid {pid}: no launch hints: {why}")),
             Self::Dropped => None,
+        }
+    }
+
+    /// How loud [`Self::describe`]'s line is: a failure for want of a permission is a warning
+    /// (at most one a minute through `gate`), the rest information.
+    pub(crate) fn level(&self, gate: &WarnGate, now: std::time::Instant) -> log::Level {
+        match self {
+            Self::Failed { denied, .. } if gate.warn(*denied, now) => log::Level::Warn,
+            _ => log::Level::Info,
+        }
+    }
+
+    fn failed(e: &anyhow::Error) -> Self {
+        Self::Failed {
+            why: format!("{e:#}"),
+            denied: permission_problem(e),
         }
     }
 }
@@ -113,9 +134,9 @@ impl LaunchHints {
             Ok(_) if !alive => Outcome::Dropped,
             Ok(t) => match probes.watch_launches(pid, &t) {
                 Ok(n) => Outcome::Attached(n),
-                Err(e) => Outcome::Failed(format!("{e:#}")),
+                Err(e) => Outcome::failed(&e),
             },
-            Err(e) => Outcome::Failed(format!("{e:#}")),
+            Err(e) => Outcome::failed(&e),
         }
     }
 
@@ -128,5 +149,31 @@ impl LaunchHints {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure for want of a permission is a warning, once a minute; other failures and
+    /// successes are information.
+    #[test]
+    fn permission_failures_are_warnings() {
+        let denied = Outcome::failed(
+            &anyhow::Error::new(std::io::Error::from_raw_os_error(libc::EPERM))
+                .context("attaching uprobes"),
+        );
+        let gone = Outcome::failed(&anyhow::anyhow!("pid 3 exited"));
+        let gate = WarnGate::new();
+        let t0 = std::time::Instant::now();
+        assert_eq!(gone.level(&gate, t0), log::Level::Info);
+        assert_eq!(Outcome::Attached(4).level(&gate, t0), log::Level::Info);
+        assert_eq!(denied.level(&gate, t0), log::Level::Warn);
+        assert_eq!(denied.level(&gate, t0), log::Level::Info, "once a minute");
+        assert_eq!(
+            denied.describe(3, Duration::from_millis(2)).as_deref(),
+            Some("pid 3: no launch hints: attaching uprobes: Operation not permitted (os error 1)")
+        );
     }
 }

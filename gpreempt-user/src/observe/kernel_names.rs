@@ -18,8 +18,16 @@ pub const RETRY_FAILED: Duration = Duration::from_secs(30);
 /// A pid and its names, or why there are none.
 pub type Answer = (
     u32,
-    Result<crate::observe::kfd::codeobj::KernelNames, String>,
+    Result<crate::observe::kfd::codeobj::KernelNames, Unread>,
 );
+
+/// Why a process's names could not be read; `denied`: for want of a permission (the
+/// controller's capabilities or sandbox), which the journal must show.
+#[derive(Debug)]
+pub struct Unread {
+    pub why: String,
+    pub denied: bool,
+}
 
 #[derive(Default)]
 pub struct KernelNames {
@@ -28,6 +36,8 @@ pub struct KernelNames {
     answers: Option<tokio::sync::mpsc::UnboundedReceiver<Answer>>,
     /// When each pid was last asked, and whether that read failed.
     asked: HashMap<u32, (Instant, bool)>,
+    /// Pids whose names were read once (said at info level once).
+    named: std::collections::HashSet<u32>,
     pending: Option<u32>,
 }
 
@@ -48,6 +58,7 @@ impl KernelNames {
         }
         let now = Instant::now();
         self.asked.retain(|pid, _| state.procs.contains_key(pid));
+        self.named.retain(|pid| self.asked.contains_key(pid));
         let due = state.procs.values().find(|p| {
             p.exited_ns.is_none()
                 && p.queues
@@ -76,17 +87,21 @@ impl KernelNames {
             .proc_root
             .clone()
             .unwrap_or_else(|| PathBuf::from("/proc"));
-        let spawned = std::thread::Builder::new()
-            .name("kernel-names".into())
-            .spawn(move || {
-                for pid in asked {
-                    let r = crate::observe::kfd::codeobj::read_kernel_names(&root, pid)
-                        .map_err(|e| format!("{e:#}"));
-                    if tx.send((pid, r)).is_err() {
-                        return;
+        let spawned =
+            std::thread::Builder::new()
+                .name("kernel-names".into())
+                .spawn(move || {
+                    for pid in asked {
+                        let r = crate::observe::kfd::codeobj::read_kernel_names(&root, pid)
+                            .map_err(|e| Unread {
+                                why: format!("{e:#}"),
+                                denied: crate::observe::target_file::permission_problem(&e),
+                            });
+                        if tx.send((pid, r)).is_err() {
+                            return;
+                        }
                     }
-                }
-            });
+                });
         match spawned {
             Ok(_) => {
                 self.ask = Some(ask);
@@ -104,8 +119,9 @@ impl KernelNames {
         }
     }
 
-    /// Notes an answer; the names to apply, if any. A failure is said once per pid at debug
-    /// level (most processes on a host are not ROCr processes with code objects).
+    /// Notes an answer; the names to apply, if any. The first answer per pid is said: names read
+    /// at info level, a failure at debug level (most processes on a host are not ROCr processes
+    /// with code objects; a permission problem was warned about where the file was opened).
     pub fn answered(
         &mut self,
         (pid, r): Answer,
@@ -114,10 +130,22 @@ impl KernelNames {
             self.pending = None;
         }
         match r {
-            Ok(names) => Some(names),
-            Err(why) => {
+            Ok(names) => {
+                if self.asked.contains_key(&pid) && self.named.insert(pid) {
+                    log::info!(
+                        "pid {pid}: kernel names read from {} code object(s)",
+                        names.code_objects
+                    );
+                }
+                Some(names)
+            }
+            Err(Unread { why, denied }) => {
+                static GATE: crate::observe::target_file::WarnGate =
+                    crate::observe::target_file::WarnGate::new();
                 if let Some(a) = self.asked.get_mut(&pid) {
-                    if !a.1 {
+                    if GATE.warn(denied, Instant::now()) {
+                        log::warn!("pid {pid}: no kernel names: {why}");
+                    } else if !a.1 {
                         log::debug!("pid {pid}: no kernel names: {why}");
                     }
                     a.1 = true;

@@ -38,6 +38,7 @@ pub struct LaunchTarget {
 }
 
 pub use super::target_file::ProcessGone;
+use super::target_file::{log_failure, WarnGate};
 
 /// Whether `err` (from [`resolve`] or [`LaunchResolver::resolve`]) says the process exited.
 pub fn is_gone(err: &anyhow::Error) -> bool {
@@ -171,7 +172,9 @@ impl LaunchResolver {
         let file = match crate::observe::target_file::open(proc_root, pid, path) {
             Ok(f) => f,
             Err(e) => {
-                log::debug!("launch: pid {pid}: cannot open {}: {e:#}", path.display());
+                static GATE: WarnGate = WarnGate::new();
+                let name = path.display().to_string();
+                log_failure(&GATE, "launch hints", pid, &name, &e);
                 return None;
             }
         };

@@ -221,7 +221,8 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
         // process nothing it could not do: go on as we are. Root must not.
         if privileged {
             return Err(e).context(format!(
-                "cannot take its credentials (fsuid {}, fsgid {})",
+                "cannot take its credentials (fsuid {}, fsgid {}): the controller needs \
+                 CAP_SETUID and CAP_SETGID (a systemd unit's CapabilityBoundingSet= must keep them)",
                 creds.fsuid, creds.fsgid
             ));
         }
@@ -245,7 +246,10 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
     if fd < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::ENOSYS) {
-            bail!("this kernel has no openat2 (Linux 5.6 or later is needed to open it safely)");
+            return Err(e).context(
+                "no openat2 here (Linux 5.6 or later is needed to open it safely; a seccomp \
+                 filter may refuse it: systemd's RestrictSUIDSGID= does, and containers' may)",
+            );
         }
         if e.raw_os_error() == Some(libc::EXDEV) || e.raw_os_error() == Some(libc::ELOOP) {
             return Err(e).context("its path goes through a /proc magic link or out of its root");
@@ -281,6 +285,66 @@ fn open_as(creds: &Creds, root: &OwnedFd, rel: &CString) -> Result<File> {
         bail!("the file changed while it was opened");
     }
     Ok(File::from(fd))
+}
+
+/// Whether opening failed for want of a permission or a system call (EPERM, EACCES, ENOSYS
+/// anywhere in the chain): the controller's own sandbox, capabilities or seccomp filter (a
+/// container's refuses what it does not know, openat2 among them), or the file's modes. Worth a
+/// warning, unlike a process that exited or a file that is not there.
+pub(crate) fn permission_problem(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+            .is_some_and(|n| [libc::EPERM, libc::EACCES, libc::ENOSYS].contains(&n))
+    })
+}
+
+/// At most one warning a minute from one place: the names that fail are the processes' to
+/// choose, so they could otherwise flood the journal. The rest go to debug.
+pub(crate) struct WarnGate {
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How long a [`WarnGate`] stays shut after a warning.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(60);
+
+impl WarnGate {
+    pub(crate) const fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether a failure is worth a warning at `now`: one for want of a permission (`denied`),
+    /// through the gate; anything else stays at its usual level.
+    pub(crate) fn warn(&self, denied: bool, now: std::time::Instant) -> bool {
+        denied && self.open(now)
+    }
+
+    /// Whether a warning may go out at `now` (it then counts as given).
+    pub(crate) fn open(&self, now: std::time::Instant) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match *last {
+            Some(t) if now.saturating_duration_since(t) < WARN_EVERY => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+}
+
+/// Logs a failed open of a file `pid` names: a permission problem as a warning (through
+/// `gate`), anything else at debug level.
+pub(crate) fn log_failure(gate: &WarnGate, what: &str, pid: u32, name: &str, e: &anyhow::Error) {
+    if gate.warn(permission_problem(e), std::time::Instant::now()) {
+        log::warn!(
+            "{what}: pid {pid}: cannot read {name}: {e:#} (permission problems of this kind are \
+             logged once a minute, the rest at debug level)"
+        );
+    } else {
+        log::debug!("{what}: pid {pid}: {name}: {e:#}");
+    }
 }
 
 /// A status file with this process's credentials, for fake `/proc` trees in tests.
@@ -456,6 +520,39 @@ mod tests {
         let gone = open(proc, 1 << 30, Path::new("/x")).unwrap_err();
         assert!(crate::observe::launch::is_gone(&gone), "{gone:#}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Refusals for want of a permission are told apart from the rest, however deep in the
+    /// chain; the gate lets one warning a minute through.
+    #[test]
+    fn permission_problems_warn_once_a_minute() {
+        let eperm = anyhow::Error::new(io::Error::from_raw_os_error(libc::EPERM))
+            .context("cannot take its credentials")
+            .context("opening /x as pid 3");
+        assert!(permission_problem(&eperm));
+        let eacces: anyhow::Error = io::Error::from_raw_os_error(libc::EACCES).into();
+        assert!(permission_problem(&eacces));
+        let seccomp =
+            anyhow::Error::new(io::Error::from_raw_os_error(libc::ENOSYS)).context("no openat2");
+        assert!(permission_problem(&seccomp));
+        for other in [
+            anyhow::Error::new(io::Error::from_raw_os_error(libc::ENOENT)),
+            anyhow::anyhow!("not a regular file (a FIFO)"),
+            ProcessGone { pid: 3 }.into(),
+        ] {
+            assert!(!permission_problem(&other), "{other:#}");
+        }
+        let gate = WarnGate::new();
+        let t0 = Instant::now();
+        assert!(gate.open(t0));
+        assert!(!gate.open(t0 + Duration::from_secs(59)));
+        assert!(gate.open(t0 + WARN_EVERY));
+        assert!(!gate.open(t0 + WARN_EVERY + Duration::from_secs(1)));
+        // Only refusals for want of a permission go through it.
+        let gate = WarnGate::new();
+        assert!(!gate.warn(false, t0));
+        assert!(gate.warn(true, t0));
+        assert!(!gate.warn(true, t0 + Duration::from_secs(1)));
     }
 
     #[test]

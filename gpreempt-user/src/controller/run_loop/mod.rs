@@ -32,6 +32,7 @@ use crate::{
         audit::{Audit, LogFile},
         daemon::{self, Request, Response, Status},
         hold::Holder,
+        notify::Message,
         record::{
             ActLever, AdaptNote, AuditRecord, By, DecisionAct, DirectAct, LeverSwitch, TimesliceSet,
         },
@@ -528,6 +529,8 @@ pub struct Setup {
     pub backends: Holder,
     pub watcher: Watcher,
     pub signals: Signals,
+    /// systemd's readiness and watchdog messages (inert outside a `Type=notify` unit).
+    pub notify: crate::controller::notify::Notifier,
 }
 
 /// SIGHUP reloads, read and parsed off the loop (a slow or huge file must not stall
@@ -632,6 +635,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         mut backends,
         mut watcher,
         mut signals,
+        mut notify,
     } = s;
     let mut arrivals = backends.take_arrivals();
     let audit = match &audit {
@@ -651,6 +655,10 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
     ctx.metrics_addr = metrics.as_ref().map(|(_, _, a)| a.to_string());
     ctx.metrics = metrics.map(|(m, page, _)| (m, page));
     let mut requests = daemon::serve(&dir, control_access(ctx.engine.policy())?)?;
+    // Self-tested, socket up: only now does systemd count the unit as started.
+    notify.send(&Message::Ready {
+        status: &ctx.engine.policy().summary(),
+    });
     let mut tick = tokio::time::interval(tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut publish = tokio::time::interval(Duration::from_millis(250));
@@ -671,17 +679,24 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
                 _ = signals.term.recv() => return Ok("terminated".into()),
                 _ = signals.hup.recv() => {
                     ctx.reopen_audit();
+                    if !reload.busy {
+                        notify.send(&Message::Reloading { monotonic_us: monotonic_ns() / 1000 });
+                    }
                     reload.start(&policy_path);
                 }
                 Some(r) = reload.rx.recv() => {
                     reload.busy = false;
                     ctx.reloaded(r);
+                    // Reloaded or kept: either way the controller runs a policy again.
+                    notify.send(&Message::Ready { status: &ctx.engine.policy().summary() });
                 }
                 // Every backend's results and notices (none in a dry run: `None` at once).
                 Some(a) = arrivals.recv() => ctx.arrival(w, a),
                 Some((req, reply)) = requests.recv() => ctx.request(w, req, reply).await,
                 // Before the rest: cheap, and `top` / `status` must not go stale under load.
                 _ = publish.tick() => {
+                    // Only while the loop turns: a loop stuck in a branch stops the pings.
+                    notify.alive(std::time::Instant::now());
                     publishes += 1;
                     ctx.publish(w, &dir, publishes).await;
                 }
@@ -701,6 +716,9 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         }
     }
     .await;
+    notify.send(&Message::Stopping {
+        status: "resuming and releasing everything held",
+    });
     stop(ctx, w, arrivals, &dir, result).await
 }
 

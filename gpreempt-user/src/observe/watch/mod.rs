@@ -230,7 +230,9 @@ impl Watcher {
             self.state.sources = Some(probes.summary());
         }
         if let Some(line) = outcome.describe(pid, took) {
-            log::info!("{line}");
+            static GATE: crate::observe::target_file::WarnGate =
+                crate::observe::target_file::WarnGate::new();
+            log::log!(outcome.level(&GATE, std::time::Instant::now()), "{line}");
         }
     }
 

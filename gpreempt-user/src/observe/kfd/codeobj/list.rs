@@ -94,7 +94,11 @@ pub(super) fn r_debug_cache() -> &'static Mutex<HashMap<FileKey, Option<FileRDeb
 
 pub(super) fn r_debug_in_file(proc_root: &Path, pid: u32, path: &Path) -> Option<FileRDebug> {
     let file = target_file::open(proc_root, pid, path)
-        .map_err(|e| log::debug!("codeobj: pid {pid}: cannot open {}: {e:#}", path.display()))
+        .map_err(|e| {
+            static GATE: target_file::WarnGate = target_file::WarnGate::new();
+            let name = path.display().to_string();
+            target_file::log_failure(&GATE, "kernel names", pid, &name, &e);
+        })
         .ok()?;
     let key = FileKey::of(
         &file
@@ -173,7 +177,8 @@ pub fn read_kernel_names_in(
                 }
             }
             Err(e) => {
-                log::debug!("pid {pid}: code object {uri}: {e:#}");
+                static GATE: target_file::WarnGate = target_file::WarnGate::new();
+                target_file::log_failure(&GATE, "kernel names", pid, uri, &e);
                 failures.push(format!("{uri}: {e:#}"));
             }
         }
