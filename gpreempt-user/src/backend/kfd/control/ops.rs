@@ -215,7 +215,23 @@ impl Thread {
             self.detach_ptrace(pid);
             return Err(e);
         }
-        let (events, runtime_enabled) = match self.enable(pid) {
+        let enabled = match self.enable(pid) {
+            // Seized, it has no other tracer: a session already there is one it enabled on
+            // itself (amdkfd allows that without ptrace) or a debugger's that let go of its
+            // ptrace link. As its ptrace parent we may end it: the job is under control now.
+            Err(TargetError::AlreadyDebugged) => {
+                let mut d = DbgTrapArgs::bare(pid, dbg_op::DISABLE);
+                match self.dbg_raw(&mut d) {
+                    Ok(_) => {
+                        log::info!("pid {pid}: ended the debug session it had (enabled on itself?)");
+                        self.enable(pid)
+                    }
+                    Err(_) => Err(TargetError::AlreadyDebugged),
+                }
+            }
+            r => r,
+        };
+        let (events, runtime_enabled) = match enabled {
             Ok(v) => v,
             Err(e) => {
                 // The kernel records us as the target's debugger even when ENABLE fails; that

@@ -22,6 +22,9 @@ use super::{
 };
 use crate::{observe::procinfo::ProcId, outcome::OpReport};
 
+/// Rounds of DISABLE + ENABLE + snapshot against a target that keeps ending our session.
+const REARM_TRIES: usize = 8;
+
 impl Thread {
     /// DBG_TRAP ENABLE of `pid` with a fresh event pipe (the kernel keeps the write end); the
     /// read end, and whether the target's runtime had enabled the debug API.
@@ -68,25 +71,36 @@ impl Thread {
 
     /// Takes the debug session of a target under control back: ends any session it has (one it
     /// enabled itself after disabling ours), enables ours again and re-reads its queues. A target
-    /// that enables again between the two calls (EALREADY) loses that session too, once.
+    /// that disables or enables again in between (a loop racing us) is met up to
+    /// [`REARM_TRIES`] times.
     pub(super) fn rearm(&mut self, pid: u32) -> Result<(), TargetError> {
         if !self.targets.contains_key(&pid) {
             return Err(TargetError::Gone);
         }
-        let mut tries = 0;
-        let (events, enabled) = loop {
+        let mut last = TargetError::Gone;
+        for _ in 0..REARM_TRIES {
+            self.turn();
             self.disable_any(pid)?;
-            match self.enable(pid) {
-                Err(TargetError::AlreadyDebugged) if tries == 0 => tries += 1,
-                r => break r?,
+            let (events, enabled) = match self.enable(pid) {
+                Ok(v) => v,
+                Err(e @ TargetError::AlreadyDebugged) => {
+                    last = e;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(t) = self.targets.get_mut(&pid) {
+                t.events = events;
+                t.runtime_enabled = Some(enabled);
             }
-        };
-        if let Some(t) = self.targets.get_mut(&pid) {
-            t.events = events;
-            t.runtime_enabled = Some(enabled);
+            match self.snapshot(pid) {
+                Ok(_) => return Ok(()),
+                // Disabled again under us already.
+                Err(e @ TargetError::Unsupported(_)) => last = e,
+                Err(e) => return Err(e),
+            }
         }
-        self.snapshot(pid)?;
-        Ok(())
+        Err(last)
     }
 
     /// Suspends again every queue we hold of `pid` (a whole-process hold: every queue it has),
