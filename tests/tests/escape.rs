@@ -178,3 +178,107 @@ kill -INT $A 2>/dev/null || true; wait $A || true
     assert_eq!(text(&t.path("run.rc")).trim(), "0", "{err}");
     assert_nothing_left();
 }
+
+/// Under `escape = "freeze"` a job that keeps resuming itself is frozen at its third escape: by
+/// its cgroup's threaded domain, although its leader thread sits in a threaded child (freezing
+/// the child alone left the working thread running). Thawing that cgroup behind the
+/// controller's back (`cgroup.freeze` written 0) is an escape too: seen, frozen again, shown.
+/// SIGINT of the controller thaws it and the job ends normally.
+#[test]
+fn a_job_that_keeps_escaping_is_frozen_by_its_domain_and_a_thaw_is_undone() {
+    let _one = serial();
+    let root = tests::cgroup2_root().expect("cgroup v2 is mounted");
+    let t = TempDir::new("escape-freeze");
+    let d = t.0.display();
+    let policy = POLICY.replace(
+        "default = \"ignore\"",
+        "default = \"ignore\"\nescape = \"freeze\"",
+    );
+    std::fs::write(t.path("p.toml"), policy).unwrap();
+    let poke = bin("kfd-poke");
+    let poke = poke.display();
+    let cg = format!("{root}/gpreempt-test-escape-{}", std::process::id());
+    let script = format!(
+        r#"set -e
+export GPREEMPT_RUN_DIR={d}/run
+S=$GPREEMPT_RUN_DIR/status.json
+mkdir -p {cg}
+$GP run --policy {d}/p.toml --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+sleep 2
+mkfifo {d}/cmd
+sh -c 'echo $$ > {cg}/cgroup.procs; exec {poke} /dev/kfd escape' < {d}/cmd > {d}/poke.out 2>{d}/poke.err & P=$!
+exec 3>{d}/cmd
+echo $P > {d}/pid
+for i in $(seq 100); do grep -q ready {d}/poke.out && break; sleep 0.1; done
+# Its leader thread into a threaded child; the working thread stays in the domain.
+mkdir {cg}/t
+echo threaded > {cg}/t/cgroup.type
+echo $P > {cg}/t/cgroup.threads
+cat /proc/$P/cgroup > {d}/leader.cgroup
+$GP sim workload --profile resnet18_b1 --offline --priority 15 --duration 60 >/dev/null 2>&1 & A=$!
+for i in $(seq 300); do grep -q "\[$P,0," $S 2>/dev/null && break; sleep 0.1; done
+for n in 1 2 3; do
+  echo resume >&3
+  for i in $(seq 100); do grep -q "\"count\":$n," $S 2>/dev/null && break; sleep 0.1; done
+  sleep 0.3
+done
+sleep 0.5
+cat {cg}/cgroup.freeze > {d}/freeze1
+cat {cg}/t/cgroup.freeze > {d}/freeze1t
+cp $S {d}/status1.json
+# Thawed behind the controller's back.
+echo 0 > {cg}/cgroup.freeze
+for i in $(seq 100); do grep -q '"kind":"thawed"' $S 2>/dev/null && break; sleep 0.1; done
+sleep 0.3
+cat {cg}/cgroup.freeze > {d}/freeze2
+cp $S {d}/status2.json
+kill -INT $R; wait $R; echo $? > {d}/run.rc
+cat {cg}/cgroup.freeze > {d}/freeze3
+exec 3>&-
+wait $P || true
+kill -INT $A 2>/dev/null || true; wait $A || true
+rmdir {cg}/t {cg}
+"#
+    );
+    sim(&script, Duration::from_secs(150));
+    let err = text(&t.path("run.err"));
+    let pid = text(&t.path("pid")).trim().to_string();
+    assert!(
+        text(&t.path("leader.cgroup")).contains("/t"),
+        "{}",
+        text(&t.path("leader.cgroup"))
+    );
+    let st = json(&t.path("status1.json"));
+    let e = &st["escaped"][&pid];
+    assert_eq!(e["kind"], "resumed", "{st:#}\n{err}");
+    assert!(e["count"].as_u64().unwrap_or(0) >= 3, "{e:#}");
+    // Frozen by the threaded domain: the job's own cgroup, not the leader's threaded child.
+    let cg = format!("gpreempt-test-escape-{}", std::process::id());
+    let answer = e["answer"].as_str().unwrap_or_default();
+    assert!(
+        answer.contains("froze its cgroup") && answer.contains(&cg) && !answer.contains("/t"),
+        "{answer}\n{err}"
+    );
+    assert_eq!(text(&t.path("freeze1")).trim(), "1", "{err}");
+    // The thaw was seen, shown and undone.
+    let st = json(&t.path("status2.json"));
+    let e = &st["escaped"][&pid];
+    assert_eq!(e["kind"], "thawed", "{st:#}\n{err}");
+    assert_eq!(e["answer"], "frozen again", "{e:#}");
+    assert_eq!(text(&t.path("freeze2")).trim(), "1", "frozen again\n{err}");
+    // SIGINT thaws it.
+    assert_eq!(text(&t.path("run.rc")).trim(), "0", "{err}");
+    assert_eq!(
+        text(&t.path("freeze3")).trim(),
+        "0",
+        "thawed at exit\n{err}"
+    );
+    let audit = audit_log(&t.path("audit.jsonl"));
+    assert!(
+        audit
+            .iter()
+            .any(|r| matches!(r, AuditRecord::Escape(e) if e.kind == "thawed")),
+        "no thawed escape in the audit log"
+    );
+    assert_nothing_left();
+}

@@ -442,9 +442,15 @@ fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
 
 /// The processes of `cg` and of every cgroup below it (bounded).
 fn collect_members(cg: &Path, out: &mut Vec<u32>) -> Result<()> {
-    let procs = std::fs::read_to_string(cg.join("cgroup.procs"))
-        .with_context(|| format!("reading {}/cgroup.procs", cg.display()))?;
-    out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    // A threaded cgroup has no processes of its own (reading its cgroup.procs is EOPNOTSUPP):
+    // its threads' processes are listed by the threaded domain above it.
+    let threaded =
+        std::fs::read_to_string(cg.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded");
+    if !threaded {
+        let procs = std::fs::read_to_string(cg.join("cgroup.procs"))
+            .with_context(|| format!("reading {}/cgroup.procs", cg.display()))?;
+        out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    }
     if out.len() > MAX_MEMBERS {
         bail!("{} holds more than {MAX_MEMBERS} processes", cg.display());
     }
@@ -553,6 +559,44 @@ mod tests {
         // Not there any more: nothing to freeze.
         let e = fr.check(&cg, 99, 1000, &Spare::default()).unwrap_err();
         assert!(e.to_string().contains("no longer in"), "{e}");
+    }
+
+    /// A process whose leader sits in a threaded child cgroup is frozen by its threaded domain
+    /// (freezing the child alone left its other threads running), and a thread of a frozen
+    /// process outside the frozen cgroup is found.
+    #[test]
+    fn a_threaded_child_freezes_its_domain_and_threads_outside_are_found() {
+        let f = Fake::new();
+        let cg = f.cgroup("job", &[]);
+        let t = f.cgroup("job/t", &[]);
+        std::fs::write(t.join("cgroup.type"), "threaded\n").unwrap();
+        std::fs::write(cg.join("cgroup.type"), "domain threaded\n").unwrap();
+        f.process(10, 1000, "/job/t");
+        let fr = f.freezer();
+        assert_eq!(
+            fr.cgroup_of(10).unwrap(),
+            cg,
+            "the domain, not the threaded child"
+        );
+        // A nested threaded cgroup climbs to the same domain.
+        let tt = f.cgroup("job/t/u", &[]);
+        std::fs::write(tt.join("cgroup.type"), "threaded\n").unwrap();
+        assert_eq!(fr.domain_of(tt.clone()), cg);
+        // Threads: one in the domain, one in its threaded child, one elsewhere.
+        let task = |tid: u32, at: &str| {
+            let d = f.dir.join(format!("proc/10/task/{tid}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::{at}\n")).unwrap();
+        };
+        task(10, "/job/t");
+        task(11, "/job");
+        assert!(fr.threads_outside(10, &cg).is_empty());
+        assert_eq!(fr.threads_outside(10, &t), vec![cg.clone()]);
+        task(12, "/elsewhere");
+        assert_eq!(
+            fr.threads_outside(10, &cg),
+            vec![f.dir.join("cg/elsewhere")]
+        );
     }
 
     #[test]

@@ -223,7 +223,9 @@ impl Thread {
                 let mut d = DbgTrapArgs::bare(pid, dbg_op::DISABLE);
                 match self.dbg_raw(&mut d) {
                     Ok(_) => {
-                        log::info!("pid {pid}: ended the debug session it had (enabled on itself?)");
+                        log::info!(
+                            "pid {pid}: ended the debug session it had (enabled on itself?)"
+                        );
                         self.enable(pid)
                     }
                     Err(_) => Err(TargetError::AlreadyDebugged),
