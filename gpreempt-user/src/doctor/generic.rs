@@ -562,8 +562,7 @@ pub fn traced_kfd_processes(
                     .read(&format!("/proc/{tracer}/status"))
                     .ok()
                     .and_then(|st| {
-                        crate::observe::procinfo::status_field(&st, "Tgid")
-                            .map(str::to_string)
+                        crate::observe::procinfo::status_field(&st, "Tgid").map(str::to_string)
                     })
                     .and_then(|tgid| root.value(&format!("/proc/{tgid}/comm")))
                     .or_else(|| root.value(&format!("/proc/{tracer}/comm")))

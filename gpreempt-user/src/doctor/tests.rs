@@ -592,7 +592,10 @@ fn doctor_traced_processes_from_fake_proc() {
         .write("/proc/400/status", "Name:\ttrain\nTracerPid:\t501\n")
         .mkdir("/sys/class/kfd/kfd/proc/400")
         .write("/proc/500/comm", "gpreempt-ebpf\n")
-        .write("/proc/501/status", "Name:\tgpreempt-ctl\nTgid:\t500\nTracerPid:\t0\n")
+        .write(
+            "/proc/501/status",
+            "Name:\tgpreempt-ctl\nTgid:\t500\nTracerPid:\t0\n",
+        )
         .write("/proc/501/comm", "gpreempt-ctl\n")
         // 600: traced but no KFD process.
         .write("/proc/600/status", "Name:\tls\nTracerPid:\t200\n");
