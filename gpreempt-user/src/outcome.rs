@@ -203,6 +203,9 @@ pub enum EscapeKind {
     /// A thread of it runs outside the frozen cgroup (a threaded child of a cgroup other than
     /// the frozen one, or the process moved to another cgroup).
     Moved,
+    /// A queue held suspended made progress (its read dispatch id moved) in a way no call
+    /// seen explains.
+    Progress,
 }
 
 impl EscapeKind {
@@ -213,6 +216,7 @@ impl EscapeKind {
             Self::TrapTaken => "trap_taken",
             Self::Thawed => "thawed",
             Self::Moved => "moved",
+            Self::Progress => "progress",
         }
     }
 
@@ -224,6 +228,7 @@ impl EscapeKind {
             Self::TrapTaken => "enabled a debug session of its own (DBG_TRAP ENABLE on itself)",
             Self::Thawed => "had its frozen cgroup thawed (cgroup.freeze written 0)",
             Self::Moved => "runs a thread outside its frozen cgroup",
+            Self::Progress => "made GPU progress while held (its queue's dispatch ids moved)",
         }
     }
 }

@@ -242,7 +242,7 @@ pub struct EscapeNote {
     pub answer: String,
     /// Its escapes so far, this one included.
     pub count: u64,
-    /// `resumed`, `trap_disabled`, `trap_taken`, `thawed` or `moved`.
+    /// `resumed`, `trap_disabled`, `trap_taken`, `thawed`, `moved` or `progress`.
     pub kind: String,
     pub pid: u32,
     pub reason: String,

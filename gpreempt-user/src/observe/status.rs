@@ -173,7 +173,8 @@ fn alive(pid: u32) -> bool {
 pub struct Escape {
     /// `resumed` (its own RESUME_QUEUES), `trap_disabled` (the controller's debug session
     /// disabled under it), `trap_taken` (a debug session of its own), `thawed` (its frozen
-    /// cgroup thawed), `moved` (a thread of it outside the frozen cgroup): the latest.
+    /// cgroup thawed), `moved` (a thread of it outside the frozen cgroup), `progress` (a held queue's
+    /// dispatch ids moved): the latest.
     pub kind: String,
     /// How many times it escaped (calls within one controller turn count once).
     pub count: u64,

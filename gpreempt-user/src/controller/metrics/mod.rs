@@ -165,7 +165,7 @@ impl Metrics {
             unmanaged: reg(&r, IntGauge::new("processes_unmanaged", "GPU processes whose GPU objects the controller does not know (opened the NVIDIA driver before it watched and no journal names them; see the log).")?)?,
             uncontrollable: gauge(&r, "processes_uncontrollable", "Processes the controller cannot act on, by reason (traced: it runs under a tracer of its own, e.g. strace or gdb, and cannot be seized; debugged: another debugger holds its GPU debug trap; ...).", &["reason"])?,
             proc_uncontrollable: gauge(&r, "process_uncontrollable", "1 while the controller cannot act on the process; reason as in processes_uncontrollable.", &[p, &["reason"][..]].concat())?,
-            escaped: gauge(&r, "processes_escaped", "Live processes that got out of a hold (and were held again), by the latest way: resumed (its own DBG_TRAP RESUME_QUEUES), trap_disabled, trap_taken, thawed, moved.", &["kind"])?,
+            escaped: gauge(&r, "processes_escaped", "Live processes that got out of a hold (and were held again), by the latest way: resumed (its own DBG_TRAP RESUME_QUEUES), trap_disabled, trap_taken, thawed, moved, progress.", &["kind"])?,
             proc_escapes: gauge(&r, "process_escapes", "How many times the process got out of a hold; kind: the latest way, as in processes_escaped.", &[p, &["kind"][..]].concat())?,
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
             watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,

@@ -9,13 +9,48 @@
 use super::*;
 use crate::{
     controller::record::EscapeNote,
-    observe::model::{DebugCall, DebugOp, Escape},
+    observe::model::{DebugCall, DebugOp, Escape, QueueState},
     outcome::EscapeKind,
     policy::{OnEscape, ESCALATE_AFTER},
 };
 
 /// One warning per process and kind this often (the rest are counted into the next one).
 pub(super) const SAY_EVERY_NS: u64 = 10_000_000_000;
+
+/// A held queue's first sample counts as its baseline only this long after it was seen held
+/// (the kernel's unmap is done by then).
+pub(super) const SETTLE_NS: u64 = 50_000_000;
+
+/// Dispatches past the baseline that make a held queue's progress an escape.
+pub(super) const PROGRESS_MARGIN: u64 = 2;
+
+/// A held queue watched for progress: since when it is seen held, and its baseline read id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Watch {
+    pub(super) since_ns: u64,
+    pub(super) base: Option<u64>,
+}
+
+/// The dispatches a held queue made past its baseline, when more than [`PROGRESS_MARGIN`]
+/// (the baseline moves up to the new read id); the baseline is the first sample taken
+/// [`SETTLE_NS`] after it was seen held. A suspended queue is off the hardware: the command
+/// processor consumes none of its packets, so its read id stands still.
+pub(super) fn progressed(w: &mut Watch, sample_ns: u64, read: u64) -> Option<u64> {
+    if sample_ns < w.since_ns.saturating_add(SETTLE_NS) {
+        return None;
+    }
+    let Some(base) = w.base else {
+        w.base = Some(read);
+        return None;
+    };
+    let n = read.saturating_sub(base);
+    if n > PROGRESS_MARGIN {
+        w.base = Some(read);
+        Some(n)
+    } else {
+        None
+    }
+}
 
 /// The escapes in a batch of debug calls, one per process (its most telling kind: a take-over
 /// over a disable over a resume) with the time of its latest call. `held(pid)`: whether
@@ -94,6 +129,42 @@ impl Ctx {
         }
     }
 
+    /// Held queues whose dispatch ids move although the model has them suspended: an escape
+    /// no call seen explains (a DBG_TRAP call the observer lost, a way out unknown here).
+    pub(super) async fn progress_escapes(&mut self, w: &mut Watcher) {
+        if self.dry_run {
+            return;
+        }
+        let now = monotonic_ns();
+        let mut found: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut watched = BTreeSet::new();
+        for (pid, qid, ..) in self.engine.held() {
+            let Some(q) = w.state.queue(pid, qid) else {
+                continue;
+            };
+            let (Some(read), sample_ns) = (q.activity.read_dispatch_id, q.activity.sample_ns)
+            else {
+                continue;
+            };
+            if q.state != QueueState::Suspended {
+                continue;
+            }
+            watched.insert((pid, qid));
+            let watch = self.progress.entry((pid, qid)).or_insert(Watch {
+                since_ns: now,
+                base: None,
+            });
+            if let Some(n) = progressed(watch, sample_ns, read) {
+                *found.entry(pid).or_default() += n;
+            }
+        }
+        self.progress.retain(|k, _| watched.contains(k));
+        for (pid, n) in found {
+            log::debug!("pid {pid}: {n} dispatch(es) while held");
+            self.escaped(w, pid, EscapeKind::Progress, now).await;
+        }
+    }
+
     /// `pid` escaped (`kind`, at `ts_ns`): held again (frozen too once it has escaped
     /// [`ESCALATE_AFTER`] times under `escape = "freeze"`), then noted.
     pub(super) async fn escaped(
@@ -106,6 +177,8 @@ impl Ctx {
         let count = self.escaped.get(&pid).map_or(0, |e| e.count) + 1;
         let escalate = self.engine.policy().escape == OnEscape::Freeze && count >= ESCALATE_AFTER;
         let answer = self.hold_again(w, pid, kind, escalate).await;
+        // Its queues' baselines are taken again once the new hold has settled.
+        self.progress.retain(|(p, _), _| *p != pid);
         self.note_escape(w, pid, kind, ts_ns, answer);
     }
 
@@ -254,6 +327,28 @@ mod tests {
                 (60, (EscapeKind::TrapDisabled, 11)),
             ]
         );
+    }
+
+    #[test]
+    fn a_held_queue_whose_read_id_moves_past_its_settled_baseline_made_progress() {
+        let mut w = Watch {
+            since_ns: 1_000,
+            base: None,
+        };
+        // Before the hold settled: no baseline (the kernel may still be unmapping).
+        assert_eq!(progressed(&mut w, 1_000 + SETTLE_NS - 1, 40), None);
+        assert_eq!(w.base, None);
+        assert_eq!(progressed(&mut w, 1_000 + SETTLE_NS, 50), None);
+        assert_eq!(w.base, Some(50));
+        // Standing still, or within the margin: nothing.
+        assert_eq!(progressed(&mut w, 2 * SETTLE_NS, 50), None);
+        assert_eq!(
+            progressed(&mut w, 3 * SETTLE_NS, 50 + PROGRESS_MARGIN),
+            None
+        );
+        // Past it: the dispatches since the baseline, which moves up.
+        assert_eq!(progressed(&mut w, 4 * SETTLE_NS, 60), Some(10));
+        assert_eq!(progressed(&mut w, 5 * SETTLE_NS, 61), None);
     }
 
     #[test]

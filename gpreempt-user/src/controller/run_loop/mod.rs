@@ -75,6 +75,8 @@ struct Ctx {
     escaped: BTreeMap<u32, crate::observe::model::Escape>,
     /// (pid, kind) -> (when last said, escapes unsaid since): the rate limit of the warnings.
     escape_said: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
+    /// Held queues watched for progress ([`escape`]).
+    progress: BTreeMap<(u32, u32), escape::Watch>,
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
@@ -111,6 +113,7 @@ impl Ctx {
             frozen: BTreeMap::new(),
             escaped: BTreeMap::new(),
             escape_said: BTreeMap::new(),
+            progress: BTreeMap::new(),
             pending: BTreeMap::new(),
             status_dirty: true,
             unit: daemon::own_unit(),
@@ -356,6 +359,7 @@ impl Ctx {
             self.notice(w, n);
         }
         self.escapes(w).await;
+        self.progress_escapes(w).await;
         let decisions = self.engine.decide(&w.state, now);
         // The lever tuner's changes reach the backends before the decisions made under
         // them (the worker serves its commands in order).

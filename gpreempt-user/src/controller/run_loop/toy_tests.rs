@@ -522,3 +522,48 @@ async fn a_process_refused_by_its_suspends_stays_refused_across_retries() {
     assert!(driver.borrow().pauses > 0, "suspended at last");
     assert!(!ctx.status(&w).uncontrollable.contains_key(&OFFLINE));
 }
+
+/// A fresh sample of `pid`'s queue `qid` reading `read`.
+fn sample(w: &mut Watcher, pid: u32, qid: u32, read: u64) {
+    if let Some(q) = w
+        .state
+        .procs
+        .get_mut(&pid)
+        .and_then(|p| p.queues.get_mut(&qid))
+    {
+        q.activity.status = SampleStatus::Valid;
+        q.activity.read_dispatch_id = Some(read);
+        q.activity.write_dispatch_id = Some(read + 10);
+        q.activity.sample_ns = monotonic_ns();
+    }
+}
+
+/// A held queue whose dispatch ids stand still is left alone; one whose ids move past its
+/// settled baseline (a way out no call seen explains) is an escape: held again and shown.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_queue_whose_dispatch_ids_move_is_an_escape() {
+    let d = dir("progress");
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"pause\"\n", &d);
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(
+        driver.borrow().paused.get(&OFFLINE),
+        Some(&BTreeSet::from([2, 3]))
+    );
+    for i in 0..5 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        online_busy(&mut w, 20 + i);
+        sample(&mut w, OFFLINE, 2, 100);
+        sample(&mut w, OFFLINE, 3, 7);
+        ctx.tick(&mut w).await;
+    }
+    assert!(driver.borrow().reholds.is_empty(), "standing still");
+    assert!(ctx.status(&w).escaped.is_empty());
+    online_busy(&mut w, 30);
+    sample(&mut w, OFFLINE, 2, 100);
+    sample(&mut w, OFFLINE, 3, 20);
+    ctx.tick(&mut w).await;
+    assert_eq!(driver.borrow().reholds, vec![(OFFLINE, false)]);
+    let e = ctx.status(&w).escaped[&OFFLINE].clone();
+    assert_eq!((e.kind.as_str(), e.count), ("progress", 1), "{e:?}");
+}
