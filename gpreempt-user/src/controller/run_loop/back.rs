@@ -147,7 +147,16 @@ impl Ctx {
                 answer,
             } => {
                 log::debug!("pid {pid}: {text}");
-                self.note_escape(w, pid, kind, monotonic_ns(), answer);
+                let now = monotonic_ns();
+                let audit = escape::due(
+                    &mut self.escape_audited,
+                    pid,
+                    kind,
+                    now,
+                    escape::AUDIT_EVERY_NS,
+                )
+                .is_some();
+                self.note_escape(w, pid, kind, now, answer, audit);
             }
             Notice::LeverFailed { pid, text } => {
                 let text = format!("pid {pid}: timeslice lever failed, pausing instead: {text}");

@@ -17,6 +17,10 @@ use crate::{
 /// One warning per process and kind this often (the rest are counted into the next one).
 pub(super) const SAY_EVERY_NS: u64 = 10_000_000_000;
 
+/// One audit record (the escape, and the act that held it again) per process and kind this
+/// often: a job escaping in a loop must not flood the log (the count says how many there were).
+pub(super) const AUDIT_EVERY_NS: u64 = 1_000_000_000;
+
 /// A held queue's first sample counts as its baseline only this long after it was seen held
 /// (the kernel's unmap is done by then).
 pub(super) const SETTLE_NS: u64 = 50_000_000;
@@ -88,8 +92,19 @@ pub(super) fn say_due(
     kind: EscapeKind,
     now: u64,
 ) -> Option<u64> {
+    due(said, pid, kind, now, SAY_EVERY_NS)
+}
+
+/// [`say_due`] with its own interval.
+pub(super) fn due(
+    said: &mut BTreeMap<(u32, EscapeKind), (u64, u64)>,
+    pid: u32,
+    kind: EscapeKind,
+    now: u64,
+    every_ns: u64,
+) -> Option<u64> {
     match said.get_mut(&(pid, kind)) {
-        Some((at, unsaid)) if now.saturating_sub(*at) < SAY_EVERY_NS => {
+        Some((at, unsaid)) if now.saturating_sub(*at) < every_ns => {
             *unsaid += 1;
             None
         }
@@ -176,14 +191,22 @@ impl Ctx {
     ) {
         let count = self.escaped.get(&pid).map_or(0, |e| e.count) + 1;
         let escalate = self.engine.policy().escape == OnEscape::Freeze && count >= ESCALATE_AFTER;
-        let answer = self.hold_again(w, pid, kind, escalate).await;
+        let audit = due(
+            &mut self.escape_audited,
+            pid,
+            kind,
+            monotonic_ns(),
+            AUDIT_EVERY_NS,
+        )
+        .is_some();
+        let answer = self.hold_again(w, pid, kind, escalate, audit).await;
         // Its queues' baselines are taken again once the new hold has settled.
         self.progress.retain(|(p, _), _| *p != pid);
-        self.note_escape(w, pid, kind, ts_ns, answer);
+        self.note_escape(w, pid, kind, ts_ns, answer, audit);
     }
 
-    /// An escape and what was done about it: counted, published, audited and said
-    /// (rate-limited).
+    /// An escape and what was done about it: counted, published, audited (when `audit`) and
+    /// said (rate-limited).
     pub(super) fn note_escape(
         &mut self,
         w: &mut Watcher,
@@ -191,6 +214,7 @@ impl Ctx {
         kind: EscapeKind,
         ts_ns: u64,
         answer: String,
+        audit: bool,
     ) {
         let comm = w
             .state
@@ -225,14 +249,16 @@ impl Ctx {
             log::warn!("{text}");
             w.state.apply(Update::Warning { ts_ns: now, text });
         }
-        self.record(AuditRecord::Escape(EscapeNote {
-            answer,
-            count,
-            kind: kind.label().into(),
-            pid,
-            reason,
-            ts_ns,
-        }));
+        if audit {
+            self.record(AuditRecord::Escape(EscapeNote {
+                answer,
+                count,
+                kind: kind.label().into(),
+                pid,
+                reason,
+                ts_ns,
+            }));
+        }
     }
 
     /// Holds `pid` again through its backend (`escalate`: frozen too); what was done, said.
@@ -242,6 +268,7 @@ impl Ctx {
         pid: u32,
         kind: EscapeKind,
         escalate: bool,
+        audit: bool,
     ) -> String {
         let b = match self.backends.for_pid(&w.state, pid) {
             Ok(b) => b,
@@ -260,14 +287,16 @@ impl Ctx {
                     said.push(format!("held again (queues {:?})", r.done()));
                 }
             }
-            let act = DirectAct {
-                by: By::Control,
-                done: r.done(),
-                pid,
-                reason: format!("held again: it {}", kind.what()),
-                ts_ns: r.returned_ns,
-            };
-            self.record(AuditRecord::act(true, act));
+            if audit {
+                let act = DirectAct {
+                    by: By::Control,
+                    done: r.done(),
+                    pid,
+                    reason: format!("held again: it {}", kind.what()),
+                    ts_ns: r.returned_ns,
+                };
+                self.record(AuditRecord::act(true, act));
+            }
         }
         if said.is_empty() {
             "nothing of it is held".into()
@@ -286,6 +315,7 @@ impl Ctx {
         };
         self.escaped.retain(|pid, _| live(pid));
         self.escape_said.retain(|(pid, _), _| live(pid));
+        self.escape_audited.retain(|(pid, _), _| live(pid));
     }
 }
 

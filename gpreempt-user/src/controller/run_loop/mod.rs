@@ -75,6 +75,8 @@ struct Ctx {
     escaped: BTreeMap<u32, crate::observe::model::Escape>,
     /// (pid, kind) -> (when last said, escapes unsaid since): the rate limit of the warnings.
     escape_said: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
+    /// The same for the escapes' audit records.
+    escape_audited: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
     /// Held queues watched for progress ([`escape`]).
     progress: BTreeMap<(u32, u32), escape::Watch>,
     /// Acts whose results have not arrived yet.
@@ -113,6 +115,7 @@ impl Ctx {
             frozen: BTreeMap::new(),
             escaped: BTreeMap::new(),
             escape_said: BTreeMap::new(),
+            escape_audited: BTreeMap::new(),
             progress: BTreeMap::new(),
             pending: BTreeMap::new(),
             status_dirty: true,
