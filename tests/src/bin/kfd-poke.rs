@@ -13,7 +13,8 @@
 //!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
 //!        kfd-poke PATH escape   an offline workload (resnet50_b1024, emulated GPU 0) on a second
 //!                               thread; each stdin line is a DBG_TRAP call on its own pid:
-//!                               resume | disable | takeover (see `escape`); EOF ends it
+//!                               resume | disable | takeover | loop MS (see `escape`);
+//!                               prints `kernels N` (dispatches it completed) at the end; EOF ends it
 //! Each mode prints "ready" when the file is open, waits for one line on stdin, runs, prints
 //! "done", then waits for stdin to close before exiting (so the fd stays checkable).
 
@@ -446,11 +447,12 @@ fn escape(path: &str) {
         warmup: std::time::Duration::ZERO,
     };
     let (dev, flag) = (std::path::PathBuf::from(path), stop.clone());
-    let work = std::thread::spawn(move || {
-        if let Err(e) = gpreempt_sim::workload::run(&opts, &dev, &flag) {
-            eprintln!("kfd-poke: workload: {e:#}");
-        }
-    });
+    let work = std::thread::spawn(
+        move || match gpreempt_sim::workload::run(&opts, &dev, &flag) {
+            Ok(r) => println!("kernels {}", r.kernels),
+            Err(e) => eprintln!("kfd-poke: workload: {e:#}"),
+        },
+    );
     let file = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
         Err(e) => {
@@ -502,6 +504,27 @@ fn escape(path: &str) {
                     }
                 }
                 r
+            }
+            // RESUME_QUEUES on itself every 200 us for MS milliseconds: the number of calls.
+            l if l.starts_with("loop ") => {
+                let ms: u64 = l[5..].trim().parse().unwrap_or(0);
+                let end = Instant::now() + std::time::Duration::from_millis(ms);
+                let mut n = 0i64;
+                while Instant::now() < end {
+                    let mut ids = [0u32, 1, 2, 3];
+                    let mut a = kfd::DbgTrapArgs::new(
+                        me,
+                        kfd::DbgTrapResumeQueuesArgs {
+                            queue_array_ptr: ids.as_mut_ptr() as u64,
+                            num_queues: ids.len() as u32,
+                            pad: 0,
+                        },
+                    );
+                    call(fd, kfd::cmd::DBG_TRAP, &mut a);
+                    n += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                n
             }
             "" => continue,
             other => {
