@@ -282,6 +282,10 @@ impl Ctx {
         for r in reports {
             match &r.effect {
                 Effect::Frozen(cg) => said.push(format!("froze its cgroup {cg}")),
+                _ if r.done().is_empty() => {
+                    said.push("nothing of it was held; the debug session is ours again".into());
+                    continue;
+                }
                 _ => {
                     self.apply_report(w, &r, true);
                     said.push(format!("held again (queues {:?})", r.done()));
