@@ -28,13 +28,6 @@ pub(super) const SETTLE_NS: u64 = 50_000_000;
 /// Dispatches past the baseline that make a held queue's progress an escape.
 pub(super) const PROGRESS_MARGIN: u64 = 2;
 
-/// A held queue watched for progress: since when it is seen held, and its baseline read id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Watch {
-    pub(super) since_ns: u64,
-    pub(super) base: Option<u64>,
-}
-
 /// The dispatches a held queue made past its baseline, when more than [`PROGRESS_MARGIN`]
 /// (the baseline moves up to the new read id); the baseline is the first sample taken
 /// [`SETTLE_NS`] after it was seen held. A suspended queue is off the hardware: the command

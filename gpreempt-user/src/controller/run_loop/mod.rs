@@ -46,6 +46,14 @@ use crate::{
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
 
+/// A held queue watched for progress ([`escape`]): since when it is seen held, and its
+/// baseline read id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Watch {
+    since_ns: u64,
+    base: Option<u64>,
+}
+
 /// An act handed to a backend's worker, waiting for its result.
 enum Pending {
     Decision(Decision),
@@ -78,7 +86,7 @@ struct Ctx {
     /// The same for the escapes' audit records.
     escape_audited: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
     /// Held queues watched for progress ([`escape`]).
-    progress: BTreeMap<(u32, u32), escape::Watch>,
+    progress: BTreeMap<(u32, u32), Watch>,
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
