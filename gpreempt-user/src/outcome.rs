@@ -177,4 +177,58 @@ pub enum Notice {
     },
     /// The timeslice lever failed for this process; the policy pauses it instead.
     LeverFailed { pid: u32, text: String },
+    /// A held process got out of its hold in a way the backend found itself (its frozen cgroup
+    /// thawed, a thread outside it), and what was done about it.
+    Escaped {
+        pid: u32,
+        kind: EscapeKind,
+        text: String,
+        answer: String,
+    },
+}
+
+/// How a held process got out of its hold (docs/controller.md, "Escapes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapeKind {
+    /// It resumed its own suspended queues (DBG_TRAP RESUME_QUEUES on itself).
+    Resumed,
+    /// Its debug session was disabled under the controller (its own DISABLE, or a third
+    /// process's): the kernel resumed its queues.
+    TrapDisabled,
+    /// It enabled a debug session of its own, after ending the controller's.
+    TrapTaken,
+    /// Its frozen cgroup was thawed (`cgroup.freeze` written 0).
+    Thawed,
+    /// A thread of it runs outside the frozen cgroup (a threaded child of a cgroup other than
+    /// the frozen one, or the process moved to another cgroup).
+    Moved,
+    /// A queue held suspended made progress (its read dispatch id moved) in a way no call
+    /// seen explains.
+    Progress,
+}
+
+impl EscapeKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Resumed => "resumed",
+            Self::TrapDisabled => "trap_disabled",
+            Self::TrapTaken => "trap_taken",
+            Self::Thawed => "thawed",
+            Self::Moved => "moved",
+            Self::Progress => "progress",
+        }
+    }
+
+    /// What it did, for a sentence.
+    pub fn what(self) -> &'static str {
+        match self {
+            Self::Resumed => "resumed its own suspended queues (DBG_TRAP RESUME_QUEUES on itself)",
+            Self::TrapDisabled => "had the controller's debug session disabled (DBG_TRAP DISABLE)",
+            Self::TrapTaken => "enabled a debug session of its own (DBG_TRAP ENABLE on itself)",
+            Self::Thawed => "had its frozen cgroup thawed (cgroup.freeze written 0)",
+            Self::Moved => "runs a thread outside its frozen cgroup",
+            Self::Progress => "made GPU progress while held (its queue's dispatch ids moved)",
+        }
+    }
 }

@@ -945,3 +945,48 @@ fn completion_signals_and_barriers_through_the_engine_phases() {
     }
     assert_eq!(read(&mut w.host, rptr), 2, "then completes");
 }
+
+/// A held target undoes its hold by itself, as amdkfd lets it (the ptrace check exempts a
+/// target that is the caller): it resumes its own queues, disables the debugger's session (every
+/// queue resumes) and enables one of its own, none of it needing ptrace. The debugger, still its
+/// ptrace parent, can end that session and enable its own again (what `run` does).
+#[test]
+fn a_held_target_may_undo_its_hold_itself_and_its_ptrace_parent_may_take_it_back() {
+    let mut w = World::new();
+    let q = w.process(TARGET, true, 1);
+    w.process(DEBUGGER, false, 0);
+    w.host.tracer.insert(TARGET, DEBUGGER);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW), 0);
+    w.dbg(
+        DEBUGGER,
+        TARGET,
+        DbgTrapQueryDebugEventArgs {
+            exception_mask: NEW,
+            ..Default::default()
+        },
+    );
+    assert_eq!(w.suspend(DEBUGGER, TARGET, &q, 0).0, 1);
+    // Its own RESUME_QUEUES, no ptrace: it runs.
+    assert_eq!(w.resume(TARGET, TARGET, &q).0, 1);
+    assert!(!w.suspended(TARGET, 0) && w.mapped(TARGET, 0));
+    // Its own DISABLE: the debugger's session is gone.
+    assert_eq!(w.suspend(DEBUGGER, TARGET, &q, 0).0, 1);
+    let disable = |w: &mut World, who| {
+        w.call(
+            who,
+            nr::DBG_TRAP,
+            &DbgTrapArgs::bare(TARGET, dbg_op::DISABLE),
+        )
+        .0
+    };
+    assert_eq!(disable(&mut w, TARGET), 0);
+    assert!(!w.suspended(TARGET, 0) && w.kfd.procs[&TARGET].debug.is_none());
+    // Its own ENABLE: a session of its own; the debugger's ENABLE is refused now.
+    assert_eq!(w.enable(TARGET, TARGET, 0), 0);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW), -libc::EALREADY);
+    // The ptrace parent ends it and enables its own: the target can be held again.
+    assert_eq!(disable(&mut w, DEBUGGER), 0);
+    assert_eq!(w.enable(DEBUGGER, TARGET, NEW), 0);
+    assert_eq!(w.suspend(DEBUGGER, TARGET, &q, 0).0, 1);
+    assert!(w.suspended(TARGET, 0) && !w.mapped(TARGET, 0));
+}

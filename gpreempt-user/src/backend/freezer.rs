@@ -27,7 +27,7 @@ use crate::{
     backend::guardian::FrozenEntry,
     clock::monotonic_ns,
     observe::model::State,
-    outcome::{OpReport, QueueOutcome, QueueResult},
+    outcome::{EscapeKind, Notice, OpReport, QueueOutcome, QueueResult},
 };
 
 /// Processes looked at below one cgroup before giving up (a larger subtree is refused).
@@ -76,8 +76,51 @@ impl Freezer {
             .lines()
             .find_map(|l| l.strip_prefix("0::"))
             .with_context(|| format!("pid {pid} is in no cgroup v2 (no 0:: line)"))?;
-        self.under_root(rel)
-            .with_context(|| format!("pid {pid}'s cgroup {rel:?}"))
+        let cg = self
+            .under_root(rel)
+            .with_context(|| format!("pid {pid}'s cgroup {rel:?}"))?;
+        Ok(self.domain_of(cg))
+    }
+
+    /// The cgroup that holds every thread of a process in `cg`: `cg` itself, or, for a threaded
+    /// cgroup, the threaded domain above it. A process whose leader sits in a threaded child
+    /// may run its other threads anywhere in the domain: freezing the child alone would leave
+    /// them running.
+    pub fn domain_of(&self, mut cg: PathBuf) -> PathBuf {
+        while std::fs::read_to_string(cg.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded")
+        {
+            match cg.parent() {
+                Some(up) if up.starts_with(&self.cgroup_root) && up != self.cgroup_root => {
+                    cg = up.to_path_buf()
+                }
+                _ => break,
+            }
+        }
+        cg
+    }
+
+    /// The cgroups of `pid`'s threads that are not `cg` or below it.
+    fn threads_outside(&self, pid: u32, cg: &Path) -> Vec<PathBuf> {
+        let Ok(tasks) = std::fs::read_dir(self.proc_root.join(format!("{pid}/task"))) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for t in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(t.path().join("cgroup")) else {
+                continue; // the thread ended
+            };
+            let Some(at) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .and_then(|rel| self.under_root(rel).ok())
+            else {
+                continue;
+            };
+            if !at.starts_with(cg) && !out.contains(&at) {
+                out.push(at);
+            }
+        }
+        out
     }
 
     /// `rel` (as /proc/PID/cgroup writes it) under the mount, refusing anything that is not a
@@ -161,42 +204,110 @@ pub fn wait_frozen(cg: &Path, limit: Duration) -> bool {
 pub struct Fallback {
     freezer: Freezer,
     frozen: std::collections::BTreeMap<u32, PathBuf>,
+    /// Processes whose first freeze was said (later ones are logged at info level).
+    said: BTreeSet<u32>,
+    /// When the frozen cgroups were last looked at for escapes.
+    checked_ns: u64,
 }
+
+/// How often the frozen cgroups are looked at for escapes (a thaw, a thread outside).
+const ESCAPE_CHECK_NS: u64 = 50_000_000;
 
 impl Fallback {
     pub fn new(freezer: Freezer) -> Self {
         Self {
             freezer,
             frozen: Default::default(),
+            said: BTreeSet::new(),
+            checked_ns: 0,
         }
+    }
+
+    /// The frozen processes that got out (their cgroup thawed, a thread of theirs outside
+    /// it), each frozen again: one notice per process and way out. At most every 50 ms.
+    pub fn escapes(&mut self, lease: &mut KfdLease, state: &State, now_ns: u64) -> Vec<Notice> {
+        if now_ns.saturating_sub(self.checked_ns) < ESCAPE_CHECK_NS || self.frozen.is_empty() {
+            return Vec::new();
+        }
+        self.checked_ns = now_ns;
+        let mut out = Vec::new();
+        let frozen: Vec<(u32, PathBuf)> =
+            self.frozen.iter().map(|(p, c)| (*p, c.clone())).collect();
+        for (pid, cg) in frozen {
+            if !self.freezer.proc_root.join(pid.to_string()).exists() {
+                continue; // gone: thawed when the controller hears of it
+            }
+            let thawed =
+                std::fs::read_to_string(cg.join("cgroup.freeze")).is_ok_and(|t| t.trim() == "0");
+            if thawed {
+                let answer = match set_frozen(&cg, true) {
+                    Ok(()) => "frozen again".to_string(),
+                    Err(e) => format!("could not freeze it again: {e}"),
+                };
+                out.push(escaped(pid, EscapeKind::Thawed, &cg, answer));
+            }
+            let Some(away) = self.freezer.threads_outside(pid, &cg).into_iter().next() else {
+                continue;
+            };
+            let answer = match self.move_freeze(lease, state, pid, &cg, away.clone()) {
+                Ok(to) => format!("froze {} instead", to.display()),
+                Err(e) => format!("could not freeze {}: {e:#}", away.display()),
+            };
+            out.push(escaped(pid, EscapeKind::Moved, &away, answer));
+        }
+        out
+    }
+
+    /// Freezes the domain of `away` (where a thread of `pid` runs now) in place of `old`.
+    fn move_freeze(
+        &mut self,
+        lease: &mut KfdLease,
+        state: &State,
+        pid: u32,
+        old: &Path,
+        away: PathBuf,
+    ) -> Result<PathBuf> {
+        let to = self.freezer.domain_of(away);
+        if to.starts_with(old) {
+            // A thread in a threaded child of the frozen cgroup is frozen with it.
+            return Ok(old.to_path_buf());
+        }
+        self.freezer
+            .check(&to, pid, uid_of(state, pid)?, &spare(state, lease))?;
+        lease.freeze(&FrozenEntry {
+            cgroup: to.clone(),
+            pid,
+        })?;
+        if let Err(e) = set_frozen(&to, true) {
+            let _ = lease.thaw(&to);
+            return Err(e).with_context(|| format!("freezing {}", to.display()));
+        }
+        self.frozen.insert(pid, to.clone());
+        // The cgroup it left holds only the target's user's own processes (checked when it
+        // was frozen): it runs again.
+        if set_frozen(old, false).is_ok() {
+            let _ = lease.thaw(old);
+        }
+        Ok(to)
     }
 
     /// Freezes `pid`'s cgroup (unless it is frozen already) once the guardian answers for it;
     /// the report names the cgroup and counts every live queue of `pid` as held.
-    pub fn freeze(&mut self, lease: &mut KfdLease, state: &State, pid: u32) -> Result<OpReport> {
+    /// `escaped`: frozen because it escaped its suspension (else: it cannot be suspended).
+    pub fn freeze(
+        &mut self,
+        lease: &mut KfdLease,
+        state: &State,
+        pid: u32,
+        escaped: bool,
+    ) -> Result<OpReport> {
         let issued_ns = monotonic_ns();
         let cg = match self.frozen.get(&pid) {
             Some(cg) => cg.clone(),
             None => {
                 let cg = self.freezer.cgroup_of(pid)?;
-                let uid = state
-                    .procs
-                    .get(&pid)
-                    .and_then(|p| p.info.as_ref())
-                    .and_then(|i| i.uid)
-                    .context("its user is not known yet")?;
-                let spare = Spare {
-                    online: state
-                        .procs
-                        .values()
-                        .filter(|p| p.class.as_deref() == Some("online"))
-                        .map(|p| p.pid)
-                        .collect(),
-                    own: std::iter::once(std::process::id())
-                        .chain(lease.guardian_pid())
-                        .collect(),
-                };
-                self.freezer.check(&cg, pid, uid, &spare)?;
+                self.freezer
+                    .check(&cg, pid, uid_of(state, pid)?, &spare(state, lease))?;
                 lease.freeze(&FrozenEntry {
                     cgroup: cg.clone(),
                     pid,
@@ -205,12 +316,24 @@ impl Fallback {
                     let _ = lease.thaw(&cg);
                     return Err(e).with_context(|| format!("freezing {}", cg.display()));
                 }
-                log::warn!(
-                    "pid {pid}: its GPU runtime never enabled the KFD debug API, so its queues \
-                     cannot be suspended: froze its cgroup {} instead (no_debug_api = \"freeze\"; \
-                     work it queued already still runs)",
-                    cg.display()
-                );
+                // Said once per process: the policy freezes it again every episode.
+                let first = self.said.insert(pid);
+                if first && escaped {
+                    log::warn!(
+                        "pid {pid}: kept escaping the suspension of its queues: froze its cgroup \
+                         {} too (escape = \"freeze\"; work it queued already still runs)",
+                        cg.display()
+                    );
+                } else if first {
+                    log::warn!(
+                        "pid {pid}: its GPU runtime never enabled the KFD debug API, so its \
+                         queues cannot be suspended: froze its cgroup {} instead (no_debug_api = \
+                         \"freeze\"; work it queued already still runs; said once per process)",
+                        cg.display()
+                    );
+                } else {
+                    log::info!("pid {pid}: froze its cgroup {}", cg.display());
+                }
                 if !wait_frozen(&cg, Duration::from_millis(100)) {
                     log::info!("{}: not frozen within 100 ms (it will be)", cg.display());
                 }
@@ -259,6 +382,40 @@ impl Fallback {
     }
 }
 
+/// The user `pid` runs as, from the model.
+fn uid_of(state: &State, pid: u32) -> Result<u32> {
+    state
+        .procs
+        .get(&pid)
+        .and_then(|p| p.info.as_ref())
+        .and_then(|i| i.uid)
+        .context("its user is not known yet")
+}
+
+/// Who a freeze must not stop: online processes, this controller and its guardian.
+fn spare(state: &State, lease: &KfdLease) -> Spare {
+    Spare {
+        online: state
+            .procs
+            .values()
+            .filter(|p| p.class.as_deref() == Some("online"))
+            .map(|p| p.pid)
+            .collect(),
+        own: std::iter::once(std::process::id())
+            .chain(lease.guardian_pid())
+            .collect(),
+    }
+}
+
+fn escaped(pid: u32, kind: EscapeKind, cg: &Path, answer: String) -> Notice {
+    Notice::Escaped {
+        pid,
+        kind,
+        text: format!("{} ({})", kind.what(), cg.display()),
+        answer,
+    }
+}
+
 fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
     let queues = state
         .procs
@@ -285,9 +442,15 @@ fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
 
 /// The processes of `cg` and of every cgroup below it (bounded).
 fn collect_members(cg: &Path, out: &mut Vec<u32>) -> Result<()> {
-    let procs = std::fs::read_to_string(cg.join("cgroup.procs"))
-        .with_context(|| format!("reading {}/cgroup.procs", cg.display()))?;
-    out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    // A threaded cgroup has no processes of its own (reading its cgroup.procs is EOPNOTSUPP):
+    // its threads' processes are listed by the threaded domain above it.
+    let threaded =
+        std::fs::read_to_string(cg.join("cgroup.type")).is_ok_and(|t| t.trim() == "threaded");
+    if !threaded {
+        let procs = std::fs::read_to_string(cg.join("cgroup.procs"))
+            .with_context(|| format!("reading {}/cgroup.procs", cg.display()))?;
+        out.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    }
     if out.len() > MAX_MEMBERS {
         bail!("{} holds more than {MAX_MEMBERS} processes", cg.display());
     }
@@ -396,6 +559,44 @@ mod tests {
         // Not there any more: nothing to freeze.
         let e = fr.check(&cg, 99, 1000, &Spare::default()).unwrap_err();
         assert!(e.to_string().contains("no longer in"), "{e}");
+    }
+
+    /// A process whose leader sits in a threaded child cgroup is frozen by its threaded domain
+    /// (freezing the child alone left its other threads running), and a thread of a frozen
+    /// process outside the frozen cgroup is found.
+    #[test]
+    fn a_threaded_child_freezes_its_domain_and_threads_outside_are_found() {
+        let f = Fake::new();
+        let cg = f.cgroup("job", &[]);
+        let t = f.cgroup("job/t", &[]);
+        std::fs::write(t.join("cgroup.type"), "threaded\n").unwrap();
+        std::fs::write(cg.join("cgroup.type"), "domain threaded\n").unwrap();
+        f.process(10, 1000, "/job/t");
+        let fr = f.freezer();
+        assert_eq!(
+            fr.cgroup_of(10).unwrap(),
+            cg,
+            "the domain, not the threaded child"
+        );
+        // A nested threaded cgroup climbs to the same domain.
+        let tt = f.cgroup("job/t/u", &[]);
+        std::fs::write(tt.join("cgroup.type"), "threaded\n").unwrap();
+        assert_eq!(fr.domain_of(tt.clone()), cg);
+        // Threads: one in the domain, one in its threaded child, one elsewhere.
+        let task = |tid: u32, at: &str| {
+            let d = f.dir.join(format!("proc/10/task/{tid}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), format!("0::{at}\n")).unwrap();
+        };
+        task(10, "/job/t");
+        task(11, "/job");
+        assert!(fr.threads_outside(10, &cg).is_empty());
+        assert_eq!(fr.threads_outside(10, &t), vec![cg.clone()]);
+        task(12, "/elsewhere");
+        assert_eq!(
+            fr.threads_outside(10, &cg),
+            vec![f.dir.join("cg/elsewhere")]
+        );
     }
 
     #[test]

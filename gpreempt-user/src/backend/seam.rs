@@ -16,8 +16,7 @@ use crate::{
     lever::{Lever, Offers},
     observe::model::{State, Vendor},
     observe::watch::Watcher,
-    outcome::Notice,
-    outcome::OpReport,
+    outcome::{EscapeKind, Notice, OpReport},
     policy::{Class, Policy},
 };
 
@@ -119,6 +118,19 @@ pub trait Backend {
         pid: u32,
         queues: Option<Vec<u32>>,
     ) -> BoxFut<'a, Acted>;
+
+    /// `pid`, held, escaped its hold (`kind`, seen by the observer): hold it again, and with
+    /// `escalate` more firmly (a freeze, where the policy allows it and it stops nobody else).
+    /// What was done (nothing: this backend holds nothing of it).
+    fn rehold<'a>(
+        &'a mut self,
+        _state: &'a State,
+        _pid: u32,
+        _kind: EscapeKind,
+        _escalate: bool,
+    ) -> BoxFut<'a, Result<Vec<OpReport>, ActError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 
     /// The process is gone: drop what is kept for it.
     fn forget(&mut self, pid: u32);

@@ -196,6 +196,9 @@ async fn hold_until_done(hold: &mut Holder, state: &State, a: &SuspendArgs) -> R
                     }
                     Notice::Problem { pid, text } => eprintln!("pid {pid}: {text}"),
                     Notice::Fenced { gpu_id, why } => eprintln!("GPU {gpu_id:#x}: {why}"),
+                    Notice::Escaped { pid, text, answer, .. } => {
+                        eprintln!("pid {pid}: escaped: {text}: {answer}")
+                    }
                     Notice::TargetGone { .. }
                     | Notice::Timeslice { .. }
                     | Notice::LeverFailed { .. } => {}

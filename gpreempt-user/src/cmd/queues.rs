@@ -24,6 +24,10 @@ struct ProcOut<'a> {
     /// The running controller cannot act on it: `{"kind": "traced", "reason": "..."}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     uncontrollable: Option<&'a Uncontrollable>,
+    /// It got out of the running controller's hold (and was held again): kind, count, reason,
+    /// answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    escaped: Option<&'a crate::observe::model::Escape>,
     debugger: Option<u32>,
     /// Why the tool cannot manage this GPU process (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -94,6 +98,7 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             info: p.info.as_ref(),
             class: p.class.as_deref(),
             uncontrollable: p.uncontrollable.as_ref(),
+            escaped: p.escaped.as_ref(),
             debugger: p.debugger,
             unmanaged: p.unmanaged.as_deref(),
             debug_api: p.debug_api.as_ref(),
@@ -243,6 +248,16 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
                 clean(&u.reason)
             );
         }
+        if let Some(e) = &p.escaped {
+            let _ = writeln!(
+                s,
+                "escaped ({}, {} time(s)): {}: {}",
+                e.kind,
+                e.count,
+                clean(&e.reason),
+                clean(&e.answer)
+            );
+        }
     }
     for w in warnings {
         let _ = writeln!(s, "warning: {}", clean(w));
@@ -307,6 +322,38 @@ mod tests {
         assert!(
             t.contains(
                 "uncontrollable (traced): pid 200 (train): already traced by pid 4321 (strace)"
+            ),
+            "{t}"
+        );
+    }
+
+    /// A process that escaped the controller's hold carries `escaped` in the JSON and a line
+    /// under the table.
+    #[test]
+    fn an_escaped_process_says_so_in_json_and_the_table() {
+        let mut st = known_state();
+        st.apply(Update::Escaped {
+            pid: 200,
+            escape: Some(crate::observe::model::Escape {
+                kind: "resumed".into(),
+                count: 2,
+                reason: "pid 200 (train) resumed its own suspended queues".into(),
+                answer: "held again (queues [0])".into(),
+                first_ns: 1,
+                last_ns: 2,
+            }),
+        });
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        let procs = v["processes"].as_array().unwrap();
+        let of = |pid: u64| procs.iter().find(|p| p["pid"] == pid).unwrap();
+        assert_eq!(of(200)["escaped"]["kind"], "resumed");
+        assert_eq!(of(200)["escaped"]["count"], 2);
+        assert!(of(100).get("escaped").is_none(), "{}", of(100));
+        let t = to_table(&st, &[]);
+        assert!(
+            t.contains(
+                "escaped (resumed, 2 time(s)): pid 200 (train) resumed its own suspended queues: \
+                 held again (queues [0])"
             ),
             "{t}"
         );

@@ -117,6 +117,12 @@ impl tui::Source for Top {
                 Notice::Fenced { gpu_id, why } => {
                     self.w.state.apply(warn(format!("GPU {gpu_id:#x}: {why}")))
                 }
+                Notice::Escaped {
+                    pid, text, answer, ..
+                } => self
+                    .w
+                    .state
+                    .apply(warn(format!("pid {pid}: escaped: {text}: {answer}"))),
                 // top's own control is the KFD backend: it changes no timeslice.
                 Notice::TargetGone { .. }
                 | Notice::Timeslice { .. }

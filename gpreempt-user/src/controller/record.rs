@@ -19,6 +19,8 @@ pub enum AuditRecord {
     Adapt(AdaptNote),
     /// The lever tuner switched a GPU's lever.
     Lever(LeverSwitch),
+    /// A held process got out of its hold, and what the controller did about it.
+    Escape(EscapeNote),
 }
 
 impl AuditRecord {
@@ -45,6 +47,7 @@ impl AuditRecord {
         match self {
             Self::Suspend(a) | Self::Resume(a) => Some(a.pid()),
             Self::Timeslice(t) => Some(t.pid),
+            Self::Escape(e) => Some(e.pid),
             Self::Adapt(_) | Self::Lever(_) => None,
         }
     }
@@ -55,6 +58,7 @@ impl AuditRecord {
             Self::Timeslice(t) => &t.reason,
             Self::Adapt(n) => &n.reason,
             Self::Lever(l) => &l.reason,
+            Self::Escape(e) => &e.reason,
         }
     }
 }
@@ -228,6 +232,20 @@ pub struct LeverSwitch {
     pub gpu: u32,
     pub reason: String,
     pub to: String,
+    pub ts_ns: u64,
+}
+
+/// A held process escaped its hold (docs/controller.md, "Escapes").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EscapeNote {
+    /// What the controller did: held it again, froze it, or why it could not.
+    pub answer: String,
+    /// Its escapes so far, this one included.
+    pub count: u64,
+    /// `resumed`, `trap_disabled`, `trap_taken`, `thawed`, `moved` or `progress`.
+    pub kind: String,
+    pub pid: u32,
+    pub reason: String,
     pub ts_ns: u64,
 }
 

@@ -556,8 +556,16 @@ pub fn traced_kfd_processes(
                     .unwrap_or("?")
                     .to_string(),
                 tracer,
+                // TracerPid names the tracing thread (the controller's `gpreempt-ctl`): its
+                // process's name is what tells a controller from another tool.
                 tracer_comm: root
-                    .value(&format!("/proc/{tracer}/comm"))
+                    .read(&format!("/proc/{tracer}/status"))
+                    .ok()
+                    .and_then(|st| {
+                        crate::observe::procinfo::status_field(&st, "Tgid").map(str::to_string)
+                    })
+                    .and_then(|tgid| root.value(&format!("/proc/{tgid}/comm")))
+                    .or_else(|| root.value(&format!("/proc/{tracer}/comm")))
                     .unwrap_or_else(|| "?".into()),
             })
         })

@@ -587,10 +587,16 @@ fn doctor_traced_processes_from_fake_proc() {
         // 300: listed by the KFD, untraced.
         .write("/proc/300/status", "Name:\tworker\nTracerPid:\t0\n")
         .mkdir("/sys/class/kfd/kfd/proc/300")
-        // 400: listed by the KFD, held by the controller (500).
-        .write("/proc/400/status", "Name:\ttrain\nTracerPid:\t500\n")
+        // 400: listed by the KFD, held by the controller (500) through its control thread
+        // (501, `gpreempt-ctl`): TracerPid names the thread.
+        .write("/proc/400/status", "Name:\ttrain\nTracerPid:\t501\n")
         .mkdir("/sys/class/kfd/kfd/proc/400")
         .write("/proc/500/comm", "gpreempt-ebpf\n")
+        .write(
+            "/proc/501/status",
+            "Name:\tgpreempt-ctl\nTgid:\t500\nTracerPid:\t0\n",
+        )
+        .write("/proc/501/comm", "gpreempt-ctl\n")
         // 600: traced but no KFD process.
         .write("/proc/600/status", "Name:\tls\nTracerPid:\t200\n");
     let (n, traced) = traced_kfd_processes(&t.root(), Path::new("/dev/kfd"), Some(999));
@@ -607,7 +613,7 @@ fn doctor_traced_processes_from_fake_proc() {
             Traced {
                 pid: 400,
                 comm: "train".into(),
-                tracer: 500,
+                tracer: 501,
                 tracer_comm: "gpreempt-ebpf".into()
             }
         ]

@@ -31,6 +31,9 @@ pub struct Status {
     /// The same, with a short kind each (`traced`: under a tracer of its own, ...).
     #[serde(default)]
     pub uncontrollable: BTreeMap<u32, Uncontrollable>,
+    /// Live processes that got out of a hold (each held again or frozen), by pid.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub escaped: BTreeMap<u32, Escape>,
     /// The latest decisions, newest last (audit records).
     pub decisions: Vec<serde_json::Value>,
     /// How the event pipeline is doing (records seen, applied, dropped, lost): proves that a
@@ -162,6 +165,26 @@ fn alive(pid: u32) -> bool {
         return false;
     };
     raw > 0 && matches!(kill(Pid::from_raw(raw), None), Ok(()) | Err(Errno::EPERM))
+}
+
+/// A held process that got out of its hold: how (the latest way), how often, and what the
+/// controller did. Kept while the process lives: a state, not an event.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Escape {
+    /// `resumed` (its own RESUME_QUEUES), `trap_disabled` (the controller's debug session
+    /// disabled under it), `trap_taken` (a debug session of its own), `thawed` (its frozen
+    /// cgroup thawed), `moved` (a thread of it outside the frozen cgroup), `progress` (a held queue's
+    /// dispatch ids moved): the latest.
+    pub kind: String,
+    /// How many times it escaped (calls within one controller turn count once).
+    pub count: u64,
+    /// The sentence the controller logged for the latest.
+    pub reason: String,
+    /// What the controller did about the latest: held it again, froze it, or why it could not.
+    pub answer: String,
+    /// CLOCK_MONOTONIC ns of the first and the latest escape.
+    pub first_ns: u64,
+    pub last_ns: u64,
 }
 
 /// Why the controller cannot act on a process.

@@ -229,6 +229,8 @@ pub struct Policy {
     pub levers: LeverPolicy,
     /// What to do with an offline AMD process whose runtime never enabled the KFD debug API.
     pub no_debug_api: NoDebugApi,
+    /// What to do with a held process that keeps escaping its hold.
+    pub escape: OnEscape,
     /// `[control] group`: members of this group may send requests too (root always may).
     pub control_group: Option<String>,
     /// The line of `[control] group`, for messages about it.
@@ -248,6 +250,21 @@ pub enum NoDebugApi {
     /// new work, but what it queued already runs to completion.
     Freeze,
 }
+
+/// `[policy] escape`: a held process that gets out of its hold (it resumed its own queues,
+/// disabled or took over the debug session, thawed its frozen cgroup) is always held again;
+/// this says what happens once it has escaped [`ESCALATE_AFTER`] times (docs/controller.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnEscape {
+    /// Hold it again each time, and report it.
+    #[default]
+    Hold,
+    /// Also freeze its cgroup (where that stops nobody else) for as long as it is held.
+    Freeze,
+}
+
+/// Escapes of one process after which `escape = "freeze"` freezes it.
+pub const ESCALATE_AFTER: u64 = 3;
 
 pub const DEFAULT_WINDOW_NS: u64 = 20 * MS;
 pub const DEFAULT_RESUME_AFTER_NS: u64 = 5 * MS;
@@ -275,6 +292,7 @@ impl Default for Policy {
             launch_hints: true,
             levers: LeverPolicy::default(),
             no_debug_api: NoDebugApi::Refuse,
+            escape: OnEscape::Hold,
             control_group: None,
             control_group_line: None,
             pid_notes: Vec::new(),

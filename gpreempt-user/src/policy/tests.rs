@@ -325,7 +325,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[policy]\nwindow = \"20ms\"\nwindw = \"20ms\"\n"),
         "policy.toml:3: [policy]: unknown key \"windw\" (expected strategy, window, resume_after, \
-         max_suspend, min_run, min_interval, grace, gpus, default, launch_hints or no_debug_api)"
+         max_suspend, min_run, min_interval, grace, gpus, default, launch_hints, no_debug_api or escape)"
     );
     assert_eq!(
         one_err("[policy]\nlaunch_hints = \"yes\"\n"),
@@ -2263,5 +2263,19 @@ fn no_debug_api_takes_refuse_or_freeze() {
     assert_eq!(
         one_err("[policy]\nno_debug_api = \"stop\"\n"),
         "policy.toml:2: no_debug_api: unknown value \"stop\" (use \"refuse\" or \"freeze\")"
+    );
+}
+
+#[test]
+fn escape_takes_hold_or_freeze() {
+    use crate::policy::OnEscape;
+    assert_eq!(Policy::parse("", "p.toml").unwrap().escape, OnEscape::Hold);
+    let p = Policy::parse("[policy]\nescape = \"freeze\"\n", "p.toml").unwrap();
+    assert_eq!(p.escape, OnEscape::Freeze);
+    let p = Policy::parse("[policy]\nescape = \"hold\"\n", "p.toml").unwrap();
+    assert_eq!(p.escape, OnEscape::Hold);
+    assert_eq!(
+        one_err("[policy]\nescape = \"kill\"\n"),
+        "policy.toml:2: escape: unknown value \"kill\" (use \"hold\" or \"freeze\")"
     );
 }

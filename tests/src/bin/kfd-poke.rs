@@ -11,6 +11,10 @@
 //!        kfd-poke PATH intrude PID  a second debugger: PTRACE_SEIZE and DBG_TRAP ENABLE on PID
 //!        kfd-poke PATH flood N  issue N CREATE_QUEUE ioctls as fast as possible, after a line on stdin
 //!        kfd-poke PATH bench N KIND  time N ioctls of KIND (kfd | other | k_out_of_range), print ns/op
+//!        kfd-poke PATH escape   an offline workload (resnet50_b1024, emulated GPU 0) on a second
+//!                               thread; each stdin line is a DBG_TRAP call on its own pid:
+//!                               resume | disable | takeover | loop MS (see `escape`);
+//!                               prints `kernels N` (dispatches it completed) at the end; EOF ends it
 //! Each mode prints "ready" when the file is open, waits for one line on stdin, runs, prints
 //! "done", then waits for stdin to close before exiting (so the fd stays checkable).
 
@@ -426,11 +430,124 @@ pub fn differential(path: &str, fd: i32) {
     }
 }
 
+/// A held offline job getting out by itself (amdkfd lets a process debug-trap itself without
+/// ptrace): the workload runs on a second thread (not the thread-group leader) while this one
+/// answers stdin lines with DBG_TRAP calls on its own pid, printing `<op> <ret>` for each.
+fn escape(path: &str) {
+    use std::sync::{atomic::AtomicBool, Arc};
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = gpreempt_sim::workload::WorkloadOptions {
+        profile: "resnet50_b1024".into(),
+        mode: gpreempt_sim::workload::Mode::Offline,
+        duration: std::time::Duration::from_secs(600),
+        priority: 0,
+        gpu: 0,
+        second_queue_after: None,
+        idle_queues: 0,
+        warmup: std::time::Duration::ZERO,
+    };
+    let (dev, flag) = (std::path::PathBuf::from(path), stop.clone());
+    let work = std::thread::spawn(
+        move || match gpreempt_sim::workload::run(&opts, &dev, &flag) {
+            Ok(r) => println!("kernels {}", r.kernels),
+            Err(e) => eprintln!("kfd-poke: workload: {e:#}"),
+        },
+    );
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("kfd-poke: open {path}: {e}");
+            std::process::exit(1);
+        }
+    };
+    let fd = file.as_raw_fd();
+    let me = std::process::id();
+    println!("ready {me}");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    while std::io::stdin().lock().read_line(&mut line).unwrap_or(0) > 0 {
+        let op = line.trim().to_string();
+        line.clear();
+        let r = match op.as_str() {
+            // Its own queues (ids 0..4; ids it does not have come back INVALID).
+            "resume" => {
+                let mut ids = [0u32, 1, 2, 3];
+                let mut a = kfd::DbgTrapArgs::new(
+                    me,
+                    kfd::DbgTrapResumeQueuesArgs {
+                        queue_array_ptr: ids.as_mut_ptr() as u64,
+                        num_queues: ids.len() as u32,
+                        pad: 0,
+                    },
+                );
+                call(fd, kfd::cmd::DBG_TRAP, &mut a)
+            }
+            "disable" => {
+                let mut a = kfd::DbgTrapArgs::bare(me, kfd::dbg_op::DISABLE);
+                call(fd, kfd::cmd::DBG_TRAP, &mut a)
+            }
+            // DISABLE, then ENABLE a session of its own (again until it wins the race with a
+            // debugger that takes the session back): the ENABLE's answer.
+            "takeover" => {
+                let mut r = 0;
+                for _ in 0..50 {
+                    let mut d = kfd::DbgTrapArgs::bare(me, kfd::dbg_op::DISABLE);
+                    call(fd, kfd::cmd::DBG_TRAP, &mut d);
+                    let mut rinfo = kfd::RuntimeInfo::default();
+                    let mut p = [0i32; 2];
+                    // SAFETY: pipe2 fills the two-int array it is given.
+                    unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
+                    let mut a = enable_args(me, &mut rinfo, p[1]);
+                    r = call(fd, kfd::cmd::DBG_TRAP, &mut a);
+                    if r == 0 {
+                        break;
+                    }
+                }
+                r
+            }
+            // RESUME_QUEUES on itself every 200 us for MS milliseconds: the number of calls.
+            l if l.starts_with("loop ") => {
+                let ms: u64 = l[5..].trim().parse().unwrap_or(0);
+                let end = Instant::now() + std::time::Duration::from_millis(ms);
+                let mut n = 0i64;
+                while Instant::now() < end {
+                    let mut ids = [0u32, 1, 2, 3];
+                    let mut a = kfd::DbgTrapArgs::new(
+                        me,
+                        kfd::DbgTrapResumeQueuesArgs {
+                            queue_array_ptr: ids.as_mut_ptr() as u64,
+                            num_queues: ids.len() as u32,
+                            pad: 0,
+                        },
+                    );
+                    call(fd, kfd::cmd::DBG_TRAP, &mut a);
+                    n += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                n
+            }
+            "" => continue,
+            other => {
+                eprintln!("kfd-poke: unknown escape op {other}");
+                continue;
+            }
+        };
+        println!("{op} {r}");
+        let _ = std::io::stdout().flush();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = work.join();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        eprintln!("usage: kfd-poke PATH (script | flood N | bench N KIND)");
+        eprintln!("usage: kfd-poke PATH (script | flood N | bench N KIND | escape)");
         std::process::exit(2);
+    }
+    if args[2] == "escape" {
+        escape(&args[1]);
+        return;
     }
     let file = match OpenOptions::new().read(true).write(true).open(&args[1]) {
         Ok(f) => f,

@@ -18,8 +18,7 @@ use crate::{
     lever::{Lever, Offer, Offers, Undo},
     observe::model::{State, Vendor},
     observe::procinfo::{self, ProcId},
-    outcome::Notice,
-    outcome::OpReport,
+    outcome::{EscapeKind, Notice, OpReport},
     policy::{Class, Policy},
     rundir,
 };
@@ -48,8 +47,13 @@ pub struct KfdBackend {
     attached: BTreeMap<u32, u64>,
     /// Kills this controller if its loop stops beating ([`lease`]).
     lease: lease::KfdLease,
-    /// `[policy] no_debug_api = "freeze"`: cgroups frozen instead of suspending queues.
+    /// Cgroups frozen: instead of suspending queues (`[policy] no_debug_api = "freeze"`), or
+    /// besides, for a process that keeps escaping its hold (`escape = "freeze"`).
     fallback: Option<freezer::Fallback>,
+    /// `no_debug_api = "freeze"`.
+    freeze_no_debug_api: bool,
+    /// Processes frozen besides being suspended (they escaped): thawed when resumed.
+    escalated: std::collections::BTreeSet<u32>,
 }
 
 impl KfdBackend {
@@ -78,6 +82,8 @@ impl KfdBackend {
             attached: BTreeMap::new(),
             lease,
             fallback: None,
+            freeze_no_debug_api: false,
+            escalated: Default::default(),
         })
     }
 
@@ -239,17 +245,21 @@ impl Backend for KfdBackend {
             } else {
                 match self.suspend(state, pid, queues, grace).await.now() {
                     Err(ActError::Target(TargetError::NoDebugApi(why)))
-                        if self.fallback.is_some() =>
+                        if self.fallback.is_some() && self.freeze_no_debug_api =>
                     {
                         why
                     }
                     r => return Acted::Now(r),
                 }
             };
-            let Some(f) = self.fallback.as_mut() else {
+            let Some(f) = self
+                .fallback
+                .as_mut()
+                .filter(|_| frozen || self.freeze_no_debug_api)
+            else {
                 return Acted::Now(Err(TargetError::NoDebugApi(why).into()));
             };
-            Acted::Now(f.freeze(&mut self.lease, state, pid).map_err(|e| {
+            Acted::Now(f.freeze(&mut self.lease, state, pid, false).map_err(|e| {
                 TargetError::NoDebugApi(format!("{why}; the freeze fallback refused: {e:#}")).into()
             }))
         })
@@ -262,11 +272,12 @@ impl Backend for KfdBackend {
         queues: Option<Vec<u32>>,
     ) -> BoxFut<'a, Acted> {
         Box::pin(async move {
-            if let Some(r) = self
+            let thawed = self
                 .fallback
                 .as_mut()
-                .and_then(|f| f.thaw(&mut self.lease, state, pid))
-            {
+                .and_then(|f| f.thaw(&mut self.lease, state, pid));
+            // A process frozen only because it escaped is suspended too: resumed below.
+            if let Some(r) = thawed.filter(|_| !self.escalated.remove(&pid)) {
                 return Acted::Now(Ok(r));
             }
             let id = match self.identity(state, pid) {
@@ -282,7 +293,46 @@ impl Backend for KfdBackend {
         })
     }
 
+    fn rehold<'a>(
+        &'a mut self,
+        state: &'a State,
+        pid: u32,
+        kind: EscapeKind,
+        escalate: bool,
+    ) -> BoxFut<'a, Result<Vec<OpReport>, ActError>> {
+        Box::pin(async move {
+            if !self.attached.contains_key(&pid) {
+                return Ok(Vec::new());
+            }
+            let id = self.identity(state, pid)?;
+            let frozen = self.fallback.as_ref().is_some_and(|f| f.is_frozen(pid));
+            // The control thread takes the debug session back if it is no longer ours.
+            let mut out = match self.control.rehold(id, false).await {
+                Ok(r) => vec![r],
+                // A process frozen as its fallback has no queues of ours to suspend.
+                Err(_) if frozen => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            if escalate && !frozen {
+                if let Some(f) = self.fallback.as_mut() {
+                    match f.freeze(&mut self.lease, state, pid, true) {
+                        Ok(r) => {
+                            self.escalated.insert(pid);
+                            out.push(r);
+                        }
+                        Err(e) => log::warn!(
+                            "pid {pid}: {} again and again; escape = \"freeze\" refused: {e:#}",
+                            kind.what()
+                        ),
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
     fn forget(&mut self, pid: u32) {
+        self.escalated.remove(&pid);
         if self.attached.remove(&pid).is_some() {
             self.save_targets();
         }
@@ -292,28 +342,36 @@ impl Backend for KfdBackend {
     }
 
     fn set_policy(&mut self, policy: &Policy) {
-        let want = policy.no_debug_api == crate::policy::NoDebugApi::Freeze;
+        self.freeze_no_debug_api = policy.no_debug_api == crate::policy::NoDebugApi::Freeze;
+        let want = self.freeze_no_debug_api || policy.escape == crate::policy::OnEscape::Freeze;
         match (want, self.fallback.as_mut()) {
             (true, None) => match freezer::Freezer::host() {
                 Ok(f) => self.fallback = Some(freezer::Fallback::new(f)),
-                Err(e) => log::warn!("no_debug_api = \"freeze\": {e:#}: refusing instead"),
+                Err(e) => log::warn!("freezing cgroups: {e:#}: refusing instead"),
             },
             (false, Some(f)) => {
                 f.thaw_all(&mut self.lease, &State::default());
                 self.fallback = None;
+                self.escalated.clear();
             }
             _ => {}
         }
     }
 
-    fn upkeep(&mut self, _state: &State, now_ns: u64) -> Vec<Notice> {
+    fn upkeep(&mut self, state: &State, now_ns: u64) -> Vec<Notice> {
         // The control thread runs its own watchdog and reports through the notice channel; the
         // loop's heartbeat keeps the lease guardian from killing us.
-        self.lease
+        let mut out: Vec<Notice> = self
+            .lease
             .upkeep(now_ns)
             .map(|text| Notice::Problem { pid: 0, text })
             .into_iter()
-            .collect()
+            .collect();
+        // Frozen cgroups that were thawed or left: frozen again, said once each time.
+        if let Some(f) = self.fallback.as_mut() {
+            out.extend(f.escapes(&mut self.lease, state, now_ns));
+        }
+        out
     }
 
     fn shutdown(mut self: Box<Self>) -> BoxFut<'static, Vec<OpReport>> {

@@ -73,6 +73,8 @@ pub struct Metrics {
     unmanaged: IntGauge,
     uncontrollable: IntGaugeVec,
     proc_uncontrollable: IntGaugeVec,
+    escaped: IntGaugeVec,
+    proc_escapes: IntGaugeVec,
     reloads: IntCounterVec,
     watchdog: prometheus::IntCounter,
     online_goal: prometheus::GaugeVec,
@@ -163,6 +165,8 @@ impl Metrics {
             unmanaged: reg(&r, IntGauge::new("processes_unmanaged", "GPU processes whose GPU objects the controller does not know (opened the NVIDIA driver before it watched and no journal names them; see the log).")?)?,
             uncontrollable: gauge(&r, "processes_uncontrollable", "Processes the controller cannot act on, by reason (traced: it runs under a tracer of its own, e.g. strace or gdb, and cannot be seized; debugged: another debugger holds its GPU debug trap; ...).", &["reason"])?,
             proc_uncontrollable: gauge(&r, "process_uncontrollable", "1 while the controller cannot act on the process; reason as in processes_uncontrollable.", &[p, &["reason"][..]].concat())?,
+            escaped: gauge(&r, "processes_escaped", "Live processes that got out of a hold (and were held again), by the latest way: resumed (its own DBG_TRAP RESUME_QUEUES), trap_disabled, trap_taken, thawed, moved, progress.", &["kind"])?,
+            proc_escapes: gauge(&r, "process_escapes", "How many times the process got out of a hold; kind: the latest way, as in processes_escaped.", &[p, &["kind"][..]].concat())?,
             reloads: counter(&r, "policy_reloads_total", "SIGHUP policy reloads by result.", &["result"])?,
             watchdog: reg(&r, prometheus::IntCounter::new("watchdog_resumes_total", "Resumes forced by max_suspend (a hold that lasted too long).")?)?,
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
@@ -256,8 +260,15 @@ impl Metrics {
             &self.proc_timeslice,
             &self.uncontrollable,
             &self.proc_uncontrollable,
+            &self.escaped,
+            &self.proc_escapes,
         ] {
             v.reset();
+        }
+        // Always present, so that an alert on it has a series to watch.
+        self.escaped.with_label_values(&["resumed"]).set(0);
+        for e in status.escaped.values() {
+            self.escaped.with_label_values(&[&e.kind]).inc();
         }
         // Always present, so that an alert on it has a series to watch.
         self.uncontrollable.with_label_values(&["traced"]).set(0);
@@ -362,6 +373,13 @@ impl Metrics {
                 let mut lu = l.clone();
                 lu.push(&u.kind);
                 self.proc_uncontrollable.with_label_values(&lu).set(1);
+            }
+            if let Some(e) = status.escaped.get(&p.pid) {
+                let mut le = l.clone();
+                le.push(&e.kind);
+                self.proc_escapes
+                    .with_label_values(&le)
+                    .set(i64::try_from(e.count).unwrap_or(i64::MAX));
             }
             let backlog: u64 = live_queues.iter().filter_map(|q| q.activity.backlog).sum();
             self.proc_backlog.with_label_values(&l).set(backlog as i64);
@@ -663,5 +681,44 @@ mod tests {
         // Controlled again: the series goes.
         let page = m.render(&st, &Status::default(), 3);
         assert!(!page.contains("gpreempt_process_uncontrollable{"), "{page}");
+    }
+
+    /// A process that escaped its hold is a series with its count and latest kind on every
+    /// scrape while it lives; `resumed` is there (0) when none escaped.
+    #[test]
+    fn escaped_processes_are_a_series_on_every_scrape() {
+        let mut m = Metrics::new().unwrap();
+        let st = known_state();
+        let page = m.render(&st, &Status::default(), 1);
+        assert_eq!(
+            value(&page, "gpreempt_processes_escaped{kind=\"resumed\"}"),
+            Some(0.0),
+            "{page}"
+        );
+        let e = crate::observe::model::Escape {
+            kind: "trap_disabled".into(),
+            count: 4,
+            ..Default::default()
+        };
+        let status = Status {
+            escaped: [(200, e)].into(),
+            ..Status::default()
+        };
+        for t in 2..6 {
+            let page = m.render(&st, &status, t);
+            assert_eq!(
+                value(&page, "gpreempt_processes_escaped{kind=\"trap_disabled\"}"),
+                Some(1.0),
+                "{page}"
+            );
+            assert_eq!(
+                value(
+                    &page,
+                    "gpreempt_process_escapes{class=\"offline\",comm=\"train\",container=\"\",kind=\"trap_disabled\",namespace=\"\",pid=\"200\",pod=\"\",pod_container=\"\"}"
+                ),
+                Some(4.0),
+                "{page}"
+            );
+        }
     }
 }

@@ -12,6 +12,14 @@ impl Ctx {
             Ok(report) => {
                 let done = report.done();
                 self.engine.confirm(&d, &done);
+                if suspend
+                    && self
+                        .refused
+                        .get(&d.pid)
+                        .is_some_and(|u| refused_by_act(&u.kind))
+                {
+                    self.controllable(w, d.pid);
+                }
                 match &report.effect {
                     // The `dynamic` lever: the queues keep running (with a short timeslice
                     // during the episode); the model's states stay as they are.
@@ -131,6 +139,24 @@ impl Ctx {
                     queue_id: change.queue_id,
                 }));
                 self.status_dirty = true;
+            }
+            Notice::Escaped {
+                pid,
+                kind,
+                text,
+                answer,
+            } => {
+                log::debug!("pid {pid}: {text}");
+                let now = monotonic_ns();
+                let audit = escape::due(
+                    &mut self.escape_audited,
+                    pid,
+                    kind,
+                    now,
+                    escape::AUDIT_EVERY_NS,
+                )
+                .is_some();
+                self.note_escape(w, pid, kind, now, answer, audit);
             }
             Notice::LeverFailed { pid, text } => {
                 let text = format!("pid {pid}: timeslice lever failed, pausing instead: {text}");

@@ -9,6 +9,7 @@
 //! never waits on a driver. What comes back (results, notices, requests) is handled in `back`.
 
 mod back;
+mod escape;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -48,6 +49,14 @@ use crate::{
 /// Decisions kept for the status file.
 const RECENT: usize = 32;
 
+/// A held queue watched for progress ([`escape`]): since when it is seen held, and its
+/// baseline read id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Watch {
+    since_ns: u64,
+    base: Option<u64>,
+}
+
 /// An act handed to a backend's worker, waiting for its result.
 enum Pending {
     Decision(Decision),
@@ -73,6 +82,14 @@ struct Ctx {
     /// Processes the freeze fallback holds frozen, with their cgroups: not suspended, so not
     /// in the status's `held`.
     frozen: BTreeMap<u32, String>,
+    /// Processes that got out of a hold, while they live ([`escape`]).
+    escaped: BTreeMap<u32, crate::observe::model::Escape>,
+    /// (pid, kind) -> (when last said, escapes unsaid since): the rate limit of the warnings.
+    escape_said: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
+    /// The same for the escapes' audit records.
+    escape_audited: BTreeMap<(u32, crate::outcome::EscapeKind), (u64, u64)>,
+    /// Held queues watched for progress ([`escape`]).
+    progress: BTreeMap<(u32, u32), Watch>,
     /// Acts whose results have not arrived yet.
     pending: BTreeMap<Ticket, Pending>,
     status_dirty: bool,
@@ -107,6 +124,10 @@ impl Ctx {
             recent: VecDeque::new(),
             refused: BTreeMap::new(),
             frozen: BTreeMap::new(),
+            escaped: BTreeMap::new(),
+            escape_said: BTreeMap::new(),
+            escape_audited: BTreeMap::new(),
+            progress: BTreeMap::new(),
             pending: BTreeMap::new(),
             status_dirty: true,
             unit: daemon::own_unit(),
@@ -156,6 +177,7 @@ impl Ctx {
                 .map(|(&pid, u)| (pid, u.reason.clone()))
                 .collect(),
             uncontrollable: self.refused.clone(),
+            escaped: self.escaped.clone(),
             decisions: self.recent.iter().cloned().collect(),
             events: w.event_counts(),
             events_degraded: w.events_degraded(),
@@ -255,6 +277,16 @@ impl Ctx {
                 self.controllable(w, pid);
                 continue;
             };
+            // Refused by an act, not by the attach (its runtime never enabled the debug API, a
+            // freeze refused): an attach that works says nothing, and the report stays until an
+            // act succeeds (retracting it here made it come and go between scrapes).
+            if self
+                .refused
+                .get(&pid)
+                .is_some_and(|u| refused_by_act(&u.kind))
+            {
+                continue;
+            }
             let Ok(b) = self.backends.for_pid(&w.state, pid) else {
                 continue;
             };
@@ -340,6 +372,8 @@ impl Ctx {
         for n in notices {
             self.notice(w, n);
         }
+        self.escapes(w).await;
+        self.progress_escapes(w).await;
         let decisions = self.engine.decide(&w.state, now);
         // The lever tuner's changes reach the backends before the decisions made under
         // them (the worker serves its commands in order).
@@ -443,6 +477,12 @@ impl Ctx {
             }
         }
     }
+}
+
+/// Whether a refusal of this kind comes from an act (a suspend the kernel refused), so that only
+/// an act that succeeds retracts it.
+fn refused_by_act(kind: &str) -> bool {
+    kind == "no_debug_api"
 }
 
 /// Who may steer this controller: root, and the policy's `[control] group` if it names one
@@ -601,6 +641,9 @@ impl Ctx {
         }
         if n.is_multiple_of(8) && !self.refused.is_empty() {
             self.retry_refused(w).await;
+        }
+        if n.is_multiple_of(4) {
+            self.forget_escapes(w);
         }
         // Every second regardless: the event counters move without decisions.
         if std::mem::take(&mut self.status_dirty) || n.is_multiple_of(4) {

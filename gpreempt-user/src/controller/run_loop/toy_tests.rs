@@ -51,6 +51,10 @@ struct Driver {
     lever: Option<Lever>,
     gpu_levers: Vec<BTreeMap<u32, Lever>>,
     pauses: u32,
+    /// Held again after an escape: (pid, escalated).
+    reholds: Vec<(u32, bool)>,
+    /// Suspends are refused as the kernel refuses a runtime without the debug API.
+    no_debug_api: bool,
 }
 
 struct Toy(Rc<RefCell<Driver>>);
@@ -113,6 +117,10 @@ impl Backend for Toy {
     ) -> BoxFut<'a, Acted> {
         let qs = queues.unwrap_or_default();
         let mut d = self.0.borrow_mut();
+        if d.no_debug_api {
+            let e = crate::backend::TargetError::NoDebugApi("no RUNTIME_ENABLE".into());
+            return Box::pin(async move { Acted::Now(Err(e.into())) });
+        }
         d.pauses += 1;
         d.paused.entry(pid).or_default().extend(&qs);
         Box::pin(async move { Acted::Now(Ok(report(pid, &qs))) })
@@ -131,6 +139,19 @@ impl Backend for Toy {
             None => std::mem::take(held).into_iter().collect(),
         };
         Box::pin(async move { Acted::Now(Ok(report(pid, &qs))) })
+    }
+
+    fn rehold<'a>(
+        &'a mut self,
+        _: &'a State,
+        pid: u32,
+        _: crate::outcome::EscapeKind,
+        escalate: bool,
+    ) -> BoxFut<'a, Result<Vec<OpReport>, ActError>> {
+        let mut d = self.0.borrow_mut();
+        d.reholds.push((pid, escalate));
+        let held: Vec<u32> = d.paused.get(&pid).into_iter().flatten().copied().collect();
+        Box::pin(async move { Ok(vec![report(pid, &held)]) })
     }
 
     fn forget(&mut self, pid: u32) {
@@ -366,4 +387,183 @@ async fn the_lever_tuner_measures_only_the_levers_the_backend_offers() {
         .iter()
         .flat_map(|m| m.values())
         .all(|l| TOY_OFFERS.set().contains(*l)));
+}
+
+/// A successful DBG_TRAP `op` that `caller` made on `target`, as the observer decodes it.
+fn debug_call(caller: u32, target: u32, op: u32) -> Update {
+    use crate::observe::events::{Event, IoctlEvent, KfdCall, Origin};
+    Update::Event(Event::Ioctl(IoctlEvent {
+        origin: Origin {
+            ts_ns: monotonic_ns(),
+            pid: caller,
+            tid: caller,
+            comm: "off".into(),
+        },
+        fd: 3,
+        cmd: gpreempt_common::kfd::cmd::DBG_TRAP,
+        ret: 0,
+        duration_ns: 0,
+        call: KfdCall::DbgTrap(gpreempt_common::kfd::DbgTrapArgs::bare(target, op)),
+        verified: true,
+    }))
+}
+
+/// A held process that resumes its own queues (amdkfd lets it debug-trap itself) is held again
+/// at the next tick, shown as escaped in the status file and the model for as long as it
+/// lives (a state, not an event), counted per escape, and audited; a process held by nothing
+/// that does the same escapes nothing. With `escape = "freeze"` its third escape asks for more.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_process_that_resumes_itself_is_held_again_and_shown_escaped() {
+    use gpreempt_common::kfd::dbg_op;
+    let d = dir("escape");
+    let (mut ctx, mut w, driver) =
+        controller("escape = \"freeze\"\n[nvidia]\nlever = \"pause\"\n", &d);
+    ctx.tick(&mut w).await;
+    // Not held yet: its own RESUME_QUEUES escapes nothing.
+    w.state
+        .apply(debug_call(OFFLINE, OFFLINE, dbg_op::RESUME_QUEUES));
+    ctx.tick(&mut w).await;
+    assert!(driver.borrow().reholds.is_empty());
+    assert!(ctx.status(&w).escaped.is_empty());
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(
+        driver.borrow().paused.get(&OFFLINE),
+        Some(&BTreeSet::from([2, 3]))
+    );
+    // It resumes itself (twice within one turn: one escape); the model sees its queues run.
+    w.state
+        .apply(debug_call(OFFLINE, OFFLINE, dbg_op::RESUME_QUEUES));
+    w.state
+        .apply(debug_call(OFFLINE, OFFLINE, dbg_op::RESUME_QUEUES));
+    ctx.tick(&mut w).await;
+    assert_eq!(driver.borrow().reholds, vec![(OFFLINE, false)]);
+    let q = &w.state.procs[&OFFLINE].queues;
+    assert!(
+        q.values().all(|q| q.state == QueueState::Suspended),
+        "held again"
+    );
+    let st = ctx.status(&w);
+    let e = &st.escaped[&OFFLINE];
+    assert_eq!((e.kind.as_str(), e.count), ("resumed", 1), "{e:?}");
+    assert!(
+        e.reason.contains("resumed its own suspended queues"),
+        "{e:?}"
+    );
+    assert!(e.answer.contains("held again"), "{e:?}");
+    // Stable: still there on later turns with nothing new.
+    for _ in 0..3 {
+        ctx.tick(&mut w).await;
+    }
+    assert_eq!(ctx.status(&w).escaped[&OFFLINE].count, 1);
+    assert_eq!(
+        w.state.procs[&OFFLINE].escaped.as_ref().map(|e| e.count),
+        Some(1)
+    );
+    // It disables the session, then takes one of its own: the latest kind, counted.
+    w.state.apply(debug_call(OFFLINE, OFFLINE, dbg_op::DISABLE));
+    ctx.tick(&mut w).await;
+    w.state.apply(debug_call(OFFLINE, OFFLINE, dbg_op::ENABLE));
+    ctx.tick(&mut w).await;
+    let e = ctx.status(&w).escaped[&OFFLINE].clone();
+    assert_eq!((e.kind.as_str(), e.count), ("trap_taken", 3), "{e:?}");
+    // The third escape under `escape = "freeze"` asked for more than a re-hold.
+    assert_eq!(
+        driver.borrow().reholds,
+        vec![(OFFLINE, false), (OFFLINE, false), (OFFLINE, true)]
+    );
+    // Our own calls are not escapes.
+    w.state.apply(debug_call(ctx.me, OFFLINE, dbg_op::DISABLE));
+    ctx.tick(&mut w).await;
+    assert_eq!(ctx.status(&w).escaped[&OFFLINE].count, 3);
+    // Gone: forgotten.
+    w.state.procs.get_mut(&OFFLINE).unwrap().exited_ns = Some(1);
+    ctx.forget_escapes(&w);
+    assert!(ctx.status(&w).escaped.is_empty());
+}
+
+/// A process whose runtime never enabled the debug API is refused by its suspends, not by its
+/// attach: the retry of refused processes must not retract the refusal (it came and went
+/// between metric scrapes), so every status of the next seconds shows it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_process_refused_by_its_suspends_stays_refused_across_retries() {
+    let d = dir("nodebug");
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"pause\"\n", &d);
+    driver.borrow_mut().no_debug_api = true;
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(
+        ctx.status(&w)
+            .uncontrollable
+            .get(&OFFLINE)
+            .map(|u| u.kind.as_str()),
+        Some("no_debug_api")
+    );
+    // Publishes without online work (no new suspend), the retries among them.
+    for n in 1..=24 {
+        ctx.retry_refused(&mut w).await;
+        let st = ctx.status(&w);
+        assert_eq!(
+            st.uncontrollable.get(&OFFLINE).map(|u| u.kind.as_str()),
+            Some("no_debug_api"),
+            "publish {n}"
+        );
+    }
+    // A suspend that works retracts it.
+    driver.borrow_mut().no_debug_api = false;
+    for i in 0..50 {
+        online_busy(&mut w, 20 + i);
+        ctx.tick(&mut w).await;
+        if driver.borrow().pauses > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(driver.borrow().pauses > 0, "suspended at last");
+    assert!(!ctx.status(&w).uncontrollable.contains_key(&OFFLINE));
+}
+
+/// A fresh sample of `pid`'s queue `qid` reading `read`.
+fn sample(w: &mut Watcher, pid: u32, qid: u32, read: u64) {
+    if let Some(q) = w
+        .state
+        .procs
+        .get_mut(&pid)
+        .and_then(|p| p.queues.get_mut(&qid))
+    {
+        q.activity.status = SampleStatus::Valid;
+        q.activity.read_dispatch_id = Some(read);
+        q.activity.write_dispatch_id = Some(read + 10);
+        q.activity.sample_ns = monotonic_ns();
+    }
+}
+
+/// A held queue whose dispatch ids stand still is left alone; one whose ids move past its
+/// settled baseline (a way out no call seen explains) is an escape: held again and shown.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_queue_whose_dispatch_ids_move_is_an_escape() {
+    let d = dir("progress");
+    let (mut ctx, mut w, driver) = controller("[nvidia]\nlever = \"pause\"\n", &d);
+    online_busy(&mut w, 10);
+    ctx.tick(&mut w).await;
+    assert_eq!(
+        driver.borrow().paused.get(&OFFLINE),
+        Some(&BTreeSet::from([2, 3]))
+    );
+    for i in 0..5 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        online_busy(&mut w, 20 + i);
+        sample(&mut w, OFFLINE, 2, 100);
+        sample(&mut w, OFFLINE, 3, 7);
+        ctx.tick(&mut w).await;
+    }
+    assert!(driver.borrow().reholds.is_empty(), "standing still");
+    assert!(ctx.status(&w).escaped.is_empty());
+    online_busy(&mut w, 30);
+    sample(&mut w, OFFLINE, 2, 100);
+    sample(&mut w, OFFLINE, 3, 20);
+    ctx.tick(&mut w).await;
+    assert_eq!(driver.borrow().reholds, vec![(OFFLINE, false)]);
+    let e = ctx.status(&w).escaped[&OFFLINE].clone();
+    assert_eq!((e.kind.as_str(), e.count), ("progress", 1), "{e:?}");
 }

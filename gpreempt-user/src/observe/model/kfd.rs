@@ -3,7 +3,7 @@
 
 use gpreempt_common::kfd::{self, dbg_op};
 
-use super::{LogKind, Queue, QueueKind, QueueState, Source, State};
+use super::{DebugCall, DebugOp, LogKind, Queue, QueueKind, QueueState, Source, State};
 use crate::observe::events::{IoctlEvent, KernelEvent, KfdCall};
 
 impl State {
@@ -173,6 +173,7 @@ impl State {
     }
 
     pub(super) fn dbg_trap(&mut self, ts: u64, caller: u32, a: &kfd::DbgTrapArgs) {
+        self.note_debug_call(ts, caller, a);
         match a.op {
             dbg_op::ENABLE => {
                 // It succeeded, so the target is a KFD process: the kernel makes one
@@ -192,6 +193,29 @@ impl State {
             }
             _ => {}
         }
+    }
+
+    /// Keeps a call that can end or undo a debugger's hold when it was not made by the target's
+    /// debugger: the target's own RESUME_QUEUES, DISABLE or ENABLE (amdkfd lets a process
+    /// debug-trap itself without ptrace), or a DISABLE / ENABLE by a third process.
+    fn note_debug_call(&mut self, ts: u64, caller: u32, a: &kfd::DbgTrapArgs) {
+        let Some(op) = DebugOp::of(a.op) else {
+            return;
+        };
+        let debugger = self.procs.get(&a.pid).and_then(|p| p.debugger);
+        if caller != a.pid && debugger == Some(caller) {
+            return;
+        }
+        if self.debug_calls.len() == super::DEBUG_CALLS_CAP {
+            self.debug_calls.pop_front();
+        }
+        self.debug_calls.push_back(DebugCall {
+            ts_ns: ts,
+            caller,
+            target: a.pid,
+            op,
+            debugger,
+        });
     }
 
     /// The debug trap on `target` ended: its suspended queues run again.

@@ -23,6 +23,8 @@ pub use types::*;
 
 /// Destroyed queues stay visible this long (ns) so a short-lived queue can be seen.
 pub const LINGER_NS: u64 = 3_000_000_000;
+/// Debug-trap calls kept for `run` (an observer that never drains them keeps the newest).
+pub const DEBUG_CALLS_CAP: usize = 256;
 /// Event log entries kept.
 pub const LOG_CAP: usize = 512;
 
@@ -61,6 +63,10 @@ pub struct State {
     /// called (`trace --dispatches` streams them).
     #[serde(skip)]
     fresh_dispatches: Option<Vec<FreshDispatch>>,
+    /// DBG_TRAP calls that can take a process out of its debugger's hold, oldest first
+    /// (bounded); `run` drains them ([`State::take_debug_calls`]).
+    #[serde(skip)]
+    debug_calls: VecDeque<DebugCall>,
 }
 
 /// A packet decoded for the first time, with where it came from.
@@ -81,6 +87,11 @@ impl State {
     /// The name of a kernel object of `pid`'s, when its code objects gave one.
     pub fn kernel_name(&self, pid: u32, object: u64) -> Option<&str> {
         self.procs.get(&pid)?.kernel_names.get(object)
+    }
+
+    /// The DBG_TRAP calls recorded since the last call ([`DebugCall`]).
+    pub fn take_debug_calls(&mut self) -> Vec<DebugCall> {
+        self.debug_calls.drain(..).collect()
     }
 
     /// The packets decoded since the last call; the first call starts keeping them.
@@ -235,6 +246,11 @@ impl State {
             Update::Class { pid, class } => {
                 if let Some(p) = self.procs.get_mut(&pid) {
                     p.class = class;
+                }
+            }
+            Update::Escaped { pid, escape } => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.escaped = escape;
                 }
             }
             Update::Uncontrollable { pid, why } => {

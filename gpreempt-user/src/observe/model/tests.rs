@@ -2499,3 +2499,65 @@ fn waits_time_requests_and_a_drop_discards_the_open_one() {
     p.requests.tick(300 * MS);
     assert_eq!(p.requests.take_closed(), vec![6 * MS, 9 * MS]);
 }
+
+/// A held process that debug-traps itself (amdkfd allows it without ptrace) leaves a record of
+/// each call that can undo the hold, for `run` to answer: its own RESUME_QUEUES, DISABLE and
+/// ENABLE, and a DISABLE by a third process. The debugger's own calls, failed calls and calls
+/// that hold nothing (a self SUSPEND) leave none.
+#[test]
+fn calls_that_undo_a_debuggers_hold_are_kept_for_the_controller() {
+    let mut s = State::default();
+    s.apply(enable(DEBUGGER, A, SEC));
+    // A first ENABLE is a third process's to the model (the controller knows its own pid).
+    let first = s.take_debug_calls();
+    assert_eq!(
+        first.iter().map(|c| (c.caller, c.op)).collect::<Vec<_>>(),
+        vec![(DEBUGGER, DebugOp::Enable)]
+    );
+    s.apply(suspended(DEBUGGER, A, 2 * SEC, Some(&[0])));
+    s.apply(dbg(
+        DEBUGGER,
+        2 * SEC,
+        0,
+        DbgTrapArgs::new(A, kfd::DbgTrapResumeQueuesArgs::default()),
+    ));
+    assert_eq!(s.take_debug_calls(), vec![], "the debugger's own calls");
+    let resume = DbgTrapArgs::new(A, kfd::DbgTrapResumeQueuesArgs::default());
+    s.apply(dbg(A, 3 * SEC, 0, resume));
+    s.apply(dbg(A, 3 * SEC, -1, resume)); // failed: nothing happened
+    s.apply(dbg(
+        A,
+        3 * SEC,
+        0,
+        DbgTrapArgs::new(A, kfd::DbgTrapSuspendQueuesArgs::default()),
+    ));
+    s.apply(disable(A, A, 4 * SEC));
+    s.apply(enable(A, A, 5 * SEC));
+    s.apply(disable(300, A, 6 * SEC));
+    let calls = s.take_debug_calls();
+    let seen: Vec<_> = calls
+        .iter()
+        .map(|c| (c.caller, c.target, c.op, c.debugger))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (A, A, DebugOp::Resume, Some(DEBUGGER)),
+            (A, A, DebugOp::Disable, Some(DEBUGGER)),
+            (A, A, DebugOp::Enable, None),
+            (300, A, DebugOp::Disable, Some(A)),
+        ]
+    );
+    assert_eq!(calls[0].ts_ns, 3 * SEC);
+    assert!(s.take_debug_calls().is_empty(), "drained");
+    // Bounded for an observer that never drains them.
+    for i in 0..(DEBUG_CALLS_CAP as u64 + 10) {
+        s.apply(dbg(A, 10 * SEC + i, 0, resume));
+    }
+    let calls = s.take_debug_calls();
+    assert_eq!(calls.len(), DEBUG_CALLS_CAP);
+    assert_eq!(
+        calls.last().map(|c| c.ts_ns),
+        Some(10 * SEC + DEBUG_CALLS_CAP as u64 + 9)
+    );
+}

@@ -311,6 +311,9 @@ pub struct Process {
     /// debugger, ...): set by the controller.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uncontrollable: Option<Uncontrollable>,
+    /// It got out of the running controller's hold (and was held again): how and how often.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub escaped: Option<Escape>,
     /// Whether the process's GPU runtime enabled the KFD debug API, which suspending its queues
     /// needs (docs/kfd.md), as its ioctls showed; absent when none of them said.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -354,7 +357,7 @@ impl DebugApi {
 
 /// Why the controller cannot act on a process: what the controller publishes, carried by the
 /// model.
-pub use crate::observe::status::Uncontrollable;
+pub use crate::observe::status::{Escape, Uncontrollable};
 
 impl Process {
     pub fn new(pid: u32, source: Source, now: u64) -> Self {
@@ -375,6 +378,7 @@ impl Process {
             kernel_names: Default::default(),
             unmanaged: None,
             uncontrollable: None,
+            escaped: None,
             debug_api: None,
         }
     }
@@ -581,6 +585,11 @@ pub enum Update {
         pid: u32,
         why: Option<Uncontrollable>,
     },
+    /// The process escaped the controller's hold (None: forgotten).
+    Escaped {
+        pid: u32,
+        escape: Option<Escape>,
+    },
     /// The NVIDIA TSG timeslices the running controller changed, all of them: (pid, TSG,
     /// original us, current us). TSGs not listed carry the driver's own value again.
     Timeslices(Vec<(u32, u32, u64, u64)>),
@@ -649,6 +658,43 @@ impl Default for NvClient {
             objects: std::collections::HashMap::new(),
             devices: std::collections::HashMap::new(),
             subdevices: std::collections::HashMap::new(),
+        }
+    }
+}
+
+/// A successful DBG_TRAP call that can end or undo a debugger's hold on `target`, made by someone
+/// other than its debugger (the target itself, most often): what the controller reads to tell
+/// that a held process escaped ([`State::take_debug_calls`](super::State::take_debug_calls)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DebugCall {
+    /// When the call was made (CLOCK_MONOTONIC ns).
+    pub ts_ns: u64,
+    pub caller: u32,
+    pub target: u32,
+    pub op: DebugOp,
+    /// The target's debugger as the model knew it before the call.
+    pub debugger: Option<u32>,
+}
+
+/// The DBG_TRAP operations that can take a process out of a hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DebugOp {
+    /// RESUME_QUEUES: suspended queues run again.
+    Resume,
+    /// DISABLE: the session ends and the kernel resumes every queue.
+    Disable,
+    /// ENABLE: a new session (after a DISABLE), owned by the caller.
+    Enable,
+}
+
+impl DebugOp {
+    pub fn of(op: u32) -> Option<Self> {
+        use gpreempt_common::kfd::dbg_op;
+        match op {
+            dbg_op::RESUME_QUEUES => Some(Self::Resume),
+            dbg_op::DISABLE => Some(Self::Disable),
+            dbg_op::ENABLE => Some(Self::Enable),
+            _ => None,
         }
     }
 }

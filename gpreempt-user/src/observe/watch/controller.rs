@@ -42,6 +42,9 @@ impl Watcher {
         for &pid in old.uncontrollable.keys().chain(old.refused.keys()) {
             self.state.apply(Update::Uncontrollable { pid, why: None });
         }
+        for &pid in old.escaped.keys() {
+            self.state.apply(Update::Escaped { pid, escape: None });
+        }
         if !old.timeslices.is_empty() {
             self.state.apply(Update::Timeslices(Vec::new()));
         }
@@ -72,7 +75,8 @@ impl Watcher {
         }
     }
 
-    /// What the controller cannot act on (an older controller publishes the sentence only).
+    /// What the controller cannot act on (an older controller publishes the sentence only), and
+    /// what escaped its hold.
     fn mirror_uncontrollable(&mut self, s: &Status) {
         let mut changed = Vec::new();
         for p in self.state.procs.values() {
@@ -88,6 +92,15 @@ impl Watcher {
                 changed.push(Update::Uncontrollable {
                     pid: p.pid,
                     why: want,
+                });
+            }
+        }
+        for p in self.state.procs.values() {
+            let want = s.escaped.get(&p.pid);
+            if p.escaped.as_ref() != want {
+                changed.push(Update::Escaped {
+                    pid: p.pid,
+                    escape: want.cloned(),
                 });
             }
         }

@@ -5,8 +5,8 @@
 use toml::de::{DeTable, DeValue};
 
 use super::super::{
-    fmt_ns, off_ns, Budget, NoDebugApi, Policy, Strategy, StrategyKind, DEFAULT_BUDGET_RATIO,
-    DEFAULT_PERIOD_NS, DEFAULT_SHARE,
+    fmt_ns, off_ns, Budget, NoDebugApi, OnEscape, Policy, Strategy, StrategyKind,
+    DEFAULT_BUDGET_RATIO, DEFAULT_PERIOD_NS, DEFAULT_SHARE,
 };
 use super::{Parser, Val};
 
@@ -178,6 +178,15 @@ impl Parser<'_> {
                     ),
                     None => {}
                 },
+                "escape" => match self.string(v, key) {
+                    Some("hold") => policy.escape = OnEscape::Hold,
+                    Some("freeze") => policy.escape = OnEscape::Freeze,
+                    Some(other) => self.err(
+                        span,
+                        format!("escape: unknown value {other:?} (use \"hold\" or \"freeze\")"),
+                    ),
+                    None => {}
+                },
                 "default" => {
                     if let Some(c) = self.class(v, key) {
                         policy.default_class = c;
@@ -188,7 +197,7 @@ impl Parser<'_> {
                     format!(
                         "[policy]: unknown key {other:?} (expected strategy, window, \
                          resume_after, max_suspend, min_run, min_interval, grace, gpus, \
-                         default, launch_hints or no_debug_api)"
+                         default, launch_hints, no_debug_api or escape)"
                     ),
                 ),
             }

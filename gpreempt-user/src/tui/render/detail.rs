@@ -278,6 +278,18 @@ fn process_pairs(p: &Process, now: u64) -> (Pairs, Pairs) {
             vec![]
         }
     };
+    if let Some(e) = &p.escaped {
+        wide.insert(
+            0,
+            (
+                "escaped",
+                format!(
+                    "ESCAPED {} time(s), latest {}: {}: {}",
+                    e.count, e.kind, e.reason, e.answer
+                ),
+            ),
+        );
+    }
     if let Some(u) = &p.uncontrollable {
         wide.insert(
             0,

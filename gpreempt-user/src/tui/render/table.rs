@@ -224,11 +224,14 @@ fn process_cell(c: Col, p: &Process, state: &State) -> Cell<'static> {
         ),
         Col::Id => Cell::from(p.pid.to_string()),
         Col::Comm => Cell::from(crate::term::clean(p.comm()).into_owned()),
-        Col::Class => match &p.uncontrollable {
+        Col::Class => match (&p.uncontrollable, &p.escaped) {
             // `!`: the controller cannot act on it (the detail pane says why).
-            Some(_) => Cell::from(format!("{}!", p.class.as_deref().unwrap_or("-")))
+            (Some(_), _) => Cell::from(format!("{}!", p.class.as_deref().unwrap_or("-")))
                 .style(Style::new().fg(ratatui::style::Color::Red)),
-            None => Cell::from(p.class.clone().unwrap_or_else(|| "-".into())),
+            // `^`: it got out of a hold (and was held again): the detail pane says how.
+            (None, Some(_)) => Cell::from(format!("{}^", p.class.as_deref().unwrap_or("-")))
+                .style(Style::new().fg(ratatui::style::Color::Yellow)),
+            (None, None) => Cell::from(p.class.clone().unwrap_or_else(|| "-".into())),
         },
         Col::Nq => Cell::from(app::live_count(p).to_string()),
         Col::State => {

@@ -40,6 +40,7 @@ use crate::outcome::OpReport;
 
 mod holds;
 mod ops;
+mod rearm;
 #[cfg(test)]
 mod tests;
 mod thread;
@@ -240,6 +241,12 @@ impl Control {
         queues: Option<Vec<u32>>,
     ) -> Result<OpReport, TargetError> {
         self.ask(|reply| Req::Resume { id, queues, reply }).await
+    }
+
+    /// Suspend again what is held of `id` (it escaped the hold), taking its debug session back
+    /// first if it is no longer ours; `rearm`: take it back whatever.
+    pub async fn rehold(&self, id: ProcId, rearm: bool) -> Result<OpReport, TargetError> {
+        self.ask(|reply| Req::Rehold { id, rearm, reply }).await
     }
 
     pub async fn snapshot(&self, id: ProcId) -> Result<Vec<SnapQueue>, TargetError> {

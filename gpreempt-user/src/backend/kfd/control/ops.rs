@@ -5,9 +5,8 @@
 use std::{fs::File, os::fd::AsRawFd, time::Duration};
 
 use gpreempt_common::kfd::{
-    self, dbg_op, ec, ec_mask, DbgTrapArgs, DbgTrapEnableArgs, DbgTrapPayload,
-    DbgTrapQueueSnapshotArgs, DbgTrapResumeQueuesArgs, DbgTrapSendRuntimeEventArgs,
-    DbgTrapSuspendQueuesArgs, QueueSnapshotEntry, RuntimeInfo,
+    self, dbg_op, ec, ec_mask, DbgTrapArgs, DbgTrapPayload, DbgTrapQueueSnapshotArgs,
+    DbgTrapResumeQueuesArgs, DbgTrapSuspendQueuesArgs, QueueSnapshotEntry,
 };
 use nix::{
     errno::Errno,
@@ -22,7 +21,7 @@ use nix::{
 use super::{
     holds::{self, Book},
     thread::{Target, Thread},
-    types::{errno_of, SnapQueue, TargetError, SUBSCRIBED},
+    types::{errno_of, SnapQueue, TargetError},
 };
 use crate::{
     clock::monotonic_ns,
@@ -216,54 +215,45 @@ impl Thread {
             self.detach_ptrace(pid);
             return Err(e);
         }
-        let (rd, wr) = match nix::unistd::pipe2(
-            nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC,
-        ) {
-            Ok(p) => p,
+        let enabled = match self.enable(pid) {
+            // Seized, it has no other tracer: a session already there is one it enabled on
+            // itself (amdkfd allows that without ptrace) or a debugger's that let go of its
+            // ptrace link. As its ptrace parent we may end it: the job is under control now.
+            Err(TargetError::AlreadyDebugged) => {
+                let mut d = DbgTrapArgs::bare(pid, dbg_op::DISABLE);
+                match self.dbg_raw(&mut d) {
+                    Ok(_) => {
+                        log::info!(
+                            "pid {pid}: ended the debug session it had (enabled on itself?)"
+                        );
+                        self.enable(pid)
+                    }
+                    Err(_) => Err(TargetError::AlreadyDebugged),
+                }
+            }
+            r => r,
+        };
+        let (events, runtime_enabled) = match enabled {
+            Ok(v) => v,
             Err(e) => {
+                // The kernel records us as the target's debugger even when ENABLE fails; that
+                // is harmless unless another debugger holds the trap (EALREADY; it cannot be a
+                // tracer, the seize would have failed): our exit then disables its trap.
+                // Nothing can undo it.
                 self.detach_ptrace(pid);
-                return Err(TargetError::Other(format!("pipe: {e}")));
+                return Err(e);
             }
         };
-        let mut rinfo = RuntimeInfo::default();
-        let en = DbgTrapEnableArgs {
-            exception_mask: SUBSCRIBED,
-            rinfo_ptr: &mut rinfo as *mut RuntimeInfo as u64,
-            rinfo_size: std::mem::size_of::<RuntimeInfo>() as u32,
-            dbg_fd: wr.as_raw_fd() as u32,
-        };
-        if let Err(e) = self.dbg(pid, en) {
-            // The kernel records us as the target's debugger even when ENABLE fails; that is
-            // harmless unless another debugger holds the trap (EALREADY; it cannot be a tracer,
-            // the seize would have failed): our exit then disables its trap. Nothing can undo it.
-            self.detach_ptrace(pid);
-            return Err(op_error("enable", &e));
-        }
-        // The kernel holds its own reference to the write end.
-        drop(wr);
         self.targets.insert(
             pid,
             Target {
                 pid,
                 start_time: id.start_time,
-                events: File::from(rd),
+                events,
                 book: Book::default(),
-                runtime_enabled: Some(rinfo.runtime_state == kfd::runtime_state::ENABLED),
+                runtime_enabled: Some(runtime_enabled),
             },
         );
-        if rinfo.runtime_state == kfd::runtime_state::ENABLED {
-            // A runtime left waiting for an acknowledgment by a debugger that died (the kernel
-            // does not wake it) goes on; otherwise the extra count only means a later wait of the
-            // target returns at once.
-            let ack = DbgTrapSendRuntimeEventArgs {
-                exception_mask: ec_mask(ec::PROCESS_RUNTIME),
-                gpu_id: 0,
-                queue_id: 0,
-            };
-            if let Err(e) = self.dbg(pid, ack) {
-                log::debug!("pid {pid}: runtime acknowledgment: {e}");
-            }
-        }
         log::info!("pid {pid}: under control");
         Ok(())
     }
@@ -333,7 +323,7 @@ impl Thread {
         }
     }
 
-    fn rate_ok(&mut self, pid: u32) -> bool {
+    pub(super) fn rate_ok(&mut self, pid: u32) -> bool {
         let limit = self.limits.max_suspends_per_s;
         let Some(t) = self.targets.get_mut(&pid) else {
             return true;
@@ -381,7 +371,7 @@ impl Thread {
         self.targets.get(&pid)?.book.gpu_of(qid)
     }
 
-    fn suspend_ids(
+    pub(super) fn suspend_ids(
         &mut self,
         pid: u32,
         ids: &[u32],

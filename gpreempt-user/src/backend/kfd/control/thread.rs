@@ -27,7 +27,7 @@ use crate::backend::Arrival;
 
 use super::{
     holds::{self, Book, Fences},
-    types::{errno_of, Limits, Req, Turns, SUBSCRIBED},
+    types::{errno_of, Limits, Req, TargetError, Turns, SUBSCRIBED},
 };
 use crate::clock::monotonic_ns;
 use crate::outcome::Notice;
@@ -194,6 +194,10 @@ impl Thread {
                 let r = self.resume(id, queues);
                 let _ = reply.send(r);
             }
+            Req::Rehold { id, rearm, reply } => {
+                let r = self.rehold_request(id, rearm);
+                let _ = reply.send(r);
+            }
             Req::Snapshot(id, reply) => {
                 let r = self.attach(id).and_then(|_| self.snapshot(id.pid));
                 let _ = reply.send(r);
@@ -208,12 +212,22 @@ impl Thread {
             return;
         };
         let mut buf = [0u8; 256];
-        loop {
+        let closed = loop {
             match t.events.read(&mut buf) {
-                Ok(0) => break, // the kernel dropped the trap (DISABLE by someone, or exit)
+                // The kernel let go of our pipe: the session ended (a DISABLE, or exit).
+                Ok(0) => break true,
                 Ok(_) => continue,
-                Err(_) => break,
+                Err(_) => break false,
             }
+        };
+        if closed
+            && crate::observe::procinfo::start_time(std::path::Path::new("/proc"), pid)
+                .is_ok_and(|s| s == t.start_time)
+        {
+            // Alive: someone (the target itself, most often) disabled our session, and may
+            // have enabled one of its own since; the kernel resumed its queues.
+            self.retake(pid, &std::io::Error::from_raw_os_error(libc::EINVAL));
+            return;
         }
         let mut new_queues = Vec::new();
         let mut deleted = false;
@@ -226,10 +240,16 @@ impl Thread {
             let ev = match self.dbg(pid, q) {
                 Ok((_, ev)) => ev,
                 Err(e) if errno_of(&e) == Errno::EAGAIN => break,
+                Err(e) if errno_of(&e) == Errno::EINVAL => {
+                    // The trap was disabled under us (the target's own DISABLE, or a third
+                    // process's): the kernel resumed its queues. Take the session back and
+                    // hold again what we held.
+                    self.retake(pid, &e);
+                    return;
+                }
                 Err(e) => {
-                    if errno_of(&e) == Errno::EINVAL || errno_of(&e) == Errno::ESRCH {
-                        // The trap was disabled under us (DISABLE by someone else) or the
-                        // target is gone: nothing of ours is suspended any more.
+                    if errno_of(&e) == Errno::ESRCH {
+                        // The target is gone: nothing of ours is suspended any more.
                         self.lost(pid, &format!("debug events: {e}"));
                     }
                     return;
@@ -271,6 +291,30 @@ impl Thread {
             if !new_queues.is_empty() {
                 self.auto_suspend(pid, new_queues, grace);
             }
+        }
+    }
+
+    /// Our session on `pid` ended under us (`e`): enabled again and what we held suspended
+    /// again, said as an act; a target that cannot be taken back is let go as before.
+    fn retake(&mut self, pid: u32, e: &std::io::Error) {
+        let held = self
+            .targets
+            .get(&pid)
+            .is_some_and(|t| t.book.hold_all.is_some() || !t.book.suspended.is_empty());
+        let r = if held {
+            self.rehold(pid, true).map(Some)
+        } else {
+            self.rearm(pid).map(|_| None)
+        };
+        match r {
+            Ok(Some(report)) => self.notice(Notice::Acted {
+                report,
+                suspend: true,
+                why: "held again: its debug trap was disabled under the controller".into(),
+            }),
+            Ok(None) => log::info!("pid {pid}: its debug trap was disabled: enabled again"),
+            Err(TargetError::Gone) => self.lost(pid, &format!("debug events: {e}")),
+            Err(te) => self.lost(pid, &format!("debug events: {e}; taking it back: {te}")),
         }
     }
 

@@ -64,6 +64,13 @@ pub(super) enum Req {
         queues: Option<Vec<u32>>,
         reply: oneshot::Sender<Result<OpReport, TargetError>>,
     },
+    /// Suspend again what is held of a target that escaped; `rearm`: take its debug session
+    /// back first.
+    Rehold {
+        id: ProcId,
+        rearm: bool,
+        reply: oneshot::Sender<Result<OpReport, TargetError>>,
+    },
     Snapshot(ProcId, oneshot::Sender<Result<Vec<SnapQueue>, TargetError>>),
     /// Resume + disable + detach everything, then the thread ends.
     Shutdown(oneshot::Sender<Vec<OpReport>>),
