@@ -132,16 +132,14 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-/// The readable table: GPUs, then one line per queue (processes without queues get one line).
-/// What processes name themselves is [`clean`]ed: one line per row, nothing a terminal obeys.
-pub fn to_table(state: &State, warnings: &[String]) -> String {
-    let mut s = String::new();
+/// One line per GPU, either vendor's.
+fn gpu_lines(state: &State, s: &mut String) {
     if state.gpus.is_empty() && state.nv_gpus.is_empty() {
         s.push_str("no GPUs in /sys/class/kfd/kfd/topology\n");
     }
     for g in &state.gpus {
         let _ = writeln!(
-            s,
+            *s,
             "GPU {} {} ({}) {} CUs, HQDs used {}/{}{}",
             g.node.gpu_id,
             g.gfx_target,
@@ -154,7 +152,7 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
     }
     for g in &state.nv_gpus {
         let _ = writeln!(
-            s,
+            *s,
             "NVIDIA GPU {} {} {} {}{}",
             g.index,
             clean(&g.name),
@@ -163,6 +161,13 @@ pub fn to_table(state: &State, warnings: &[String]) -> String {
             g.device_node().map(|d| format!(" {d}")).unwrap_or_default()
         );
     }
+}
+
+/// The readable table: GPUs, then one line per queue (processes without queues get one line).
+/// What processes name themselves is [`clean`]ed: one line per row, nothing a terminal obeys.
+pub fn to_table(state: &State, warnings: &[String]) -> String {
+    let mut s = String::new();
+    gpu_lines(state, &mut s);
     // Queue ids whole: an NVIDIA TSG's is a 10-digit RM handle.
     let qw = state
         .procs

@@ -445,6 +445,7 @@ fn escape(path: &str) {
         second_queue_after: None,
         idle_queues: 0,
         warmup: std::time::Duration::ZERO,
+        debug_api: true,
     };
     let (dev, flag) = (std::path::PathBuf::from(path), stop.clone());
     let work = std::thread::spawn(

@@ -782,9 +782,8 @@ async fn stop(
     }
     if !resumed.is_empty() {
         eprintln!(
-            "resumed and released {} process(es): {:?}",
-            resumed.len(),
-            resumed
+            "resumed and released {} process(es): {resumed:?}",
+            resumed.len()
         );
     }
     let _ = daemon::write_status(dir, &Status::default());
