@@ -104,6 +104,47 @@ fn man_pages(cmd: &clap::Command, name: &str, out: &mut Vec<(String, clap::Comma
     }
 }
 
+/// What every page ends with (roff), past clap's sections: EXIT STATUS and ENVIRONMENT on
+/// all, EXAMPLES and FILES on the main page, SEE ALSO on the others.
+fn man_sections(name: &str) -> String {
+    let mut s = String::from(
+        ".SH \"EXIT STATUS\"\n\
+         .TP\n0\nsuccess (\\fBdoctor\\fR: no check failed; \\fBsim\\fR: the command it ran exited 0)\n\
+         .TP\n1\nan error, said in one line on stderr (\\fBdoctor\\fR: a check failed; \\fBpolicy \
+         check\\fR: the policy is invalid; \\fBsuspend\\fR/\\fBresume\\fR: a queue was not acted on)\n\
+         .TP\n2\nthe command line is wrong (unknown option, missing argument)\n\
+         .TP\n130\n\\fBsim\\fR: its command ended by Ctrl-C (\\fBsim\\fR exits as its command did)\n\
+         .SH ENVIRONMENT\n\
+         .TP\nRUST_LOG\nlog filter over \\fB-v\\fR, e.g. \\fBgpreempt_user::backend=debug\\fR\n\
+         .TP\nNO_COLOR\nnot empty: no colour in log lines or \\fBtop\\fR\n\
+         .TP\nGPREEMPT_RUN_DIR\nthe run directory (default /run/gpreempt-ebpf)\n",
+    );
+    if name == "gpreempt-ebpf" {
+        s.push_str(
+            ".SH EXAMPLES\n\
+             .nf\n\
+             sudo gpreempt-ebpf doctor\n\
+             sudo gpreempt-ebpf top\n\
+             gpreempt-ebpf policy check /etc/gpreempt-ebpf/policy.toml\n\
+             sudo gpreempt-ebpf run --policy /etc/gpreempt-ebpf/policy.toml --metrics 127.0.0.1:9464\n\
+             sudo gpreempt-ebpf queues --json\n\
+             sudo gpreempt-ebpf trace --pid 4242\n\
+             .fi\n\
+             .SH FILES\n\
+             .TP\n/etc/gpreempt-ebpf/policy.toml\nthe policy the unit runs (examples in \
+             /usr/share/doc/gpreempt-ebpf/examples)\n\
+             .TP\n/etc/default/gpreempt-ebpf\nthe unit's metrics address, audit bound and extra \
+             options\n\
+             .TP\n/run/gpreempt-ebpf\nthe running controller's lock, socket and status file\n\
+             .TP\n/var/log/gpreempt-ebpf/audit.jsonl\nthe controller's audit log (the unit's)\n\
+             .TP\n/usr/share/doc/gpreempt-ebpf\nREADME.md and docs/\n",
+        );
+    } else {
+        s.push_str(".SH \"SEE ALSO\"\n\\fBgpreempt-ebpf\\fR(1)\n");
+    }
+    s
+}
+
 /// Writes the man pages or the completions `g` asks for.
 fn generate(g: &Generate) -> Result<ExitCode> {
     use clap::CommandFactory as _;
@@ -118,6 +159,7 @@ fn generate(g: &Generate) -> Result<ExitCode> {
                 let path = dir.join(format!("{name}.1"));
                 let mut out = Vec::new();
                 clap_mangen::Man::new(page).render(&mut out)?;
+                out.extend_from_slice(man_sections(&name).as_bytes());
                 std::fs::write(&path, out)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
@@ -154,6 +196,14 @@ pub fn main() -> Result<ExitCode> {
         // -vv: timestamps, to line debug output up with other tools' clocks.
         .format_timestamp((g.verbose >= 2).then_some(env_logger::TimestampPrecision::Micros))
         .target(env_logger::Target::Stderr);
+    // RUST_LOG, where set, says more precisely what -v says (e.g.
+    // `gpreempt_user::backend=debug`); NO_COLOR keeps the level names plain.
+    if let Some(spec) = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty()) {
+        logger.parse_filters(&spec);
+    }
+    if crate::term::no_color() {
+        logger.write_style(env_logger::WriteStyle::Never);
+    }
     if journald() {
         logger.format(|f, r| {
             use std::io::Write as _;
@@ -200,5 +250,32 @@ pub fn main() -> Result<ExitCode> {
         Command::KfdCycles(args) => rt()?.block_on(cmd::kfd_cycles::main(g, args)),
         Command::NvSelftestTarget(args) => cmd::nv_selftest_target::main(args),
         Command::Generate(g) => generate(g),
+    }
+}
+
+#[cfg(test)]
+mod man_tests {
+    /// Every page says how it exits and what steers it; the main one shows how it is used and
+    /// which files it keeps (the sections clap does not write).
+    #[test]
+    fn the_pages_have_exit_status_environment_examples_and_files() {
+        let main = super::man_sections("gpreempt-ebpf");
+        for s in [
+            ".SH \"EXIT STATUS\"",
+            ".SH ENVIRONMENT",
+            ".SH EXAMPLES",
+            ".SH FILES",
+        ] {
+            assert!(main.contains(s), "{s}: {main}");
+        }
+        assert!(main.contains("NO_COLOR") && main.contains("RUST_LOG"));
+        let run = super::man_sections("gpreempt-ebpf-run");
+        assert!(run.contains(".SH \"EXIT STATUS\"") && run.contains(".SH \"SEE ALSO\""));
+        assert!(!run.contains(".SH FILES"));
+        // One roff request per line: no continuation swallowed a newline.
+        assert!(
+            main.lines().all(|l| !l.contains(".TP") || l == ".TP"),
+            "{main}"
+        );
     }
 }

@@ -7,6 +7,16 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+/// Whether colour is off: `NO_COLOR` present and not empty (the no-color.org convention), for the
+/// log lines and `top` alike.
+pub fn no_color() -> bool {
+    no_color_in(std::env::var_os("NO_COLOR").as_deref())
+}
+
+fn no_color_in(v: Option<&std::ffi::OsStr>) -> bool {
+    v.is_some_and(|v| !v.is_empty())
+}
+
 /// `s` with every control character (C0 including newline and tab, DEL, C1) written as an
 /// escape (`\n`, `\t`, `\x1b`, `\u{9b}`): printable, one line, nothing the terminal obeys.
 pub fn clean(s: &str) -> Cow<'_, str> {
@@ -33,6 +43,14 @@ pub fn clean(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn no_color_is_a_non_empty_variable() {
+        use std::ffi::OsStr;
+        assert!(!super::no_color_in(None));
+        assert!(!super::no_color_in(Some(OsStr::new(""))));
+        assert!(super::no_color_in(Some(OsStr::new("1"))));
+    }
+
     use super::*;
 
     #[test]

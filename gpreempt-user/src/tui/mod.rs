@@ -184,6 +184,7 @@ async fn event_loop<B: Backend, S: Source>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut app = App::new(interval_label(interval));
+    app.no_color = crate::term::no_color();
     app.label = std::env::var("GPREEMPT_LABEL")
         .ok()
         .filter(|l| !l.is_empty());

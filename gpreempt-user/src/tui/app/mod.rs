@@ -186,6 +186,8 @@ pub struct App {
     pub page: usize,
     /// First table row shown: kept by the renderer between frames so the view does not jump.
     pub scroll: Cell<usize>,
+    /// `NO_COLOR`: the screen in the terminal's own colours (bold and reverse still mark).
+    pub no_color: bool,
 }
 
 impl Default for App {
@@ -210,6 +212,7 @@ impl App {
             label: None,
             page: 10,
             scroll: Cell::new(0),
+            no_color: false,
         }
     }
 

@@ -167,6 +167,18 @@ pub fn draw_rows(f: &mut Frame, app: &App, state: &State, rows: &[TreeRow]) {
         draw_help(f, area);
     }
     no_controls(f.buffer_mut());
+    if app.no_color {
+        no_colors(f.buffer_mut());
+    }
+}
+
+/// `NO_COLOR`: every cell in the terminal's default colours; modifiers (the selection's
+/// reverse, bold headers) stay, so nothing is marked by colour alone.
+fn no_colors(buf: &mut ratatui::buffer::Buffer) {
+    for cell in buf.content.iter_mut() {
+        cell.fg = ratatui::style::Color::Reset;
+        cell.bg = ratatui::style::Color::Reset;
+    }
 }
 
 /// The last line of defence for what processes and code objects name themselves (the table

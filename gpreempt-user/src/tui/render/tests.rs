@@ -846,3 +846,29 @@ fn a_mixed_host_shows_both_vendors_gpus_and_the_hqd_line() {
     find(&b, "HQD map from debugfs hqds");
     assert_absent(&b, "no GPUs found");
 }
+
+/// `NO_COLOR`: no cell keeps a colour (a suspended queue's yellow included); the selection is
+/// still marked, by reverse video.
+#[test]
+fn no_color_leaves_every_cell_in_the_terminals_colours() {
+    use ratatui::style::{Color, Modifier};
+    let st = known_state();
+    let mut app = App::new("100ms");
+    let coloured = |b: &Buffer| {
+        b.content
+            .iter()
+            .filter(|c| c.fg != Color::Reset || c.bg != Color::Reset)
+            .count()
+    };
+    assert!(
+        coloured(&render(&app, &st, 140, 40)) > 0,
+        "nothing coloured to take away"
+    );
+    app.no_color = true;
+    let b = render(&app, &st, 140, 40);
+    assert_eq!(coloured(&b), 0);
+    assert!(b
+        .content
+        .iter()
+        .any(|c| c.modifier.contains(Modifier::REVERSED)));
+}
