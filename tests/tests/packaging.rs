@@ -249,6 +249,22 @@ fn the_manifests_give_the_controller_what_it_needs_per_vendor() {
             "{name}: the example rules match pods"
         );
 
+        // Production-shaped: node-critical like the device plugins, ready after the
+        // self-test, alive while the loop turns (the paths the metrics server answers), and a
+        // Service for the metrics.
+        assert_eq!(pod["priorityClassName"], "system-node-critical", "{name}");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
+        let labels = &ds["spec"]["template"]["metadata"]["labels"];
+        assert!(
+            of("Service").iter().any(|svc| {
+                let sel = svc["spec"]["selector"].as_object();
+                sel.is_some_and(|m| m.iter().all(|(k, v)| &labels[k] == v))
+                    && svc["spec"]["ports"][0]["targetPort"] == "metrics"
+            }),
+            "{name}: no Service selects the pods' metrics port"
+        );
+
         // Metrics: on the port the pod declares and Prometheus is told to scrape.
         let port = arg("--metrics")
             .rsplit_once(':')

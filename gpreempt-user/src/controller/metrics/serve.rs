@@ -1,5 +1,7 @@
 //! The HTTP side of `run --metrics`: serves `GET /metrics` from the page the control loop
-//! renders, and nothing else; a slow or hostile client never reaches the loop.
+//! renders, and the probes an orchestrator asks (`/readyz`: the self-test passed and the loop
+//! published; `/healthz`: the loop still turns), nothing else; a slow or hostile client never
+//! reaches the loop.
 
 use std::{
     net::SocketAddr,
@@ -11,7 +13,61 @@ use anyhow::{Context as _, Result};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The text the server hands out, replaced by the control loop.
-pub type Page = Arc<RwLock<String>>;
+pub type Page = Arc<RwLock<Rendered>>;
+
+/// The page and when the loop rendered it: the loop renders only after the start-up self-test,
+/// then every second while it turns.
+#[derive(Clone, Debug, Default)]
+pub struct Rendered {
+    pub text: String,
+    pub at: Option<std::time::Instant>,
+}
+
+impl From<String> for Rendered {
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            at: Some(std::time::Instant::now()),
+        }
+    }
+}
+
+impl From<&str> for Rendered {
+    fn from(text: &str) -> Self {
+        text.to_string().into()
+    }
+}
+
+/// `/healthz` fails once the loop has not rendered for this long (it renders every second; a
+/// busy host's slow driver reads stretch a turn, not to this).
+pub const LIVE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The answer to a GET of `path`: status line and body.
+fn page_for(path: &[u8], page: &Rendered, now: std::time::Instant) -> (&'static str, String) {
+    match (path, page.at) {
+        (b"/metrics", _) => ("200 OK", page.text.clone()),
+        (b"/readyz", Some(_)) => ("200 OK", "ready\n".into()),
+        (b"/readyz", None) => (
+            "503 Service Unavailable",
+            "starting: the self-test has not passed yet\n".into(),
+        ),
+        (b"/healthz", None) => ("200 OK", "starting\n".into()),
+        (b"/healthz", Some(at)) if now.saturating_duration_since(at) <= LIVE_LIMIT => {
+            ("200 OK", "alive\n".into())
+        }
+        (b"/healthz", Some(at)) => (
+            "503 Service Unavailable",
+            format!(
+                "the control loop has not turned for {} s\n",
+                now.saturating_duration_since(at).as_secs()
+            ),
+        ),
+        _ => (
+            "404 Not Found",
+            "try /metrics, /readyz or /healthz\n".into(),
+        ),
+    }
+}
 
 /// Longest request head read.
 const MAX_REQUEST: usize = 8192;
@@ -160,9 +216,12 @@ async fn answer(
         parts.next().unwrap_or_default(),
     );
     let path = path.split(|&b| b == b'?').next().unwrap_or_default();
-    let (status, body) = match (method, path) {
-        (b"GET", b"/metrics") => ("200 OK", page.read().map(|p| p.clone()).unwrap_or_default()),
-        (b"GET", _) => ("404 Not Found", "try /metrics\n".to_string()),
+    let (status, body) = match method {
+        b"GET" => {
+            let now = std::time::Instant::now();
+            let rendered = page.read().map(|p| p.clone()).unwrap_or_default();
+            page_for(path, &rendered, now)
+        }
         _ => ("405 Method Not Allowed", String::new()),
     };
     let reply = format!(
@@ -177,6 +236,29 @@ async fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ready once the loop has rendered a page (after the self-test); alive while it renders;
+    /// a loop stuck past the limit fails the liveness probe, not the readiness one.
+    #[test]
+    fn the_probes_follow_the_loop() {
+        let t0 = std::time::Instant::now();
+        let none = Rendered::default();
+        assert_eq!(page_for(b"/readyz", &none, t0).0, "503 Service Unavailable");
+        assert_eq!(page_for(b"/healthz", &none, t0).0, "200 OK");
+        let fresh = Rendered::from("gpreempt_up 1\n");
+        let at = fresh.at.unwrap();
+        assert_eq!(page_for(b"/readyz", &fresh, at).0, "200 OK");
+        assert_eq!(page_for(b"/healthz", &fresh, at + LIVE_LIMIT).0, "200 OK");
+        let (st, body) = page_for(
+            b"/healthz",
+            &fresh,
+            at + LIVE_LIMIT + Duration::from_secs(5),
+        );
+        assert_eq!(st, "503 Service Unavailable", "{body}");
+        assert!(body.contains("has not turned for 35 s"), "{body}");
+        assert_eq!(page_for(b"/metrics", &fresh, at).1, "gpreempt_up 1\n");
+        assert_eq!(page_for(b"/", &fresh, at).0, "404 Not Found");
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_server_answers_metrics_and_nothing_else() {

@@ -656,7 +656,7 @@ impl Ctx {
                 m.observe_requests(&w.state, &closed);
                 let text = m.render(&w.state, &status, monotonic_ns());
                 if let Ok(mut p) = page.write() {
-                    *p = text;
+                    *p = text.into();
                 }
             }
         }
