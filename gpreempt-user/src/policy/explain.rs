@@ -208,6 +208,14 @@ impl Policy {
             .map(|r| format!("{}:{}", self.source, r.line))
     }
 
+    /// A class and the rule (0-based) that gave it, in words: `offline, by rule 2 (p.toml:9)`.
+    pub fn verdict(&self, class: Class, rule: Option<usize>) -> String {
+        match rule.and_then(|i| self.rule_line(i)) {
+            Some(at) => format!("{class}, by rule {} ({at})", rule.unwrap_or_default() + 1),
+            None => format!("{class}, the default (no rule matched)"),
+        }
+    }
+
     /// Why `pid` (with these `/proc` facts) is in its class: the same answer as
     /// [`Policy::classify`], with each rule tried.
     pub fn explain(&self, info: &ProcInfo, pid: u32) -> Explanation {

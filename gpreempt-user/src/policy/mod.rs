@@ -13,6 +13,7 @@ mod explain;
 mod file;
 mod glob;
 mod levers;
+mod running;
 
 use std::fmt;
 
@@ -27,6 +28,7 @@ pub use explain::{Explanation, Matcher, RuleTrial};
 pub use file::{parse_duration, read_policy_file, PolicyError};
 pub use glob::Glob;
 pub use levers::{LeverChange, LeverTuner, LeverView};
+pub use running::{running, Running};
 
 const MS: u64 = 1_000_000;
 
