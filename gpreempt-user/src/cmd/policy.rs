@@ -145,16 +145,17 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode> {
         }
     };
     let pid = args.pid;
-    let info = crate::observe::procinfo::read(std::path::Path::new("/proc"), pid).map_err(|e| {
-        match e.kind() {
+    let info =
+        crate::observe::procinfo::read(std::path::Path::new("/proc"), pid).map_err(|e| match e
+            .kind()
+        {
             std::io::ErrorKind::NotFound => anyhow::anyhow!(
                 "no process has pid {pid} (or /proc hides it from you: hidepid; run as root)"
             ),
             _ => anyhow::anyhow!(
                 "cannot read /proc/{pid}/stat: {e}; run as root to explain another user's process"
             ),
-        }
-    })?;
+        })?;
     let e = policy.explain(&info, pid);
     // What the running controller published, when it differs: it classes by the version of
     // the file it loaded.

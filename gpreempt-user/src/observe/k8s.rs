@@ -310,7 +310,10 @@ mod tests {
                 format!("/kubepods/besteffort/pod{UID}/{ID}"),
                 Some(Qos::BestEffort),
             ),
-            (format!("/kubepods/burstable/pod{UID}/{ID}"), Some(Qos::Burstable)),
+            (
+                format!("/kubepods/burstable/pod{UID}/{ID}"),
+                Some(Qos::Burstable),
+            ),
             (format!("/kubepods/pod{UID}/{ID}"), Some(Qos::Guaranteed)),
             // No pod: the QoS parents themselves, other hierarchies, a look-alike.
             ("/kubepods.slice/kubepods-besteffort.slice".into(), None),

@@ -601,11 +601,18 @@ async fn each_class_is_audited_with_its_rule() {
     );
     assert_eq!(on["reason"], "online, by rule 1 (toy.toml:4)");
     let off = of(OFFLINE);
-    assert_eq!((&off["rule"], &off["rule_line"]), (&serde_json::json!(2), &serde_json::json!("toy.toml:7")));
+    assert_eq!(
+        (&off["rule"], &off["rule_line"]),
+        (&serde_json::json!(2), &serde_json::json!("toy.toml:7"))
+    );
     let other = of(77);
     assert_eq!(
         (&other["class"], &other["rule"], other.get("rule_line")),
-        (&serde_json::json!("ignore"), &serde_json::json!("default"), None),
+        (
+            &serde_json::json!("ignore"),
+            &serde_json::json!("default"),
+            None
+        ),
         "{other}"
     );
 }

@@ -45,12 +45,32 @@ fn each_matcher_says_the_process_value_when_it_fails_and_passes() {
     let bes = format!("/kubepods/besteffort/pod{UID}/4f1c8a2b9d3e");
     let p = pod_info(&bes);
     for (body, info, ok, text) in [
-        ("comm = \"resnet*\"", &i, false, r#"comm "python3" does not match "resnet*""#),
-        ("comm = \"py*\"", &i, true, r#"comm "python3" matches "py*""#),
+        (
+            "comm = \"resnet*\"",
+            &i,
+            false,
+            r#"comm "python3" does not match "resnet*""#,
+        ),
+        (
+            "comm = \"py*\"",
+            &i,
+            true,
+            r#"comm "python3" matches "py*""#,
+        ),
         ("uid = 0", &i, false, "uid 1000 is not 0"),
         ("uid = 1000", &i, true, "uid 1000 is 1000"),
-        ("gid = 990", &i, false, "gid 100 and groups [4, 27] do not include 990"),
-        ("gid = 27", &i, true, "gid 100 and groups [4, 27] include 27"),
+        (
+            "gid = 990",
+            &i,
+            false,
+            "gid 100 and groups [4, 27] do not include 990",
+        ),
+        (
+            "gid = 27",
+            &i,
+            true,
+            "gid 100 and groups [4, 27] include 27",
+        ),
         ("pid = 17", &i, false, "pid 4242 is not 17"),
         ("pid = 4242", &i, true, "pid 4242 is 4242"),
         (
@@ -101,14 +121,24 @@ fn each_matcher_says_the_process_value_when_it_fails_and_passes() {
             false,
             r#"k8s_namespace: none (the rule wants "prod")"#,
         ),
-        ("pod = \"trainer-*\"", &p, true, r#"pod "trainer-0" matches "trainer-*""#),
+        (
+            "pod = \"trainer-*\"",
+            &p,
+            true,
+            r#"pod "trainer-0" matches "trainer-*""#,
+        ),
         (
             "qos = \"Guaranteed\"",
             &p,
             false,
             "qos BestEffort is not Guaranteed",
         ),
-        ("qos = \"BestEffort\"", &p, true, "qos BestEffort is BestEffort"),
+        (
+            "qos = \"BestEffort\"",
+            &p,
+            true,
+            "qos BestEffort is BestEffort",
+        ),
         (
             "qos = \"BestEffort\"",
             &i,
@@ -128,7 +158,10 @@ fn an_unreadable_uid_is_said_as_such() {
         ..info()
     };
     let c = one("uid = 0", &i);
-    assert_eq!(c.text, "uid unknown (/proc/4242/status unreadable) is not 0");
+    assert_eq!(
+        c.text,
+        "uid unknown (/proc/4242/status unreadable) is not 0"
+    );
 }
 
 const POLICY: &str = "[policy]\ndefault = \"ignore\"\n\n\
@@ -165,7 +198,10 @@ fn no_match_is_the_default_with_every_rule_tried() {
         ..info()
     };
     let e = p.explain(&i, 4242);
-    assert_eq!((e.class, e.rule, e.rule_line), (Class::Ignore, None, None));
+    assert_eq!(
+        (e.class, e.rule, e.rule_line.as_deref()),
+        (Class::Ignore, None, None)
+    );
     assert_eq!(e.rules.len(), 3);
     assert!(e.rules.iter().all(|t| !t.matched));
     assert!(
@@ -180,7 +216,11 @@ fn no_match_is_the_default_with_every_rule_tried() {
     assert_eq!(json["rules"][2]["checks"][0]["text"], "uid 7 is not 1000");
     // No rules at all.
     let e = Policy::parse("", "e.toml").unwrap().explain(&i, 1);
-    assert!(e.text().ends_with("  (the policy has no rules)\n"), "{}", e.text());
+    assert!(
+        e.text().ends_with("  (the policy has no rules)\n"),
+        "{}",
+        e.text()
+    );
 }
 
 #[test]
@@ -195,7 +235,10 @@ fn qos_rules_class_pods_by_either_cgroup_driver() {
     let u = UID.replace('-', "_");
     let id = "4f1c8a2b9d3e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a";
     for (cg, want) in [
-        (format!("/kubepods/besteffort/pod{UID}/{id}"), Class::Offline),
+        (
+            format!("/kubepods/besteffort/pod{UID}/{id}"),
+            Class::Offline,
+        ),
         (
             format!(
                 "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/\

@@ -186,6 +186,9 @@ pub struct App {
     pub page: usize,
     /// First table row shown: kept by the renderer between frames so the view does not jump.
     pub scroll: Cell<usize>,
+    /// The running controller's policy: the detail pane says by which rule a process has its
+    /// class.
+    pub policy: Option<crate::policy::Policy>,
 }
 
 impl Default for App {
@@ -210,6 +213,7 @@ impl App {
             label: None,
             page: 10,
             scroll: Cell::new(0),
+            policy: None,
         }
     }
 
