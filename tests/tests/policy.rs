@@ -274,11 +274,10 @@ fn policy_explain_names_the_rule_and_why_earlier_ones_failed() {
     );
     let text = lines(&out.stdout);
     assert!(
-        text[0].ends_with(
-            "ignore, the default (no rule matched) [policy ".to_owned()
-                + &other.display().to_string()
-                + "]"
-        ),
+        text[0].ends_with(&format!(
+            "ignore, the default (no rule matched) [policy {}]",
+            other.display()
+        )),
         "{text:#?}"
     );
     assert_eq!(text.len(), 3, "{text:#?}");
