@@ -60,3 +60,54 @@ pub fn running(run_dir: &Path) -> Result<Running, String> {
         classes: st.classes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::daemon::{write_status, Lock, Status};
+
+    /// The policy of the controller that holds the lock, named as it names it (a relative name
+    /// from its working directory); no controller, or one without a policy file: why, and what
+    /// to do.
+    #[test]
+    fn the_running_controllers_policy_is_found_by_its_status() {
+        let d = std::env::temp_dir().join(format!("gp-running-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let e = running(&d).unwrap_err();
+        assert!(
+            e.starts_with("no controller is running") && e.ends_with("--policy FILE"),
+            "{e}"
+        );
+        let lock = Lock::acquire(&d).unwrap();
+        let status = |policy: Option<String>| Status {
+            controller_pid: std::process::id(),
+            mode: "top".into(),
+            policy,
+            classes: [(7, "offline".to_string())].into(),
+            ..Default::default()
+        };
+        write_status(&d, &status(None)).unwrap();
+        let e = running(&d).unwrap_err();
+        assert!(e.contains("`top`) has no policy file"), "{e}");
+        // Relative to the controller's (here: this process's) working directory.
+        let file = d.join("p.toml");
+        std::fs::write(&file, "[[rule]]\nclass = \"offline\"\nuid = 7\n").unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        let rel: std::path::PathBuf = cwd
+            .components()
+            .map(|_| "..")
+            .collect::<std::path::PathBuf>()
+            .join(file.strip_prefix("/").unwrap());
+        write_status(&d, &status(Some(rel.display().to_string()))).unwrap();
+        let r = running(&d).unwrap();
+        assert_eq!(r.policy.source, rel.display().to_string());
+        assert_eq!(r.policy.rule_line(0), Some(format!("{}:1", rel.display())));
+        assert_eq!(r.classes[&7], "offline");
+        // A file that no longer parses: said, with what to do.
+        std::fs::write(&file, "[[rule]]\nclass = \"sometimes\"\nuid = 7\n").unwrap();
+        let e = running(&d).unwrap_err();
+        assert!(e.contains("no longer parses"), "{e}");
+        drop(lock);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
