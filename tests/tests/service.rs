@@ -258,11 +258,19 @@ fn the_package_installs_and_its_unit_serves_metrics_prometheus_scrapes() {
         "/usr/share/zsh/vendor-completions/_gpreempt-ebpf",
         "/usr/share/doc/gpreempt-ebpf/examples/resnet-online-offline.toml",
         "/usr/share/man/man1/gpreempt-ebpf-policy-check.1.gz",
+        "/usr/share/man/man1/gpreempt-ebpf-policy-explain.1.gz",
         UNIT,
     ] {
         assert!(Path::new(f).exists(), "{f} not installed");
     }
     assert_docs_installed();
+    // Every page says how it exits (clap writes no such section; cli.rs adds it).
+    let page =
+        sh(Command::new("sh").args(["-c", "zcat /usr/share/man/man1/gpreempt-ebpf-run.1.gz"]));
+    assert!(
+        String::from_utf8_lossy(&page.stdout).contains(".SH \"EXIT STATUS\""),
+        "gpreempt-ebpf-run(1) has no EXIT STATUS"
+    );
     // Under systemd (JOURNAL_STREAM set) log lines carry their syslog priority, no colour.
     let out = sh(Command::new("/usr/bin/gpreempt-ebpf")
         .args(["-v", "trace", "--duration", "0.3", "--output", "/dev/null"])

@@ -1,3 +1,6 @@
+//! `gpreempt-ebpf policy explain --pid N`: which rule classes a process, and why each earlier
+//! rule did not (policy/explain.rs), against a named file or the running controller's.
+//!
 //! `gpreempt-ebpf policy check FILE...`: validates policy files with the parser `run` uses, with
 //! no root, no GPU and no running controller. Errors are what `run` would refuse (exit 1);
 //! warnings are what it would run but probably should not: rules a process can claim by renaming
@@ -29,6 +32,26 @@ pub enum Sub {
     /// `run` refuses to start where it is missing. Each valid file gets one line on stdout with
     /// what `run` would do with it.
     Check(CheckArgs),
+    /// Why a process gets its class: the rule that matches it (FILE:LINE) and, for every earlier
+    /// rule, which matcher fails with the process's value; or the default.
+    ///
+    /// Reads the process's /proc facts as the controller does: as non-root, your own processes
+    /// (and others' where /proc lets you read them). Without --policy, the running
+    /// controller's policy file (its status in the run directory names it).
+    Explain(ExplainArgs),
+}
+
+#[derive(ClapArgs, Debug)]
+pub struct ExplainArgs {
+    /// The process.
+    #[arg(long, value_name = "N")]
+    pub pid: u32,
+    /// The policy file; default: the running controller's.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// One JSON document (docs/policy.md, "Why a process has its class").
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(ClapArgs, Debug)]
@@ -107,7 +130,60 @@ pub fn check_text(text: &str, source: &str, group: GroupLookup) -> Report {
 pub fn main(args: &Args) -> Result<ExitCode> {
     match &args.command {
         Sub::Check(a) => check(a),
+        Sub::Explain(a) => explain(a),
     }
+}
+
+fn explain(args: &ExplainArgs) -> Result<ExitCode> {
+    let (policy, controller) = match &args.policy {
+        Some(path) => (Policy::load(path)?, None),
+        None => {
+            let r = crate::policy::running(&crate::rundir::run_dir())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let class = r.classes.get(&args.pid).cloned();
+            (r.policy, Some((r.controller_pid, class)))
+        }
+    };
+    let pid = args.pid;
+    let info =
+        crate::observe::procinfo::read(std::path::Path::new("/proc"), pid).map_err(|e| match e
+            .kind()
+        {
+            std::io::ErrorKind::NotFound => anyhow::anyhow!(
+                "no process has pid {pid} (or /proc hides it from you: hidepid; run as root)"
+            ),
+            _ => anyhow::anyhow!(
+                "cannot read /proc/{pid}/stat: {e}; run as root to explain another user's process"
+            ),
+        })?;
+    let e = policy.explain(&info, pid);
+    // What the running controller published, when it differs: it classes by the version of
+    // the file it loaded.
+    let differs = controller
+        .as_ref()
+        .and_then(|(ctl, class)| Some((ctl, class.as_ref()?)))
+        .filter(|(_, c)| c.as_str() != e.class.label());
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut v = serde_json::to_value(&e)?;
+        if let Some((ctl, class)) = &controller {
+            v["controller_pid"] = (*ctl).into();
+            v["controller_class"] = class.clone().into();
+        }
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        for line in e.text().lines() {
+            writeln!(out, "{}", crate::term::clean(line))?;
+        }
+        if let Some((ctl, c)) = differs {
+            writeln!(
+                out,
+                "note: the running controller (pid {ctl}) has it {}: it classes by the file                  as it was loaded (SIGHUP reloads it)",
+                crate::term::clean(c)
+            )?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(args: &CheckArgs) -> Result<ExitCode> {

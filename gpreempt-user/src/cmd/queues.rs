@@ -40,6 +40,10 @@ struct ProcOut<'a> {
     /// launches and waits: online processes.
     #[serde(skip_serializing_if = "Option::is_none")]
     requests: Option<RequestsOut>,
+    /// Why it has its class by the running controller's policy (docs/policy.md, "Why a process
+    /// has its class"), when one runs from a policy file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    explain: Option<crate::policy::Explanation>,
     queues: Vec<&'a Queue>,
 }
 
@@ -88,6 +92,15 @@ struct Out<'a> {
 
 /// The JSON document.
 pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String> {
+    to_json_explained(state, warnings, None)
+}
+
+/// The JSON document, each process explained by `policy` where given.
+pub fn to_json_explained(
+    state: &State,
+    warnings: &[String],
+    policy: Option<&crate::policy::Policy>,
+) -> serde_json::Result<String> {
     let now = crate::clock::monotonic_ns();
     let processes = state
         .procs
@@ -103,6 +116,9 @@ pub fn to_json(state: &State, warnings: &[String]) -> serde_json::Result<String>
             unmanaged: p.unmanaged.as_deref(),
             debug_api: p.debug_api.as_ref(),
             requests: state.request_stats(p, now).map(Into::into),
+            explain: policy
+                .zip(p.info.as_ref())
+                .map(|(y, i)| y.explain(i, p.pid)),
             queues: p.live_queues().collect(),
         })
         .collect();
@@ -286,7 +302,11 @@ pub fn main(args: &Args) -> Result<ExitCode> {
         Duration::from_millis(args.sample_gap),
     )?;
     let text = if args.json {
-        to_json(&state, &warnings).context("serialising the map")? + "\n"
+        // The running controller's policy, to explain its classes; none: no explanations.
+        let running = crate::policy::running(&crate::rundir::run_dir()).ok();
+        to_json_explained(&state, &warnings, running.as_ref().map(|r| &r.policy))
+            .context("serialising the map")?
+            + "\n"
     } else {
         to_table(&state, &warnings)
     };
@@ -330,6 +350,37 @@ mod tests {
             ),
             "{t}"
         );
+    }
+
+    /// With the controller's policy, each process carries why it has its class; without one,
+    /// no `explain` key.
+    #[test]
+    fn each_process_is_explained_by_the_running_policy() {
+        let st = known_state();
+        let p = crate::policy::Policy::parse(
+            "[[rule]]\nclass = \"online\"\ncomm = \"python\"\ncontainer = \"abc*\"\n\n\
+             [[rule]]\nclass = \"offline\"\ncomm = \"train\"\ncgroup = \"/*\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&to_json_explained(&st, &[], Some(&p)).unwrap()).unwrap();
+        let procs = v["processes"].as_array().unwrap();
+        let of = |pid: u64| procs.iter().find(|p| p["pid"] == pid).unwrap();
+        let e = &of(200)["explain"];
+        assert_eq!(
+            (&e["class"], &e["rule"]),
+            (&"offline".into(), &2.into()),
+            "{e}"
+        );
+        assert_eq!(e["rule_line"], "p.toml:6");
+        assert_eq!(
+            e["rules"][0]["checks"][0]["text"],
+            "comm \"train\" does not match \"python\""
+        );
+        assert_eq!(of(300)["explain"]["rule"], serde_json::Value::Null);
+        let v: serde_json::Value = serde_json::from_str(&to_json(&st, &[]).unwrap()).unwrap();
+        assert!(v["processes"][0].get("explain").is_none(), "{v}");
     }
 
     /// A process that escaped the controller's hold carries `escaped` in the JSON and a line

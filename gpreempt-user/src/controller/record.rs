@@ -21,6 +21,8 @@ pub enum AuditRecord {
     Lever(LeverSwitch),
     /// A held process got out of its hold, and what the controller did about it.
     Escape(EscapeNote),
+    /// A process's class was set or changed, and the rule that set it.
+    Class(ClassNote),
 }
 
 impl AuditRecord {
@@ -48,6 +50,7 @@ impl AuditRecord {
             Self::Suspend(a) | Self::Resume(a) => Some(a.pid()),
             Self::Timeslice(t) => Some(t.pid),
             Self::Escape(e) => Some(e.pid),
+            Self::Class(c) => Some(c.pid),
             Self::Adapt(_) | Self::Lever(_) => None,
         }
     }
@@ -59,6 +62,7 @@ impl AuditRecord {
             Self::Adapt(n) => &n.reason,
             Self::Lever(l) => &l.reason,
             Self::Escape(e) => &e.reason,
+            Self::Class(c) => &c.reason,
         }
     }
 }
@@ -249,6 +253,43 @@ pub struct EscapeNote {
     pub ts_ns: u64,
 }
 
+/// A process classed (first sight, or a class change after a reload): by which rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassNote {
+    pub class: String,
+    pub pid: u32,
+    /// The explanation's headline (`offline, by rule 2 (p.toml:9)`).
+    pub reason: String,
+    /// The rule (1-based), or `"default"` when none matched.
+    pub rule: RuleRef,
+    /// `file:line` of the rule; absent for the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_line: Option<String>,
+    pub ts_ns: u64,
+}
+
+/// A rule by its 1-based index, or the policy's default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RuleRef {
+    Rule(usize),
+    Default(DefaultRule),
+}
+
+/// The word `"default"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultRule {
+    Default,
+}
+
+impl RuleRef {
+    /// From a 0-based rule index (None: the default).
+    pub fn of(index: Option<usize>) -> Self {
+        index.map_or(Self::Default(DefaultRule::Default), |i| Self::Rule(i + 1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +388,22 @@ mod tests {
                 to: "pause".into(),
                 ts_ns: 50,
             }),
+            AuditRecord::Class(ClassNote {
+                class: "offline".into(),
+                pid: 9,
+                reason: "offline, by rule 2 (p.toml:9)".into(),
+                rule: RuleRef::of(Some(1)),
+                rule_line: Some("p.toml:9".into()),
+                ts_ns: 60,
+            }),
+            AuditRecord::Class(ClassNote {
+                class: "ignore".into(),
+                pid: 10,
+                reason: "ignore, the default (no rule matched)".into(),
+                rule: RuleRef::of(None),
+                rule_line: None,
+                ts_ns: 70,
+            }),
         ]
     }
 
@@ -415,6 +472,8 @@ mod tests {
             r#"{"action":"timeslice","by":"control","from_us":1024,"issued_ns":1,"original_us":1024,"pid":4242,"reason":"lever timeslice","returned_ns":2,"to_us":100,"ts_ns":3,"tsg":10}"#,
             r#"{"action":"adapt","emulated":true,"gpu_id":1001,"reason":"calibrated: no suspends","ts_ns":9}"#,
             r#"{"action":"lever","dry_run":false,"from":"none","gpu":1001,"reason":"calibrating: pause","to":"pause","ts_ns":10}"#,
+            r#"{"action":"class","class":"offline","pid":4242,"reason":"offline, by rule 2 (/etc/gpreempt/policy.toml:9)","rule":2,"rule_line":"/etc/gpreempt/policy.toml:9","ts_ns":11}"#,
+            r#"{"action":"class","class":"ignore","pid":4243,"reason":"ignore, the default (no rule matched)","rule":"default","ts_ns":12}"#,
         ];
         let parsed: Vec<AuditRecord> = lines
             .iter()
@@ -440,5 +499,11 @@ mod tests {
         assert!(matches!(&parsed[5], AuditRecord::Timeslice(t) if t.queue_id == 10));
         assert!(matches!(&parsed[6], AuditRecord::Adapt(_)));
         assert!(matches!(&parsed[7], AuditRecord::Lever(l) if l.gpu == 1001 && l.to == "pause"));
+        assert!(
+            matches!(&parsed[8], AuditRecord::Class(c) if c.rule == RuleRef::Rule(2) && c.pid == 4242)
+        );
+        assert!(
+            matches!(&parsed[9], AuditRecord::Class(c) if c.rule == RuleRef::of(None) && c.rule_line.is_none())
+        );
     }
 }

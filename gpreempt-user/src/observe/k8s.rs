@@ -59,6 +59,65 @@ pub fn pod_uid(cgroup_path: &str) -> Option<String> {
     found
 }
 
+/// A pod's Kubernetes QoS class, as the API spells it (`status.qosClass`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Qos {
+    BestEffort,
+    Burstable,
+    Guaranteed,
+}
+
+impl Qos {
+    pub const ALL: [Self; 3] = [Self::BestEffort, Self::Burstable, Self::Guaranteed];
+
+    /// As Kubernetes spells it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::BestEffort => "BestEffort",
+            Self::Burstable => "Burstable",
+            Self::Guaranteed => "Guaranteed",
+        }
+    }
+
+    /// Exactly as Kubernetes spells it (a policy names it so).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|q| q.label() == s)
+    }
+}
+
+impl std::fmt::Display for Qos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// The QoS class of a pod's process, from its cgroup path. kubelet makes one parent cgroup
+/// per class below `kubepods` for Burstable and BestEffort pods (the class in lower case) and
+/// puts Guaranteed pods directly under `kubepods` (qos_container_manager_linux.go); the systemd
+/// driver spells each level as a slice named by its ancestors (`kubepods-besteffort.slice`,
+/// cgroup_manager_linux.go's `ToSystemd`). None outside a pod: the same trust as [`pod_uid`]
+/// (only the root's `kubepods` hierarchy counts).
+pub fn qos_class(cgroup_path: &str) -> Option<Qos> {
+    pod_uid(cgroup_path)?;
+    let mut comps = cgroup_path.trim_start_matches('/').split('/');
+    let systemd = comps.next()? == "kubepods.slice";
+    let level = comps.next()?;
+    let class = if systemd {
+        level
+            .strip_prefix("kubepods-")
+            .and_then(|l| l.strip_suffix(".slice"))?
+    } else {
+        level
+    };
+    Some(match class {
+        "besteffort" => Qos::BestEffort,
+        "burstable" => Qos::Burstable,
+        // The pod's own cgroup right below kubepods.
+        c if c.starts_with("pod") => Qos::Guaranteed,
+        _ => return None,
+    })
+}
+
 /// A pod uid: 8-4-4-4-12 hex digits.
 fn is_uid(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
@@ -217,6 +276,66 @@ mod tests {
         assert_eq!(pod_uid(&guaranteed).as_deref(), Some(UID));
         let cgroupfs = format!("/kubepods/besteffort/pod{UID}/{ID}");
         assert_eq!(pod_uid(&cgroupfs).as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn the_qos_class_comes_from_either_cgroup_driver() {
+        let u = UID.replace('-', "_");
+        for (path, want) in [
+            // systemd driver, containerd and CRI-O leaves.
+            (
+                format!(
+                    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/\
+                     cri-containerd-{ID}.scope"
+                ),
+                Some(Qos::BestEffort),
+            ),
+            (
+                format!(
+                    "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/\
+                     crio-{ID}.scope"
+                ),
+                Some(Qos::Burstable),
+            ),
+            (
+                format!("/kubepods.slice/kubepods-pod{u}.slice/cri-containerd-{ID}.scope"),
+                Some(Qos::Guaranteed),
+            ),
+            (
+                format!("/kubepods.slice/kubepods-pod{u}.slice/crio-conmon-{ID}.scope"),
+                Some(Qos::Guaranteed),
+            ),
+            // cgroupfs driver.
+            (
+                format!("/kubepods/besteffort/pod{UID}/{ID}"),
+                Some(Qos::BestEffort),
+            ),
+            (
+                format!("/kubepods/burstable/pod{UID}/{ID}"),
+                Some(Qos::Burstable),
+            ),
+            (format!("/kubepods/pod{UID}/{ID}"), Some(Qos::Guaranteed)),
+            // No pod: the QoS parents themselves, other hierarchies, a look-alike.
+            ("/kubepods.slice/kubepods-besteffort.slice".into(), None),
+            ("/kubepods/burstable".into(), None),
+            (
+                format!("/user.slice/kubepods-besteffort-pod{u}.slice"),
+                None,
+            ),
+            (format!("/system.slice/kubepods/besteffort/pod{UID}"), None),
+            (format!("/kubepods/other/pod{UID}/{ID}"), None),
+        ] {
+            assert_eq!(qos_class(&path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn qos_names_are_kubernetes_spelling_only() {
+        for q in Qos::ALL {
+            assert_eq!(Qos::parse(q.label()), Some(q));
+        }
+        assert_eq!(Qos::parse("besteffort"), None);
+        assert_eq!(Qos::parse("Best-Effort"), None);
     }
 
     #[test]

@@ -1,45 +1,15 @@
 //! Classification: which class a process is in, by the first of the policy's rules that
 //! matches its `/proc` facts (the policy's default when none does).
 
-use super::{Class, PidBound, Policy, Rule};
+use super::{Class, Matcher, Policy, Rule};
 use crate::observe::procinfo::ProcInfo;
 
 impl Rule {
-    /// Whether the process passes every matcher the rule has.
+    /// Whether the process passes every matcher the rule has (policy/explain.rs says why).
     pub fn matches(&self, info: &ProcInfo, pid: u32) -> bool {
-        self.pid.is_none_or(|p| {
-            p == pid
-                && match self.pid_bound {
-                    PidBound::NotYet => true,
-                    PidBound::Started(t) => info.start_time == t,
-                    PidBound::NoProcess => false,
-                }
-        }) && self.uid.is_none_or(|u| info.uid == Some(u))
-            && self
-                .gid
-                .is_none_or(|g| info.gid == Some(g) || info.groups.contains(&g))
-            && self.comm.as_ref().is_none_or(|g| g.matches(&info.comm))
-            && self.cgroup.as_ref().is_none_or(|g| g.matches(&info.cgroup))
-            && self
-                .container
-                .as_ref()
-                .is_none_or(|g| info.container.as_deref().is_some_and(|c| g.matches(c)))
-            && self
-                .cmdline
-                .as_ref()
-                .is_none_or(|r| r.is_match(&info.cmdline))
-            && self.k8s_namespace.as_ref().is_none_or(|g| {
-                info.pod
-                    .as_ref()
-                    .and_then(|p| p.namespace.as_deref())
-                    .is_some_and(|n| g.matches(n))
-            })
-            && self.pod.as_ref().is_none_or(|g| {
-                info.pod
-                    .as_ref()
-                    .and_then(|p| p.name.as_deref())
-                    .is_some_and(|n| g.matches(n))
-            })
+        Matcher::ALL
+            .into_iter()
+            .all(|m| self.check(m, info, pid) != Some(false))
     }
 }
 
@@ -57,8 +27,8 @@ impl Policy {
 
 impl Rule {
     /// Whether the rule pins something the process cannot choose for itself: its uid or group
-    /// (set by root at login), its cgroup, container or pod (set by root, the runtime or
-    /// kubelet), or a pid (the operator's, bound at load to the process that had it: a pid
+    /// (set by root at login), its cgroup, container, pod or pod's QoS class (set by root, the
+    /// runtime or kubelet), or a pid (the operator's, bound at load to the process that had it: a pid
     /// alone anyone can get once it is freed). `comm` and `cmdline` a process sets itself
     /// (prctl, argv).
     pub fn pins_identity(&self) -> bool {
@@ -68,6 +38,7 @@ impl Rule {
             || self.container.is_some()
             || self.k8s_namespace.is_some()
             || self.pod.is_some()
+            || self.qos.is_some()
             || self.pid.is_some()
     }
 }

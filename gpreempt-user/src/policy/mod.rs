@@ -9,9 +9,11 @@
 mod adaptive;
 mod classify;
 mod engine;
+mod explain;
 mod file;
 mod glob;
 mod levers;
+mod running;
 
 use std::fmt;
 
@@ -22,9 +24,11 @@ pub use crate::lever::{Lever, LeverSet};
 pub use adaptive::{Phase as AdaptivePhase, View as AdaptiveView};
 pub use classify::{Lint, LintKind};
 pub use engine::Engine;
+pub use explain::{Explanation, Matcher, RuleTrial};
 pub use file::{parse_duration, read_policy_file, PolicyError};
 pub use glob::Glob;
 pub use levers::{LeverChange, LeverTuner, LeverView};
+pub use running::{running, Running};
 
 const MS: u64 = 1_000_000;
 
@@ -184,6 +188,8 @@ pub struct Rule {
     /// Kubernetes namespace and pod name of the process's pod (observe::k8s).
     pub k8s_namespace: Option<Glob>,
     pub pod: Option<Glob>,
+    /// The pod's Kubernetes QoS class, from its cgroup path (set by kubelet).
+    pub qos: Option<crate::observe::k8s::Qos>,
     pub pid: Option<u32>,
     /// The process `pid` named when the policy was loaded: only it matches (whoever gets a
     /// freed pid first owns it next).

@@ -337,7 +337,7 @@ fn unknown_keys_are_errors_with_lines() {
     assert_eq!(
         one_err("[[rule]]\nclass = \"online\"\ncomm = \"x\"\nexe = \"y\"\n"),
         "policy.toml:4: rule 1: unknown key \"exe\" (expected class, comm, cmdline, uid, gid, cgroup, \
-         container, k8s_namespace, pod, pid or slo_p99)"
+         container, k8s_namespace, pod, qos, pid or slo_p99)"
     );
     assert_eq!(
         one_err("\n[polcy]\n"),
@@ -397,7 +397,7 @@ fn rule_without_matcher_is_an_error() {
     assert_eq!(
         one_err("[policy]\n\n[[rule]]\nclass = \"offline\"\n"),
         "policy.toml:3: rule 1: no matcher: it would match every process (add comm, cmdline, uid, \
-         gid, cgroup, container, k8s_namespace, pod or pid; use `default` for everything else)"
+         gid, cgroup, container, k8s_namespace, pod, qos or pid; use `default` for everything else)"
     );
 }
 

@@ -56,6 +56,10 @@ const INPUT_POLL: Duration = Duration::from_millis(50);
 /// Redraw at least this often even when nothing changed (ages, status expiry).
 const IDLE_REDRAW: Duration = Duration::from_secs(1);
 
+/// How often the running controller's policy file is read again (a reload, another
+/// controller).
+const POLICY_REFRESH: Duration = Duration::from_secs(5);
+
 /// Runs the TUI until `q`, Ctrl-C, SIGINT or SIGTERM; redraws at most every `interval`.
 pub async fn run<S: Source>(source: &mut S, interval: Duration) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -193,6 +197,7 @@ async fn event_loop<B: Backend, S: Source>(
     tokio::pin!(shutdown);
     let mut dirty = true;
     let mut last_draw = Instant::now();
+    let mut policy_at: Option<Instant> = None;
     loop {
         tokio::select! {
             biased;
@@ -220,6 +225,13 @@ async fn event_loop<B: Backend, S: Source>(
                 last_draw = Instant::now();
             }
             _ = timer.tick() => {
+                // The running controller's policy, for the detail pane's "why this class".
+                if policy_at.is_none_or(|t| t.elapsed() >= POLICY_REFRESH) {
+                    app.policy = crate::policy::running(&crate::rundir::run_dir())
+                        .ok()
+                        .map(|r| r.policy);
+                    policy_at = Some(Instant::now());
+                }
                 if dirty || last_draw.elapsed() >= IDLE_REDRAW {
                     redraw(terminal, &mut app, source.state())?;
                     dirty = false;

@@ -9,6 +9,7 @@
 //! never waits on a driver. What comes back (results, notices, requests) is handled in `back`.
 
 mod back;
+mod classes;
 mod escape;
 
 use std::{
@@ -234,67 +235,6 @@ impl Ctx {
         let (ts_ns, by, target) = (r.returned_ns, self.me, r.pid);
         w.state
             .apply(Update::queue_op(suspend, ts_ns, by, target, queues));
-    }
-
-    async fn classify(&mut self, w: &mut Watcher) {
-        for (pid, class) in self.engine.classify(&w.state) {
-            log::info!(
-                "pid {pid} ({}): {class}, {} live queue(s)",
-                w.state.procs.get(&pid).map_or("?", |p| p.comm()),
-                w.state
-                    .procs
-                    .get(&pid)
-                    .map_or(0, |p| p.live_queues().count())
-            );
-            self.status_dirty = true;
-            w.state.apply(Update::Class {
-                pid,
-                class: Some(class.label().to_string()),
-            });
-            self.launch_hints(w, pid, class);
-            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
-                continue;
-            };
-            match b.classed(&w.state, pid, class).await {
-                Ok(()) => self.controllable(w, pid),
-                Err(e) => self.refuse(w, pid, e),
-            }
-        }
-    }
-
-    /// Processes refused earlier get another try (the tracer that held one may have let go);
-    /// one that is gone is dropped.
-    async fn retry_refused(&mut self, w: &mut Watcher) {
-        let pids: Vec<u32> = self.refused.keys().copied().collect();
-        for pid in pids {
-            let class = w.state.procs.get(&pid).and_then(|p| p.class.clone());
-            let live = w
-                .state
-                .procs
-                .get(&pid)
-                .is_some_and(|p| p.exited_ns.is_none());
-            let Some(class) = class.filter(|_| live).and_then(|c| Class::parse(&c)) else {
-                self.controllable(w, pid);
-                continue;
-            };
-            // Refused by an act, not by the attach (its runtime never enabled the debug API, a
-            // freeze refused): an attach that works says nothing, and the report stays until an
-            // act succeeds (retracting it here made it come and go between scrapes).
-            if self
-                .refused
-                .get(&pid)
-                .is_some_and(|u| refused_by_act(&u.kind))
-            {
-                continue;
-            }
-            let Ok(b) = self.backends.for_pid(&w.state, pid) else {
-                continue;
-            };
-            if b.classed(&w.state, pid, class).await.is_ok() {
-                log::warn!("pid {pid}: can be controlled now");
-                self.controllable(w, pid);
-            }
-        }
     }
 
     fn refuse(&mut self, w: &mut Watcher, pid: u32, e: ActError) {

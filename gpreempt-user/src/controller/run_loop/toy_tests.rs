@@ -567,3 +567,52 @@ async fn a_held_queue_whose_dispatch_ids_move_is_an_escape() {
     let e = ctx.status(&w).escaped[&OFFLINE].clone();
     assert_eq!((e.kind.as_str(), e.count), ("progress", 1), "{e:?}");
 }
+
+/// A process's class is audited once, with the rule that gave it (1-based, `file:line`), or
+/// `default`; a turn with no change audits nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn each_class_is_audited_with_its_rule() {
+    let d = dir("classes");
+    let (mut ctx, mut w, _) = controller("", &d);
+    w.state.procs.insert(77, process(77, "other", &[]));
+    ctx.tick(&mut w).await;
+    ctx.tick(&mut w).await;
+    let classes: Vec<serde_json::Value> = ctx
+        .status(&w)
+        .decisions
+        .into_iter()
+        .filter(|r| r["action"] == "class")
+        .collect();
+    let of = |pid: u32| {
+        let r: Vec<&serde_json::Value> = classes.iter().filter(|r| r["pid"] == pid).collect();
+        assert_eq!(r.len(), 1, "{classes:#?}");
+        r[0].clone()
+    };
+    // The toy policy's rules start on lines 4 and 7.
+    let on = of(ONLINE);
+    assert_eq!(
+        (&on["class"], &on["rule"], &on["rule_line"]),
+        (
+            &serde_json::json!("online"),
+            &serde_json::json!(1),
+            &serde_json::json!("toy.toml:4")
+        ),
+        "{on}"
+    );
+    assert_eq!(on["reason"], "online, by rule 1 (toy.toml:4)");
+    let off = of(OFFLINE);
+    assert_eq!(
+        (&off["rule"], &off["rule_line"]),
+        (&serde_json::json!(2), &serde_json::json!("toy.toml:7"))
+    );
+    let other = of(77);
+    assert_eq!(
+        (&other["class"], &other["rule"], other.get("rule_line")),
+        (
+            &serde_json::json!("ignore"),
+            &serde_json::json!("default"),
+            None
+        ),
+        "{other}"
+    );
+}

@@ -30,6 +30,7 @@ impl Parser<'_> {
                 container: None,
                 k8s_namespace: None,
                 pod: None,
+                qos: None,
                 pid: None,
                 pid_bound: PidBound::NotYet,
                 slo_p99_ns: None,
@@ -59,8 +60,8 @@ impl Parser<'_> {
                     header,
                     format!(
                         "rule {n}: no matcher: it would match every process (add comm, cmdline, \
-                         uid, gid, cgroup, container, k8s_namespace, pod or pid; use `default` \
-                         for everything else)"
+                         uid, gid, cgroup, container, k8s_namespace, pod, qos or pid; use \
+                         `default` for everything else)"
                     ),
                 );
             }
@@ -131,6 +132,26 @@ impl Parser<'_> {
                 },
                 None => false,
             },
+            "qos" => match self.string(v, &ctx) {
+                Some(s) => match crate::observe::k8s::Qos::parse(s) {
+                    Some(q) => {
+                        rule.qos = Some(q);
+                        true
+                    }
+                    None => {
+                        self.err(
+                            at,
+                            format!(
+                                "{ctx}: {s:?} is not a Kubernetes QoS class (expected \
+                                 \"BestEffort\", \"Burstable\" or \"Guaranteed\", spelled as \
+                                 Kubernetes spells them)"
+                            ),
+                        );
+                        false
+                    }
+                },
+                None => false,
+            },
             "uid" => {
                 rule.uid = self.integer(v, &ctx).map(|n| n as u32);
                 rule.uid.is_some()
@@ -159,7 +180,8 @@ impl Parser<'_> {
                     key_at,
                     format!(
                         "rule {n}: unknown key {other:?} (expected class, comm, cmdline, \
-                         uid, gid, cgroup, container, k8s_namespace, pod, pid or slo_p99)"
+                         uid, gid, cgroup, container, k8s_namespace, pod, qos, pid or \
+                         slo_p99)"
                     ),
                 );
                 false

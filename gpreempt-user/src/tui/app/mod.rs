@@ -188,6 +188,9 @@ pub struct App {
     pub scroll: Cell<usize>,
     /// `NO_COLOR`: the screen in the terminal's own colours (bold and reverse still mark).
     pub no_color: bool,
+    /// The running controller's policy: the detail pane says by which rule a process has its
+    /// class.
+    pub policy: Option<crate::policy::Policy>,
 }
 
 impl Default for App {
@@ -213,6 +216,7 @@ impl App {
             page: 10,
             scroll: Cell::new(0),
             no_color: false,
+            policy: None,
         }
     }
 

@@ -31,7 +31,10 @@ pub(super) fn detail(app: &App, state: &State, rows: &[TreeRow], width: u16) -> 
             )
         }
         None => {
-            let (pairs, wide) = process_pairs(p, state.now_ns);
+            let (pairs, mut wide) = process_pairs(p, state.now_ns);
+            if let (Some(policy), Some(info)) = (&app.policy, &p.info) {
+                wide.splice(0..0, why_pairs(&policy.explain(info, p.pid)));
+            }
             (format!(" pid {} ({}) ", p.pid, p.comm()), pairs, wide)
         }
     };
@@ -219,6 +222,19 @@ fn mix_pairs(m: &DispatchMix) -> Pairs {
             ),
         ));
     }
+    out
+}
+
+/// By which rule of the running controller's policy the process has its class, and why each
+/// earlier rule did not match (policy/explain.rs).
+fn why_pairs(e: &crate::policy::Explanation) -> Pairs {
+    let mut out = vec![("class by", e.headline())];
+    out.extend(
+        e.rules
+            .iter()
+            .filter(|t| !t.matched)
+            .map(|t| ("not by", t.line())),
+    );
     out
 }
 

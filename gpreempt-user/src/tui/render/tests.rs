@@ -322,6 +322,35 @@ fn the_detail_pane_of_a_process() {
     }
 }
 
+/// With the running controller's policy, the pane says by which rule (file:line) the process has
+/// its class, and why each earlier rule did not match.
+#[test]
+fn the_detail_pane_says_by_which_rule() {
+    let st = known_state();
+    let mut app = App::default();
+    app.policy = Some(
+        crate::policy::Policy::parse(
+            "[[rule]]\nclass = \"offline\"\nuid = 0\n\n\
+             [[rule]]\nclass = \"online\"\ncomm = \"python\"\nuid = 1000\n",
+            "p.toml",
+        )
+        .unwrap(),
+    );
+    app.handle(Action::ToggleDetail, &st);
+    let b = render(&app, &st, 120, 40);
+    find(
+        &b,
+        &format!("{:<KEY_W$} online, by rule 2 (p.toml:5)", "class by"),
+    );
+    find(
+        &b,
+        &format!(
+            "{:<KEY_W$} rule 1 (p.toml:1, offline): did not match: uid 1000 is not 0",
+            "not by"
+        ),
+    );
+}
+
 #[test]
 fn the_detail_pane_fits_80x24() {
     let st = known_state();
