@@ -253,6 +253,11 @@ fn the_manifests_give_the_controller_what_it_needs_per_vendor() {
         // self-test, alive while the loop turns (the paths the metrics server answers), and a
         // Service for the metrics.
         assert_eq!(pod["priorityClassName"], "system-node-critical", "{name}");
+        // A ConfigMap change reloads the policy (no kubectl exec).
+        assert!(
+            matches!(parsed.as_ref().map(|c| &c.command), Ok(gpreempt_user::cli::Command::Run(r)) if r.reload_on_change),
+            "{name}: run without --reload-on-change"
+        );
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
         let labels = &ds["spec"]["template"]["metadata"]["labels"];

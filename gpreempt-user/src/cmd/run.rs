@@ -27,6 +27,10 @@ pub struct Args {
     /// Decide and log, act on nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Also reload the policy when its file changes (checked every 2 s), as on SIGHUP: for a
+    /// policy mounted from a Kubernetes ConfigMap, which the kubelet updates in place.
+    #[arg(long)]
+    pub reload_on_change: bool,
     /// Append every decision and its outcome here, as JSON Lines.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<std::path::PathBuf>,
@@ -142,6 +146,7 @@ pub async fn main(g: &super::Global, args: &Args) -> Result<ExitCode> {
     run_loop::run(Setup {
         policy,
         policy_path: args.policy.clone(),
+        reload_on_change: args.reload_on_change,
         dry_run: args.dry_run,
         audit: args.audit.clone(),
         audit_max_size: args.audit_max_size,

@@ -11,6 +11,7 @@
 mod back;
 mod classes;
 mod escape;
+mod policy_watch;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -495,6 +496,8 @@ pub struct Setup {
     pub policy: Policy,
     /// Where SIGHUP reloads the policy from.
     pub policy_path: PathBuf,
+    /// `--reload-on-change`: a change of that file reloads too (a ConfigMap's update).
+    pub reload_on_change: bool,
     pub dry_run: bool,
     pub audit: Option<PathBuf>,
     /// `--audit-max-size`: rotate the audit file to FILE.1 before it grows past this.
@@ -608,6 +611,7 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
     let Setup {
         policy,
         policy_path,
+        reload_on_change,
         dry_run,
         audit,
         audit_max_size,
@@ -652,6 +656,8 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
         rx,
         busy: false,
     };
+    let mut policy_watch =
+        reload_on_change.then(|| policy_watch::PolicyWatch::new(policy_path.clone()));
     let w = &mut watcher;
     let result: Result<String> = async {
         loop {
@@ -682,6 +688,14 @@ pub async fn run(s: Setup) -> Result<ExitCode> {
                     notify.alive(std::time::Instant::now());
                     publishes += 1;
                     ctx.publish(w, &dir, publishes).await;
+                    // Every 2 s: a stat of the policy file.
+                    if publishes.is_multiple_of(8) && policy_watch.as_mut().is_some_and(|p| p.changed()) {
+                        eprintln!("the policy file changed: reloading {}", policy_path.display());
+                        if !reload.busy {
+                            notify.send(&Message::Reloading { monotonic_us: monotonic_ns() / 1000 });
+                        }
+                        reload.start(&policy_path);
+                    }
                 }
                 // At a deadline the engine named: the decision it defers is due now.
                 r = alarm.fired(), if alarm.armed() => {
