@@ -524,7 +524,7 @@ wait $S; echo $? > {d}/s2.rc
 }
 
 #[test]
-fn dry_run_acts_on_nothing_a_second_controller_is_refused_and_sighup_validates() {
+fn dry_run_acts_on_nothing_a_second_controller_is_refused_and_reloads_validate() {
     let _one = serial();
     let t = TempDir::new("dry");
     let d = t.0.display();
@@ -544,11 +544,13 @@ $GP sim workload --profile resnet18_b1 --rate 400 --priority 15 --duration 60 2>
 $GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
 echo $B > {d}/b.pid
 sleep 1
-$GP run --policy {d}/p.toml --dry-run --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
+$GP run --policy {d}/p.toml --reload-on-change --dry-run --audit {d}/audit.jsonl 2>{d}/run.err & R=$!
 echo $R > {d}/r.pid
 sleep 3
 $GP queues --json > {d}/q1.json
 $GP run --policy {d}/p.toml > {d}/second.out 2>&1 && echo 0 > {d}/second.rc || echo $? > {d}/second.rc
+echo '# edited' >> {d}/p.toml
+sleep 3
 cp {d}/bad.toml {d}/p.toml
 kill -HUP $R
 sleep 0.5
@@ -589,6 +591,11 @@ kill -INT $TR; wait $TR
             "another gpreempt-ebpf controller is running (pid {r})"
         )),
         "{second}"
+    );
+    // An edit of the file reloads it without a signal (--reload-on-change).
+    assert!(
+        run.contains("the policy file changed: reloading") && run.contains("policy reloaded:"),
+        "{run}"
     );
     // SIGHUP with a broken file keeps the old policy and says where the problem is.
     assert!(
