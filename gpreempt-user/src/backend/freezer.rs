@@ -32,6 +32,11 @@ use crate::{
 
 /// Processes looked at below one cgroup before giving up (a larger subtree is refused).
 const MAX_MEMBERS: usize = 4096;
+/// Cgroups below one to freeze, at most: every freeze checks each of them for members, on the
+/// loop, so a subtree of thousands of empty cgroups (which a delegated user can make) would
+/// stall decisions for as long; past this it is refused, the count read in O(1) from
+/// `cgroup.stat`'s `nr_descendants` where the kernel has it.
+const MAX_DESCENDANTS: usize = 256;
 
 /// Where cgroup v2 is mounted and where /proc is (fakes in tests).
 #[derive(Clone, Debug)]
@@ -147,8 +152,15 @@ impl Freezer {
 
     /// Why freezing `cg` for `target` (running as `uid`) would stop someone it must not, if so.
     pub fn check(&self, cg: &Path, target: u32, uid: u32, spare: &Spare) -> Result<()> {
+        if let Some(n) = descendants(cg).filter(|&n| n > MAX_DESCENDANTS) {
+            bail!(
+                "{} has {n} cgroups below it (more than {MAX_DESCENDANTS}: too many to check at \
+                 each freeze)",
+                cg.display()
+            );
+        }
         let mut members = Vec::new();
-        collect_members(cg, &mut members)?;
+        collect_members(cg, &mut members, &mut 0)?;
         if !members.contains(&target) {
             bail!("pid {target} is no longer in {}", cg.display());
         }
@@ -440,8 +452,24 @@ fn report(state: &State, pid: u32, issued_ns: u64, cg: &Path) -> OpReport {
     }
 }
 
-/// The processes of `cg` and of every cgroup below it (bounded).
-fn collect_members(cg: &Path, out: &mut Vec<u32>) -> Result<()> {
+/// `nr_descendants` of `cg`'s `cgroup.stat`: the live cgroups below it.
+fn descendants(cg: &Path) -> Option<usize> {
+    std::fs::read_to_string(cg.join("cgroup.stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_descendants ")?.trim().parse().ok())
+}
+
+/// The processes of `cg` and of every cgroup below it (bounded in processes and in cgroups:
+/// `seen` counts the cgroups walked).
+fn collect_members(cg: &Path, out: &mut Vec<u32>, seen: &mut usize) -> Result<()> {
+    *seen += 1;
+    if *seen > MAX_DESCENDANTS + 1 {
+        bail!(
+            "more than {MAX_DESCENDANTS} cgroups below the one to freeze (too many to check at \
+             each freeze)"
+        );
+    }
     // A threaded cgroup has no processes of its own (reading its cgroup.procs is EOPNOTSUPP):
     // its threads' processes are listed by the threaded domain above it.
     let threaded =
@@ -458,7 +486,7 @@ fn collect_members(cg: &Path, out: &mut Vec<u32>) -> Result<()> {
     for e in dir.flatten() {
         // Child cgroups are directories; a link is never followed.
         if e.file_type().is_ok_and(|t| t.is_dir()) {
-            collect_members(&e.path(), out)?;
+            collect_members(&e.path(), out, seen)?;
         }
     }
     Ok(())
@@ -517,6 +545,36 @@ mod tests {
             )
             .unwrap();
         }
+    }
+
+    /// 20,000 empty cgroups below the job's (a delegated subtree): refused at once from
+    /// `cgroup.stat`, and, where there is none, after walking at most the bound, never all.
+    #[test]
+    fn a_subtree_of_too_many_cgroups_is_refused_without_walking_it() {
+        let f = Fake::new();
+        let cg = f.cgroup("user.slice/job.scope", &[10]);
+        f.process(10, 1000, "/user.slice/job.scope");
+        let fr = f.freezer();
+        std::fs::write(
+            cg.join("cgroup.stat"),
+            "nr_descendants 20000\nnr_dying_descendants 0\n",
+        )
+        .unwrap();
+        let e = fr.check(&cg, 10, 1000, &Spare::default()).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("has 20000 cgroups below it"),
+            "{e:#}"
+        );
+        std::fs::remove_file(cg.join("cgroup.stat")).unwrap();
+        for i in 0..=MAX_DESCENDANTS {
+            std::fs::create_dir_all(cg.join(format!("c{i}"))).unwrap();
+            std::fs::write(cg.join(format!("c{i}/cgroup.procs")), "").unwrap();
+        }
+        let e = fr.check(&cg, 10, 1000, &Spare::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("more than 256 cgroups"), "{e:#}");
+        // At the bound it is checked as before.
+        std::fs::remove_dir_all(cg.join("c0")).unwrap();
+        fr.check(&cg, 10, 1000, &Spare::default()).unwrap();
     }
 
     #[test]
