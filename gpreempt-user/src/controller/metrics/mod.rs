@@ -8,6 +8,7 @@
 //! bounded by the processes alive. Here: the families and what feeds them; `serve.rs`: the HTTP
 //! side.
 
+mod own;
 mod serve;
 
 use std::collections::BTreeMap;
@@ -80,6 +81,8 @@ pub struct Metrics {
     online_goal: prometheus::GaugeVec,
     online_service: prometheus::GaugeVec,
     offline_kept: prometheus::GaugeVec,
+    /// Build info and the process's own CPU and memory.
+    own: own::Own,
     held: BTreeMap<u32, Held>,
     /// Dispatches per queue seen so far ((pid, queue) -> last read id - first read id).
     dispatched: BTreeMap<(u32, u32), (u64, u64)>,
@@ -172,6 +175,7 @@ impl Metrics {
             online_goal: fgauge(&r, "online_goal_seconds", "Adaptive strategy: the online service-time goal per GPU.", &["gpu"])?,
             online_service: fgauge(&r, "online_service_seconds", "Adaptive strategy: online service time p90, undisturbed (clean), disturbed (free) and under control (achieved).", &["gpu", "measure"])?,
             offline_kept: fgauge(&r, "offline_kept_ratio", "Adaptive strategy: fraction of the time offline work was not held on the GPU.", &["gpu"])?,
+            own: own::Own::new(&r)?,
             registry: r,
             held: BTreeMap::new(),
             dispatched: BTreeMap::new(),
@@ -239,8 +243,11 @@ impl Metrics {
         self.gpus(state, status);
         self.processes(state, status, now_ns);
         self.controller(state, status);
+        self.own.update();
+        let mut families = self.registry.gather();
+        families.extend(self.own.registry.gather());
         let mut out = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+        if let Err(e) = TextEncoder::new().encode(&families, &mut out) {
             log::warn!("encoding metrics: {e}");
         }
         String::from_utf8(out).unwrap_or_default()
@@ -511,6 +518,24 @@ mod tests {
             format!("gpreempt_online_request_duration_seconds_{suffix}{{class=\"online\",comm=\"python\",container=\"abcdef123456\",namespace=\"\",pid=\"100\",pod=\"\",pod_container=\"\"{le}}}")
         };
         assert_eq!(value(&page, &series("count", "")), Some(2.0), "{page}");
+        // The build and the controller's own CPU and memory, under the conventional names.
+        let build = format!(
+            "gpreempt_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&page, &build), Some(1.0), "{page}");
+        assert!(
+            value(&page, "process_resident_memory_bytes").is_some_and(|v| v > 0.0),
+            "{page}"
+        );
+        assert!(
+            value(&page, "process_cpu_seconds_total").is_some_and(|v| v >= 0.0),
+            "{page}"
+        );
+        assert!(
+            page.contains("# TYPE process_cpu_seconds_total counter"),
+            "{page}"
+        );
         assert_eq!(
             value(&page, &series("bucket", ",le=\"0.005\"")),
             Some(1.0),
