@@ -933,14 +933,15 @@ rc=0; timeout -s KILL 40 $GP sim workload --profile resnet50_b8 --offline --dura
     assert!(map.starts_with("map_memory -22 "), "{map}");
     let after = text(&t.path("after.txt"));
     assert_eq!(num(&t.path("after.rc")), 0, "{after}");
-    assert!(after.contains("gpu_id "), "{after}");
+    assert!(after.contains("simd_count "), "{after}");
     let work = text(&t.path("work.out"));
     assert_eq!(num(&t.path("work.rc")), 0, "{work}");
     assert_nothing_left();
 }
 
 /// debugfs `hang_hws` is root's (mode 0200, as kfd_debugfs_init makes it): uid 65534 cannot
-/// open it for writing, so it cannot fence the GPU; root still can. Before: the open ignored
+/// open it for writing, at /sys/kernel/debug/kfd or on the FUSE mount itself, so it cannot
+/// fence the GPU; root still can. Before: the open ignored
 /// the mode and any user fenced preemption for everyone.
 #[test]
 fn another_user_cannot_fence_the_gpu_through_hang_hws() {
@@ -953,7 +954,10 @@ fn another_user_cannot_fence_the_gpu_through_hang_hws() {
 G=$(cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id)
 $GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
 sleep 1.5
+M=$(awk '$1 == "gpreempt-sim" && $2 ~ /\/fs$/ {{ print $2; exit }}' /proc/mounts)
+echo "$M" > {d}/mount
 rc=0; {nobody} sh -c "echo $G > /sys/kernel/debug/kfd/hang_hws" > {d}/nobody.out 2>&1 || rc=$?; echo $rc > {d}/nobody.rc
+rc=0; {nobody} sh -c "echo $G > $M/debug-kfd/hang_hws" > {d}/direct.out 2>&1 || rc=$?; echo $rc > {d}/direct.rc
 stat -c '%a %u' /sys/kernel/debug/kfd/hang_hws > {d}/mode
 rc=0; $GP suspend --pid $B --for 1s > {d}/suspend.out 2>&1 || rc=$?; echo $rc > {d}/suspend.rc
 rc=0; sh -c "echo $G > /sys/kernel/debug/kfd/hang_hws" > {d}/root.out 2>&1 || rc=$?; echo $rc > {d}/root.rc
@@ -964,6 +968,13 @@ kill -INT $B; wait $B || true
     let nobody_out = text(&t.path("nobody.out"));
     assert_ne!(num(&t.path("nobody.rc")), 0, "{nobody_out}");
     assert!(nobody_out.contains("Permission denied"), "{nobody_out}");
+    // Through the FUSE mount itself (its directory is traversable), where the mode is all
+    // that stands in the way.
+    let mount = text(&t.path("mount"));
+    assert!(mount.trim().ends_with("/fs"), "{mount}");
+    let direct = text(&t.path("direct.out"));
+    assert_ne!(num(&t.path("direct.rc")), 0, "{direct}");
+    assert!(direct.contains("Permission denied"), "{direct}");
     assert_eq!(text(&t.path("mode")).trim(), "200 0");
     let suspend = text(&t.path("suspend.out"));
     assert_eq!(num(&t.path("suspend.rc")), 0, "{suspend}");
