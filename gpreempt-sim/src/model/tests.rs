@@ -991,6 +991,7 @@ fn a_held_target_may_undo_its_hold_itself_and_its_ptrace_parent_may_take_it_back
     assert!(w.suspended(TARGET, 0) && !w.mapped(TARGET, 0));
 }
 
+#[cfg(test)]
 fn alloc_vram(w: &mut World, pid: u32, size: u64) -> (i32, AllocMemoryOfGpuArgs) {
     let a = AllocMemoryOfGpuArgs {
         va_addr: 0x7000_0000,
