@@ -97,7 +97,13 @@ impl Kfd {
             return err(libc::ENOMEM, a.as_bytes());
         };
         if a.flags & f::MMIO_REMAP == 0 {
-            if let Err(e) = self.bo_room(pid, a.gpu_id, rounded) {
+            // A userptr BO is the process's own memory: it takes offset space, not capacity.
+            let charged = if a.flags & f::USERPTR != 0 {
+                0
+            } else {
+                rounded
+            };
+            if let Err(e) = self.bo_room(pid, a.gpu_id, charged, rounded) {
                 return err(e, a.as_bytes());
             }
         }
@@ -180,25 +186,25 @@ impl Kfd {
 }
 
 impl Kfd {
-    /// Whether `pid` may add a buffer object of `bytes` (page-rounded) on `gpu_id`: within the
-    /// per-process and the device-wide cap, and within the render node's offset space (so a
-    /// mapping of it never runs past the backing file: a SIGBUS for its owner later).
-    fn bo_room(&self, pid: u32, gpu_id: u32, bytes: u64) -> Result<(), i32> {
+    /// Whether `pid` may add a buffer object charged `bytes` and spanning `span` (page-rounded)
+    /// on `gpu_id`: within the per-process and the device-wide cap, and within the render node's
+    /// offset space (so a mapping of it never runs past the backing file: a SIGBUS later).
+    fn bo_room(&self, pid: u32, gpu_id: u32, bytes: u64, span: u64) -> Result<(), i32> {
         use kfd::alloc_mem_flags as f;
         let g = self.gpu(gpu_id).ok_or(libc::EINVAL)?;
         let held = |p: &super::Process| -> u64 {
             p.allocs
                 .values()
-                .filter(|m| m.gpu_id == gpu_id && m.flags & f::MMIO_REMAP == 0)
+                .filter(|m| m.gpu_id == gpu_id && m.flags & (f::MMIO_REMAP | f::USERPTR) == 0)
                 .map(|m| m.size.next_multiple_of(PAGE))
                 .sum()
         };
         let mine = self.procs.get(&pid).map_or(0, held);
         let all: u64 = self.procs.values().map(held).sum();
-        let fits = |used: u64, cap: u64| used.checked_add(bytes).is_some_and(|t| t <= cap);
-        if !fits(mine, g.bo_cap_process)
-            || !fits(all, g.bo_cap_total)
-            || !fits(g.next_bo_offset, mmap::BACKING_SIZE)
+        let fits = |used: u64, add: u64, cap: u64| used.checked_add(add).is_some_and(|t| t <= cap);
+        if !fits(mine, bytes, g.bo_cap_process)
+            || !fits(all, bytes, g.bo_cap_total)
+            || !fits(g.next_bo_offset, span, mmap::BACKING_SIZE)
         {
             return Err(libc::ENOMEM);
         }

@@ -264,7 +264,7 @@ pub struct Gpu {
     pub exec: crate::exec::GpuExec,
     /// The next buffer-object offset of the render node (DRM's mmap offset manager).
     pub next_bo_offset: u64,
-    /// Buffer-object bytes (page-rounded, all BOs with a render-node offset) that one process,
+    /// Buffer-object bytes (page-rounded; every BO but userptr and MMIO ones) that one process,
     /// and all processes together, may hold on this device: the emulated VRAM size, where the
     /// kernel's `amdgpu_amdkfd_reserve_mem_limit` refuses more with ENOMEM.
     pub bo_cap_process: u64,

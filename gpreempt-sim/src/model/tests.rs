@@ -1023,6 +1023,15 @@ fn buffer_objects_stay_within_the_emulated_vram_and_the_offset_space() {
     }
     assert_eq!(n, 63, "64 GiB less the first 1 MiB");
     assert_eq!(alloc_vram(&mut w, OTHER, gib).0, -libc::ENOMEM);
+    // A userptr BO is the process's own memory: not charged.
+    let up = AllocMemoryOfGpuArgs {
+        size: gib,
+        mmap_offset: 0x7100_0000,
+        gpu_id: w.gpu,
+        flags: kfd::alloc_mem_flags::USERPTR,
+        ..Default::default()
+    };
+    assert_eq!(w.call(TARGET, nr::ALLOC_MEMORY_OF_GPU, &up).0, 0);
     // Every offset handed out lies inside the backing file.
     let top = w.kfd.gpus[0].next_bo_offset;
     assert!(top <= crate::mmap::BACKING_SIZE);
