@@ -999,10 +999,12 @@ fn buffer_objects_are_bounded_by_the_emulated_vram_and_freed_on_exit() {
     let script = format!(
         r#"{nobody} {h} alloc 4611686018427387904 > {d}/huge.out 2>&1
 {h} alloc 1048576 > {d}/small.out 2>&1; echo $? > {d}/small.rc
+sleep 0.5
 sleep 5 | {nobody} {h} fill 1073741824 hold > {d}/a.out 2>&1 & A=$!
 while ! grep -q filled {d}/a.out 2>/dev/null; do sleep 0.1; done
 {h} fill 1073741824 > {d}/b.out 2>&1
 wait $A
+# A gone process's objects go when the emulator notices it gone (a 10 ms poll).
 sleep 0.5
 {h} fill 1073741824 > {d}/c.out 2>&1
 "#
