@@ -899,3 +899,127 @@ kill -INT $A $T 2>/dev/null || true; kill -INT $B 2>/dev/null || true; wait $A $
     );
     assert_nothing_left();
 }
+
+/// The hostile client, where uid 65534 can run it.
+fn hostile_in(d: &Path) -> String {
+    let to = d.join("kfd-hostile");
+    std::fs::copy(bin("kfd-hostile"), &to).expect("copying kfd-hostile");
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    to.display().to_string()
+}
+
+/// A MAP_MEMORY_TO_GPU whose device array lies in an untouched private mapping of a file the
+/// emulator serves: reading it faults into a FUSE read the emulator must answer itself. The call
+/// returns (the array is read before the model's lock, and another request loop serves the
+/// read), and the emulator goes on serving others. Before: the emulator deadlocked for good.
+#[test]
+fn a_device_array_in_a_private_mapping_of_a_served_file_hangs_nothing() {
+    let _one = serial();
+    let t = TempDir::new("faultmap");
+    let d = t.0.display();
+    let h = hostile_in(&t.0);
+    let nobody = as_nobody(false);
+    let script = format!(
+        r#"F=/sys/class/kfd/kfd/topology/nodes/1/properties
+rc=0; timeout -s KILL 20 {nobody} {h} fault-map $F > {d}/map.out 2>&1 || rc=$?; echo $rc > {d}/map.rc
+rc=0; timeout -s KILL 20 {nobody} cat $F > {d}/after.txt 2>&1 || rc=$?; echo $rc > {d}/after.rc
+rc=0; timeout -s KILL 40 $GP sim workload --profile resnet50_b8 --offline --duration 2 > {d}/work.out 2>&1 || rc=$?; echo $rc > {d}/work.rc
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let map = text(&t.path("map.out"));
+    assert_eq!(num(&t.path("map.rc")), 0, "{map}");
+    // The array was read (the page holds text, no gpu_id), then handle 0 is unknown: EINVAL.
+    assert!(map.starts_with("map_memory -22 "), "{map}");
+    let after = text(&t.path("after.txt"));
+    assert_eq!(num(&t.path("after.rc")), 0, "{after}");
+    assert!(after.contains("simd_count "), "{after}");
+    let work = text(&t.path("work.out"));
+    assert_eq!(num(&t.path("work.rc")), 0, "{work}");
+    assert_nothing_left();
+}
+
+/// debugfs `hang_hws` is root's (mode 0200, as kfd_debugfs_init makes it): uid 65534 cannot
+/// open it for writing, at /sys/kernel/debug/kfd or on the FUSE mount itself, so it cannot
+/// fence the GPU; root still can. Before: the open ignored
+/// the mode and any user fenced preemption for everyone.
+#[test]
+fn another_user_cannot_fence_the_gpu_through_hang_hws() {
+    let _one = serial();
+    let t = TempDir::new("hanghws");
+    let d = t.0.display();
+    let nobody = as_nobody(false);
+    let script = format!(
+        r#"export GPREEMPT_RUN_DIR={d}/run
+G=$(cat /sys/class/kfd/kfd/topology/nodes/1/gpu_id)
+$GP sim workload {OFFLINE} --duration 60 2>/dev/null >/dev/null & B=$!
+sleep 1.5
+M=$(awk '$1 == "gpreempt-sim" && $2 ~ /\/fs$/ {{ print $2; exit }}' /proc/mounts)
+echo "$M" > {d}/mount
+rc=0; {nobody} sh -c "echo $G > /sys/kernel/debug/kfd/hang_hws" > {d}/nobody.out 2>&1 || rc=$?; echo $rc > {d}/nobody.rc
+rc=0; {nobody} sh -c "echo $G > $M/debug-kfd/hang_hws" > {d}/direct.out 2>&1 || rc=$?; echo $rc > {d}/direct.rc
+stat -c '%a %u' /sys/kernel/debug/kfd/hang_hws > {d}/mode
+rc=0; $GP suspend --pid $B --for 1s > {d}/suspend.out 2>&1 || rc=$?; echo $rc > {d}/suspend.rc
+rc=0; sh -c "echo $G > /sys/kernel/debug/kfd/hang_hws" > {d}/root.out 2>&1 || rc=$?; echo $rc > {d}/root.rc
+kill -INT $B; wait $B || true
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let nobody_out = text(&t.path("nobody.out"));
+    assert_ne!(num(&t.path("nobody.rc")), 0, "{nobody_out}");
+    assert!(nobody_out.contains("Permission denied"), "{nobody_out}");
+    // Through the FUSE mount itself (its directory is traversable), where the mode is all
+    // that stands in the way.
+    let mount = text(&t.path("mount"));
+    assert!(mount.trim().ends_with("/fs"), "{mount}");
+    let direct = text(&t.path("direct.out"));
+    assert_ne!(num(&t.path("direct.rc")), 0, "{direct}");
+    assert!(direct.contains("Permission denied"), "{direct}");
+    assert_eq!(text(&t.path("mode")).trim(), "200 0");
+    let suspend = text(&t.path("suspend.out"));
+    assert_eq!(num(&t.path("suspend.rc")), 0, "{suspend}");
+    assert!(suspend.contains("suspended queue(s) 0"), "{suspend}");
+    assert!(!suspend.contains("fenced"), "{suspend}");
+    let root = text(&t.path("root.out"));
+    assert_eq!(num(&t.path("root.rc")), 0, "root may fence: {root}");
+    assert_nothing_left();
+}
+
+/// Buffer objects against the emulated VRAM: an ALLOC of 2^62 bytes is ENOMEM (before: it took
+/// the render node's offset space, and the next process's mapping died with SIGBUS); filling
+/// the device stops cleanly at its 64 GiB with ENOMEM, leaves nothing for another process while
+/// held, and is all given back when the process exits.
+#[test]
+fn buffer_objects_are_bounded_by_the_emulated_vram_and_freed_on_exit() {
+    let _one = serial();
+    let t = TempDir::new("bocap");
+    let d = t.0.display();
+    let h = hostile_in(&t.0);
+    let nobody = as_nobody(false);
+    let script = format!(
+        r#"{nobody} {h} alloc 4611686018427387904 > {d}/huge.out 2>&1
+{h} alloc 1048576 > {d}/small.out 2>&1; echo $? > {d}/small.rc
+sleep 0.5
+sleep 5 | {nobody} {h} fill 1073741824 hold > {d}/a.out 2>&1 & A=$!
+while ! grep -q filled {d}/a.out 2>/dev/null; do sleep 0.1; done
+{h} fill 1073741824 > {d}/b.out 2>&1
+wait $A
+# A gone process's objects go when the emulator notices it gone (a 10 ms poll).
+sleep 0.5
+{h} fill 1073741824 > {d}/c.out 2>&1
+"#
+    );
+    sim(&script, Duration::from_secs(90));
+    let huge = text(&t.path("huge.out"));
+    assert!(huge.contains("alloc -12"), "{huge}");
+    let small = text(&t.path("small.out"));
+    assert_eq!(num(&t.path("small.rc")), 0, "{small}");
+    assert!(small.contains("alloc 0\ntouched"), "{small}");
+    let a = text(&t.path("a.out"));
+    assert!(a.contains("filled 64 -12"), "{a}");
+    let b = text(&t.path("b.out"));
+    assert!(b.contains("filled 0 -12"), "{b}");
+    let c = text(&t.path("c.out"));
+    assert!(c.contains("filled 64 -12"), "{c}");
+    assert_nothing_left();
+}

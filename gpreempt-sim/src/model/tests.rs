@@ -990,3 +990,108 @@ fn a_held_target_may_undo_its_hold_itself_and_its_ptrace_parent_may_take_it_back
     assert_eq!(w.suspend(DEBUGGER, TARGET, &q, 0).0, 1);
     assert!(w.suspended(TARGET, 0) && !w.mapped(TARGET, 0));
 }
+
+#[cfg(test)]
+fn alloc_vram(w: &mut World, pid: u32, size: u64) -> (i32, AllocMemoryOfGpuArgs) {
+    let a = AllocMemoryOfGpuArgs {
+        va_addr: 0x7000_0000,
+        size,
+        gpu_id: w.gpu,
+        flags: kfd::alloc_mem_flags::VRAM,
+        ..Default::default()
+    };
+    let (r, out) = w.call(pid, nr::ALLOC_MEMORY_OF_GPU, &a);
+    (r, AllocMemoryOfGpuArgs::from_bytes(&out))
+}
+
+#[test]
+fn buffer_objects_stay_within_the_emulated_vram_and_the_offset_space() {
+    let mut w = World::new();
+    w.process(TARGET, false, 0);
+    w.process(OTHER, false, 0);
+    // Over the device, and a size that overflows when rounded to pages: ENOMEM, nothing taken.
+    assert_eq!(alloc_vram(&mut w, TARGET, 1 << 62).0, -libc::ENOMEM);
+    assert_eq!(alloc_vram(&mut w, TARGET, u64::MAX).0, -libc::ENOMEM);
+    let (r, first) = alloc_vram(&mut w, TARGET, 1 << 20);
+    assert_eq!((r, first.mmap_offset), (0, crate::mmap::BO_BASE));
+    // The device's 64 GiB fill up; then ENOMEM, for this process and for every other one.
+    let gib = 1u64 << 30;
+    let mut n = 0;
+    while alloc_vram(&mut w, TARGET, gib).0 == 0 {
+        n += 1;
+        assert!(n <= 64, "past the emulated VRAM");
+    }
+    assert_eq!(n, 63, "64 GiB less the first 1 MiB");
+    assert_eq!(alloc_vram(&mut w, OTHER, gib).0, -libc::ENOMEM);
+    // A userptr BO is the process's own memory: not charged.
+    let up = AllocMemoryOfGpuArgs {
+        size: gib,
+        mmap_offset: 0x7100_0000,
+        gpu_id: w.gpu,
+        flags: kfd::alloc_mem_flags::USERPTR,
+        ..Default::default()
+    };
+    assert_eq!(w.call(TARGET, nr::ALLOC_MEMORY_OF_GPU, &up).0, 0);
+    // Every offset handed out lies inside the backing file.
+    let top = w.kfd.gpus[0].next_bo_offset;
+    assert!(top <= crate::mmap::BACKING_SIZE);
+    // Exit gives it all back, and the backing pages outside live BOs go with it.
+    w.kfd.freed_bos.clear();
+    w.kfd.process_exit(TARGET, 0);
+    assert_eq!(alloc_vram(&mut w, OTHER, gib).0, 0);
+    let freed = &w.kfd.freed_bos;
+    assert!(
+        freed
+            .iter()
+            .any(|&(_, off, len)| off <= top && off + len == crate::mmap::BACKING_SIZE),
+        "the tail past the last BO is punched: {freed:?}"
+    );
+}
+
+#[test]
+fn staged_reads_come_only_from_copies_made_before_the_call() {
+    let mut w = World::new();
+    w.process(TARGET, false, 0);
+    let (_, bo) = alloc_vram(&mut w, TARGET, 1 << 20);
+    w.host
+        .write_mem(TARGET, ARRAY, &w.gpu.to_le_bytes())
+        .unwrap();
+    let args = kfd::MapMemoryToGpuArgs {
+        handle: bo.handle,
+        device_ids_array_ptr: ARRAY,
+        n_devices: 1,
+        n_success: 0,
+    };
+    let bytes = args.as_bytes().to_vec();
+    let cmd = iowr(nr::MAP_MEMORY_TO_GPU, bytes.len());
+    let ranges = user_reads(cmd, &bytes);
+    assert_eq!(ranges, vec![(ARRAY, 4)]);
+    let run = |w: &mut World, ranges: &[(u64, usize)], bytes: &[u8]| {
+        let mut staged = Staged::new(&mut w.host, TARGET, ranges);
+        let o = w.kfd.ioctl(me(TARGET), TARGET, cmd, bytes, &mut staged, 0);
+        match o {
+            Outcome::Done { ret, .. } => ret,
+            Outcome::Blocked(_) => panic!("blocked"),
+        }
+    };
+    assert_eq!(run(&mut w, &ranges, &bytes), 0);
+    // Not copied beforehand: never read during the call.
+    assert_eq!(run(&mut w, &[], &bytes), -libc::EINVAL);
+    // An array larger than the kernel would copy in is refused without being read.
+    let huge = kfd::MapMemoryToGpuArgs {
+        n_devices: u32::MAX,
+        ..args
+    };
+    let hb = huge.as_bytes().to_vec();
+    assert_eq!(run(&mut w, &user_reads(cmd, &hb), &hb), -libc::ENOMEM);
+    // Writes wait for the caller to apply them.
+    let writes = {
+        let mut staged = Staged::new(&mut w.host, TARGET, &[]);
+        staged.write_mem(TARGET, 0x9000, &[1, 2]).unwrap();
+        std::mem::take(&mut staged.writes)
+    };
+    assert_eq!(writes, vec![(TARGET, 0x9000, vec![1, 2])]);
+    let mut b = [9u8; 2];
+    w.host.read_mem(TARGET, 0x9000, &mut b).unwrap();
+    assert_eq!(b, [0, 0]);
+}
