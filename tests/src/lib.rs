@@ -563,3 +563,18 @@ pub fn join_lexically(base: &Path, link: &str) -> PathBuf {
     }
     out
 }
+
+/// The package `cargo xtask package` left in target/debian.
+pub fn deb() -> std::path::PathBuf {
+    let dir = bin("gpreempt-ebpf").parent().unwrap().join("../debian");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: build it with `cargo xtask package`",
+                dir.display()
+            )
+        })
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .unwrap_or_else(|| panic!("no .deb in {}: `cargo xtask package`", dir.display()))
+}

@@ -15,25 +15,11 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{assert_nothing_left, bin, require_root, serial, TempDir};
+use tests::{assert_nothing_left, bin, deb, require_root, serial, TempDir};
 
 const UID: &str = "1a2b3c4d-5e6f-4a8b-9c0d-112233445566";
 const CID: &str = "4f1c8a2b9d3e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a";
 const UNIT: &str = "/lib/systemd/system/gpreempt-ebpf.service";
-
-fn deb() -> PathBuf {
-    let dir = bin("gpreempt-ebpf").parent().unwrap().join("../debian");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}: build it with `cargo xtask package`",
-                dir.display()
-            )
-        })
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .unwrap_or_else(|| panic!("no .deb in {}: `cargo xtask package`", dir.display()))
-}
 
 fn sh(cmd: &mut Command) -> std::process::Output {
     let shown = format!("{cmd:?}");

@@ -24,25 +24,10 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{bin, require_root, serial, TempDir};
+use tests::{bin, deb, require_root, serial, TempDir};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The package `cargo xtask package` left in target/debian.
-fn deb() -> PathBuf {
-    let dir = bin("gpreempt-ebpf").parent().unwrap().join("../debian");
-    std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}: build it with `cargo xtask package`",
-                dir.display()
-            )
-        })
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .unwrap_or_else(|| panic!("no .deb in {}: `cargo xtask package`", dir.display()))
 }
 
 /// The root file system with systemd (xtask/src/deploy.rs).

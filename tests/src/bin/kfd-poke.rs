@@ -430,6 +430,21 @@ pub fn differential(path: &str, fd: i32) {
     }
 }
 
+/// DBG_TRAP RESUME_QUEUES of its own queues (ids 0..4; ids it does not have come back
+/// INVALID): the call's return.
+fn resume_self(fd: i32, me: u32) -> i64 {
+    let mut ids = [0u32, 1, 2, 3];
+    let mut a = kfd::DbgTrapArgs::new(
+        me,
+        kfd::DbgTrapResumeQueuesArgs {
+            queue_array_ptr: ids.as_mut_ptr() as u64,
+            num_queues: ids.len() as u32,
+            pad: 0,
+        },
+    );
+    call(fd, kfd::cmd::DBG_TRAP, &mut a)
+}
+
 /// A held offline job getting out by itself (amdkfd lets a process debug-trap itself without
 /// ptrace): the workload runs on a second thread (not the thread-group leader) while this one
 /// answers stdin lines with DBG_TRAP calls on its own pid, printing `<op> <ret>` for each.
@@ -471,18 +486,7 @@ fn escape(path: &str) {
         line.clear();
         let r = match op.as_str() {
             // Its own queues (ids 0..4; ids it does not have come back INVALID).
-            "resume" => {
-                let mut ids = [0u32, 1, 2, 3];
-                let mut a = kfd::DbgTrapArgs::new(
-                    me,
-                    kfd::DbgTrapResumeQueuesArgs {
-                        queue_array_ptr: ids.as_mut_ptr() as u64,
-                        num_queues: ids.len() as u32,
-                        pad: 0,
-                    },
-                );
-                call(fd, kfd::cmd::DBG_TRAP, &mut a)
-            }
+            "resume" => resume_self(fd, me),
             "disable" => {
                 let mut a = kfd::DbgTrapArgs::bare(me, kfd::dbg_op::DISABLE);
                 call(fd, kfd::cmd::DBG_TRAP, &mut a)
@@ -512,16 +516,7 @@ fn escape(path: &str) {
                 let end = Instant::now() + std::time::Duration::from_millis(ms);
                 let mut n = 0i64;
                 while Instant::now() < end {
-                    let mut ids = [0u32, 1, 2, 3];
-                    let mut a = kfd::DbgTrapArgs::new(
-                        me,
-                        kfd::DbgTrapResumeQueuesArgs {
-                            queue_array_ptr: ids.as_mut_ptr() as u64,
-                            num_queues: ids.len() as u32,
-                            pad: 0,
-                        },
-                    );
-                    call(fd, kfd::cmd::DBG_TRAP, &mut a);
+                    resume_self(fd, me);
                     n += 1;
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 }
