@@ -698,10 +698,8 @@ pub fn run(opts: &WorkloadOptions, device: &Path, stop: &AtomicBool) -> Result<R
     // Loaded before hsa_init, as a HIP program's code objects register at start-up.
     let code = load_kernels(&p)?;
     let (mut q, idle) = open_queues(opts, device)?;
-    // Resident model + activations, roughly proportional to the work per iteration, at most
-    // 1 GiB: the emulated VRAM is a real bound now (64 GiB on the MI210), and the busy-host
-    // tests run 50 of these at once.
-    q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(1 << 30))?;
+    // Resident model + activations, roughly proportional to the work per iteration.
+    q.alloc_vram(((p.gpu_busy_us_per_iteration as u64).max(64) << 20).min(16 << 30))?;
     eprintln!(
         "workload {} ({}): pid {} gpu {} queue {} ready",
         p.workload,
