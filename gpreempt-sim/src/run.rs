@@ -401,18 +401,12 @@ pub fn run(opts: &SimOptions, children: Vec<ChildSpec>) -> Result<i32> {
     if let Some(m) = &modules {
         shared.set_modules(m.clone());
     }
-    const FUSE_THREADS: usize = 8;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("gpreempt-sim".into()),
         fuser::MountOption::Subtype("kfd".into()),
-        // The kernel checks each node's mode on open: `hang_hws` is root's alone, as in debugfs.
-        fuser::MountOption::DefaultPermissions,
     ];
     config.acl = fuser::SessionACL::All;
-    // Several request loops: a page fault in a caller's memory that the emulator touches can
-    // need a FUSE read (a private mapping of a served file), served by another loop.
-    config.n_threads = Some(FUSE_THREADS);
     let session = fuser::spawn_mount(SimFs(Arc::clone(&shared)), &fuse_dir, &config)
         .context("mounting the emulated KFD (FUSE)")?;
 

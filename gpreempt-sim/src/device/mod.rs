@@ -11,10 +11,8 @@
 //! sparse memfd each, so a process's doorbell and buffer-object mappings are plain shared memory
 //! that the emulator reaches with process_vm_readv/writev and no FUSE request (docs/sim.md).
 //!
-//! Locking: the model's lock is never held across process_vm_readv/writev of a client's memory:
-//! an ioctl's arrays are copied in before it and its writes land after it (model::Staged), and
-//! the engine reads ahead, then writes after unlocking. The session runs several request loops,
-//! so a fault in a client's memory that needs a FUSE read of a served file is answered by another.
+//! Locking: the model's lock is never held across process_vm_readv/writev of a client's memory
+//! outside the ioctl being served (the engine reads ahead, then writes after unlocking).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -30,7 +28,7 @@ use fuser::{
 };
 
 use crate::host::{self, RealHost};
-use crate::model::{user_reads, Caller, Host, Kfd, Outcome, Staged, Wait};
+use crate::model::{Caller, Host, Kfd, Outcome, Wait};
 
 /// A call sleeping in the emulated kernel.
 struct Blocked {
@@ -124,38 +122,12 @@ pub use paths::{DEBUGFS_DIR, DEVICE, DRI_DIR, MODULES, SYSFS_DIR};
 
 const TTL: Duration = Duration::from_millis(0);
 
-/// A node's mode bits, owner root: the kernel's (kfd_debugfs_init creates `hang_hws` 0200, the
-/// rest of debugfs kfd 0444; /dev/kfd and render nodes are 0666 under the usual udev rules).
-fn perm(node: &Node) -> u16 {
-    match node {
-        Node::Dir(_) => 0o555,
-        Node::Text(_) => 0o444,
-        Node::Device | Node::Render(_) => 0o666,
-        Node::HangHws => 0o200,
-    }
-}
-
-/// Whether `uid` may open a root-owned file of mode `perm` with `flags`. The mount has
-/// `default_permissions` so the kernel checks first; this is the same rule again, so that a
-/// mount without it (or a request that skips the check) still cannot fence the GPU.
-fn may_open(perm: u16, uid: u32, flags: OpenFlags) -> bool {
-    if uid == 0 {
-        return true;
-    }
-    let want = match flags.acc_mode() {
-        fuser::OpenAccMode::O_RDONLY => 0o4,
-        fuser::OpenAccMode::O_WRONLY => 0o2,
-        fuser::OpenAccMode::O_RDWR => 0o6,
-    };
-    perm & want == want
-}
-
 fn attr(ino: u64, node: &Node) -> FileAttr {
-    let perm = perm(node);
-    let (kind, size, nlink) = match node {
-        Node::Dir(_) => (FileType::Directory, 0, 2),
-        Node::Text(_) => (FileType::RegularFile, 4096, 1),
-        Node::Device | Node::Render(_) | Node::HangHws => (FileType::RegularFile, 0, 1),
+    let (kind, perm, size, nlink) = match node {
+        Node::Dir(_) => (FileType::Directory, 0o555, 0, 2),
+        Node::Text(_) => (FileType::RegularFile, 0o444, 4096, 1),
+        Node::Device | Node::Render(_) => (FileType::RegularFile, 0o666, 0, 1),
+        Node::HangHws => (FileType::RegularFile, 0o200, 0, 1),
     };
     let t = SystemTime::UNIX_EPOCH;
     FileAttr {
@@ -469,13 +441,10 @@ impl Filesystem for SimFs {
         self.getattr(_req, ino, None, reply)
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let Some(node) = self.path(ino).and_then(|p| self.lookup_node(&p)) else {
             return reply.error(Errno::ENOENT);
         };
-        if !may_open(perm(&node), req.uid(), flags) {
-            return reply.error(Errno::EACCES);
-        }
         let mut backing_fd = None;
         let open = match node {
             Node::Device => {
@@ -663,11 +632,8 @@ impl Filesystem for SimFs {
             return reply.error(Errno::ESRCH);
         };
         let now = self.0.now();
-        let mut real = RealHost;
-        // The caller's arrays are copied in before the lock (a fault there may need a FUSE read
-        // that another request loop serves); the call's own writes land after it.
-        let mut host = Staged::new(&mut real, tgid, &user_reads(cmd, in_data));
-        let (outcome, mut writes, freed) = {
+        let mut host = RealHost;
+        let (outcome, writes, freed) = {
             let mut kfd = self.0.lock();
             let o = kfd.ioctl(Caller { tgid, tid }, owner, cmd, in_data, &mut host, now);
             (
@@ -676,7 +642,6 @@ impl Filesystem for SimFs {
                 std::mem::take(&mut kfd.freed_bos),
             )
         };
-        writes.splice(0..0, std::mem::take(&mut host.writes));
         // Output the call wrote to the caller's memory lands before the call returns.
         self.0.flush(writes, freed);
         match outcome {

@@ -229,9 +229,6 @@ impl Kfd {
     }
 
     fn read_ids(host: &mut dyn Host, pid: u32, ptr: u64, n: u32) -> Result<Vec<u32>, Errno> {
-        if n as usize * 4 > super::MAX_COPY {
-            return Err(libc::ENOMEM);
-        }
         let mut raw = vec![0u8; n as usize * 4];
         host.read_mem(pid, ptr, &mut raw)?;
         Ok(raw

@@ -51,10 +51,6 @@ impl Kfd {
         host: &mut dyn Host,
     ) -> Outcome {
         let mut a = kfd::MapMemoryToGpuArgs::from_bytes(input);
-        if a.n_devices as usize * 4 > super::MAX_COPY {
-            // kmalloc_array of the device list fails.
-            return err(libc::ENOMEM, a.as_bytes());
-        }
         let mut devs = vec![0u8; a.n_devices as usize * 4];
         if a.n_devices == 0
             || host
@@ -85,32 +81,6 @@ impl Kfd {
             // kfd_bind_process_to_device without a VM.
             return err(libc::ENODEV, a.as_bytes());
         }
-        if a.flags & f::DOORBELL != 0 && a.size != DOORBELL_SLICE {
-            return err(libc::EINVAL, a.as_bytes());
-        }
-        if a.flags & f::MMIO_REMAP != 0 && a.size != PAGE {
-            return err(libc::EINVAL, a.as_bytes());
-        }
-        // Capacity before anything is recorded: a size the device cannot hold (or one that
-        // overflows when rounded to pages) is ENOMEM, as the kernel's memory-limit check gives.
-        let Some(rounded) = a.size.checked_next_multiple_of(PAGE) else {
-            return err(libc::ENOMEM, a.as_bytes());
-        };
-        if a.flags & f::MMIO_REMAP == 0 {
-            // A userptr BO is the process's own memory: it takes offset space, not capacity.
-            let charged = if a.flags & f::USERPTR != 0 {
-                0
-            } else {
-                rounded
-            };
-            if let Err(e) = self.bo_room(pid, a.gpu_id, charged, rounded) {
-                return err(e, a.as_bytes());
-            }
-        }
-        let p = self.process_mut(pid);
-        let Some(pdd) = p.pdds.get_mut(&a.gpu_id) else {
-            return err(libc::EINVAL, a.as_bytes());
-        };
         if a.flags & f::VRAM != 0 {
             let size = if a.flags & f::AQL_QUEUE_MEM != 0 {
                 a.size / 2
@@ -118,6 +88,12 @@ impl Kfd {
                 a.size
             };
             pdd.vram_usage += size.next_multiple_of(4096);
+        }
+        if a.flags & f::DOORBELL != 0 && a.size != DOORBELL_SLICE {
+            return err(libc::EINVAL, a.as_bytes());
+        }
+        if a.flags & f::MMIO_REMAP != 0 && a.size != PAGE {
+            return err(libc::EINVAL, a.as_bytes());
         }
         // idr_alloc: the lowest free id of this device; MAKE_HANDLE(gpu_id, id).
         let gpu = u64::from(a.gpu_id) << 32;
@@ -140,7 +116,7 @@ impl Kfd {
                 return err(libc::EINVAL, a.as_bytes());
             };
             let off = g.next_bo_offset;
-            g.next_bo_offset += rounded;
+            g.next_bo_offset += a.size.next_multiple_of(PAGE);
             off
         };
         a.mmap_offset = mmap_offset;
@@ -186,58 +162,6 @@ impl Kfd {
 }
 
 impl Kfd {
-    /// Whether `pid` may add a buffer object charged `bytes` and spanning `span` (page-rounded)
-    /// on `gpu_id`: within the per-process and the device-wide cap, and within the render node's
-    /// offset space (so a mapping of it never runs past the backing file: a SIGBUS later).
-    fn bo_room(&self, pid: u32, gpu_id: u32, bytes: u64, span: u64) -> Result<(), i32> {
-        use kfd::alloc_mem_flags as f;
-        let g = self.gpu(gpu_id).ok_or(libc::EINVAL)?;
-        let held = |p: &super::Process| -> u64 {
-            p.allocs
-                .values()
-                .filter(|m| m.gpu_id == gpu_id && m.flags & (f::MMIO_REMAP | f::USERPTR) == 0)
-                .map(|m| m.size.next_multiple_of(PAGE))
-                .sum()
-        };
-        let mine = self.procs.get(&pid).map_or(0, held);
-        let all: u64 = self.procs.values().map(held).sum();
-        let fits = |used: u64, add: u64, cap: u64| used.checked_add(add).is_some_and(|t| t <= cap);
-        if !fits(mine, bytes, g.bo_cap_process)
-            || !fits(all, bytes, g.bo_cap_total)
-            || !fits(g.next_bo_offset, span, mmap::BACKING_SIZE)
-        {
-            return Err(libc::ENOMEM);
-        }
-        Ok(())
-    }
-
-    /// The render-node backing ranges (gpu_id, offset, length) that no live buffer object
-    /// covers, up to the backing file's size.
-    pub(super) fn unowned_ranges(&self) -> Vec<(u32, u64, u64)> {
-        let mut out = Vec::new();
-        for g in &self.gpus {
-            let mut live: Vec<(u64, u64)> = self
-                .procs
-                .values()
-                .flat_map(|p| p.allocs.values())
-                .filter(|m| m.gpu_id == g.gpu_id && m.flags & kfd::alloc_mem_flags::MMIO_REMAP == 0)
-                .map(|m| (m.mmap_offset, m.size.next_multiple_of(PAGE)))
-                .collect();
-            live.sort_unstable();
-            let mut at = 0;
-            for (off, len) in live {
-                if off > at {
-                    out.push((g.gpu_id, at, off - at));
-                }
-                at = at.max(off.saturating_add(len));
-            }
-            if at < mmap::BACKING_SIZE {
-                out.push((g.gpu_id, at, mmap::BACKING_SIZE - at));
-            }
-        }
-        out
-    }
-
     /// `kfd_process_device_data_by_id` then `kfd_bind_process_to_device`: EINVAL for a device the
     /// process does not have, `bind_err` when its VM was never acquired.
     fn bound(&mut self, pid: u32, gpu_id: u32, bind_err: i32) -> Result<(), i32> {

@@ -25,10 +25,8 @@ mod events;
 mod hws;
 mod memory;
 mod queues;
-mod staged;
 
 pub use events::{SIGNAL_EVENT_LIMIT, UNSIGNALED_SLOT};
-pub use staged::{user_reads, Staged, MAX_COPY};
 
 /// A positive errno value.
 pub type Errno = i32;
@@ -264,11 +262,6 @@ pub struct Gpu {
     pub exec: crate::exec::GpuExec,
     /// The next buffer-object offset of the render node (DRM's mmap offset manager).
     pub next_bo_offset: u64,
-    /// Buffer-object bytes (page-rounded; every BO but userptr and MMIO ones) that one process,
-    /// and all processes together, may hold on this device: the emulated VRAM size, where the
-    /// kernel's `amdgpu_amdkfd_reserve_mem_limit` refuses more with ENOMEM.
-    pub bo_cap_process: u64,
-    pub bo_cap_total: u64,
     /// The DRM render node minor (`/dev/dri/renderD<minor>`, topology `drm_render_minor`).
     pub render_minor: u32,
 }
@@ -349,8 +342,6 @@ impl Kfd {
                 // the host's own render nodes.
                 render_minor: 127 + node,
                 next_bo_offset: crate::mmap::BO_BASE,
-                bo_cap_process: spec.vram_bytes,
-                bo_cap_total: spec.vram_bytes,
             })
             .collect();
         Kfd {
@@ -642,10 +633,6 @@ impl Kfd {
                         .push((m.gpu_id, m.mmap_offset, m.size.next_multiple_of(4096)));
                 }
             }
-            // Pages a process wrote outside every live buffer object (the backing file is one
-            // for all processes) go too: nothing of a gone process outlives it.
-            let gaps = self.unowned_ranges();
-            self.freed_bos.extend(gaps);
         }
         for gi in 0..self.gpus.len() {
             if self.gpus[gi].runlist.iter().any(|k| k.0 == pid) {
